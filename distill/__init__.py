@@ -1,0 +1,1 @@
+"""Teacher side: vocabularies, the byte trie, exact token→byte conversion, the dump pass."""

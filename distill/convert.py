@@ -1,0 +1,211 @@
+"""Exact token→byte conversion (DESIGN.md §2), on the CPU with Numba or on any torch device.
+
+Both paths take one document's teacher token ids and the teacher's logits (or log-probs) for its
+m+1 positions, in the teacher's id order, and return :class:`DocumentDistributions`: the stream
+layout and, for every stream position, the probabilities over its support, plus the mass of the
+special tokens dropped at each teacher position. Each range mass M(s) is a direct float64 sum over
+the sorted probabilities (never a difference of cumulative sums, which loses small masses).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numba
+import numpy as np
+
+from distill.alphabet import ALPHABET_SIZE
+from distill.stream import StreamLayout, path_to_node, stream_layout
+from distill.trie import VocabTrie, build_trie
+from distill.vocab import TeacherVocab
+
+
+@dataclass(frozen=True)
+class DocumentDistributions:
+    layout: StreamLayout
+    values: np.ndarray  # (S,) float64: P over each position's support, in support order
+    dropped_mass: np.ndarray  # (m+1,) float64: special-token mass renormalised away per teacher row
+
+    def position(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        start, stop = self.layout.offsets[i], self.layout.offsets[i + 1]
+        return self.layout.support[start:stop], self.values[start:stop]
+
+    def target_probabilities(self) -> np.ndarray:
+        """P(actual next symbol) at every position."""
+        return _target_values(self.layout.symbols, self.layout.offsets, self.layout.support, self.values)
+
+    def log_likelihood(self) -> float:
+        """Σ over positions of log P(next symbol): equals the teacher's token log-likelihood."""
+        return float(np.log(self.target_probabilities()).sum())
+
+    def dense(self) -> np.ndarray:
+        """(L−1, 260) probabilities over the whole alphabet (zeros off the support)."""
+        out = np.zeros((self.layout.num_positions, ALPHABET_SIZE), dtype=self.values.dtype)
+        rows = np.repeat(np.arange(self.layout.num_positions), np.diff(self.layout.offsets))
+        out[rows, self.layout.support] = self.values
+        return out
+
+
+@numba.njit(cache=True)
+def _target_values(symbols, offsets, support, values):
+    out = np.empty(len(offsets) - 1, values.dtype)
+    for i in range(len(offsets) - 1):
+        target = symbols[i + 1]
+        for at in range(offsets[i], offsets[i + 1]):
+            if support[at] == target:
+                out[i] = values[at]
+                break
+        else:
+            out[i] = 0.0
+    return out
+
+
+class Converter:
+    """Converts teacher rows to exact byte distributions for one vocabulary."""
+
+    def __init__(self, vocab: TeacherVocab, trie: VocabTrie | None = None):
+        self.vocab = vocab
+        self.trie = trie if trie is not None else build_trie(vocab)
+        self.end_of_text_ids = np.asarray(vocab.end_of_text_ids, dtype=np.int64)
+        self.dropped_ids = vocab.dropped_ids
+        self._device_tables: dict = {}
+
+    def layout(self, token_ids) -> StreamLayout:
+        return stream_layout(self.trie, np.asarray(token_ids))
+
+    def _check_shapes(self, token_ids: np.ndarray, logits_shape) -> None:
+        rows, width = logits_shape
+        if rows != len(token_ids) + 1:
+            raise ValueError(f"need m+1 = {len(token_ids) + 1} teacher rows for {len(token_ids)} tokens, got {rows}")
+        if width != self.vocab.size:
+            raise ValueError(f"logits have {width} columns but the vocabulary has {self.vocab.size} ids")
+
+    def convert_numba(self, token_ids, logits: np.ndarray) -> DocumentDistributions:
+        """CPU path: ``logits`` is a (m+1, V) float32/float64 NumPy array in id order."""
+        token_ids = np.asarray(token_ids, dtype=np.int64)
+        logits = np.ascontiguousarray(logits)
+        if logits.dtype not in (np.float32, np.float64):
+            logits = logits.astype(np.float32)
+        self._check_shapes(token_ids, logits.shape)
+        layout = self.layout(token_ids)
+        values = np.empty(layout.num_values, dtype=np.float64)
+        dropped = np.empty(len(token_ids) + 1, dtype=np.float64)
+        t = self.trie
+        _convert_rows(
+            logits, token_ids, t.order, t.node_lo, t.node_hi, t.node_n_exact, t.node_parent,
+            t.child_offsets, t.child_nodes, t.token_node, self.end_of_text_ids, self.dropped_ids,
+            layout.offsets, values, dropped,
+        )  # fmt: skip
+        return DocumentDistributions(layout, values, dropped)
+
+    def convert_torch(self, token_ids, logits) -> DocumentDistributions:
+        """Device path: ``logits`` is a (m+1, V) torch tensor on any device; only the support
+        values (not vocabulary-wide rows) are copied to the host."""
+        from distill.convert_torch import convert_on_device
+
+        token_ids = np.asarray(token_ids, dtype=np.int64)
+        self._check_shapes(token_ids, tuple(logits.shape))
+        layout = self.layout(token_ids)
+        values, dropped = convert_on_device(self, layout, logits)
+        return DocumentDistributions(layout, values, dropped)
+
+    def convert(self, token_ids, logits) -> DocumentDistributions:
+        """Dispatch on the type of ``logits``: NumPy → Numba, torch tensor → torch path."""
+        if isinstance(logits, np.ndarray):
+            return self.convert_numba(token_ids, logits)
+        return self.convert_torch(token_ids, logits)
+
+
+@numba.njit(cache=True, inline="always")
+def _exp_range(row, order, lo, hi, shift, p):
+    total = 0.0
+    for i in range(lo, hi):
+        e = math.exp(np.float64(row[order[i]]) - shift)
+        p[i] = e
+        total += e
+    return total
+
+
+@numba.njit(cache=True, inline="always")
+def _sum_range(p, lo, hi):
+    total = 0.0
+    for i in range(lo, hi):
+        total += p[i]
+    return total
+
+
+@numba.njit(cache=True)
+def _row_shift(row, order, end_of_text_ids, dropped_ids):
+    """max over regular + end-of-text logits (the full-row max unless a dropped special wins)."""
+    top = row.max()
+    dropped_top = -np.inf
+    for i in dropped_ids:
+        dropped_top = max(dropped_top, row[i])
+    if dropped_top < top:
+        return np.float64(top)
+    top = -np.inf
+    for i in order:
+        top = max(top, row[i])
+    for i in end_of_text_ids:
+        top = max(top, row[i])
+    return np.float64(top)
+
+
+@numba.njit(cache=True)
+def _node_values(row, order, p, node, node_lo, node_hi, node_n_exact, child_offsets, child_nodes, out, at):
+    """Write P(child byte)… then P(<eot>) for a non-root node; return the next write position."""
+    lo, hi, n_exact = node_lo[node], node_hi[node], node_n_exact[node]
+    total = _sum_range(p, lo, hi)
+    if total == 0.0:  # all of the range underflowed relative to the row max: rescale locally
+        shift = -np.inf
+        for i in range(lo, hi):
+            shift = max(shift, np.float64(row[order[i]]))
+        total = _exp_range(row, order, lo, hi, shift, p)
+    for c in range(child_offsets[node], child_offsets[node + 1]):
+        child = child_nodes[c]
+        out[at] = _sum_range(p, node_lo[child], node_hi[child]) / total
+        at += 1
+    if n_exact > 0:
+        out[at] = _sum_range(p, lo, lo + n_exact) / total
+        at += 1
+    return at
+
+
+@numba.njit(cache=True)
+def _convert_rows(
+    logits, token_ids, order, node_lo, node_hi, node_n_exact, node_parent, child_offsets,
+    child_nodes, token_node, end_of_text_ids, dropped_ids, offsets, values, dropped,
+):  # fmt: skip
+    p = np.empty(len(order), np.float64)
+    path = np.empty(1024, np.int64)
+    pos = 0
+    for j in range(logits.shape[0]):
+        row = logits[j]
+        shift = _row_shift(row, order, end_of_text_ids, dropped_ids)
+        at = offsets[pos]
+        regular = 0.0
+        for c in range(child_offsets[0], child_offsets[1]):  # root children tile the order
+            child = child_nodes[c]
+            mass = _exp_range(row, order, node_lo[child], node_hi[child], shift, p)
+            values[at] = mass
+            regular += mass
+            at += 1
+        end_of_text = 0.0
+        for i in end_of_text_ids:
+            end_of_text += math.exp(np.float64(row[i]) - shift)
+        other = 0.0
+        for i in dropped_ids:
+            other += math.exp(np.float64(row[i]) - shift)
+        z = regular + end_of_text
+        values[at] = end_of_text
+        for k in range(offsets[pos], at + 1):
+            values[k] /= z
+        dropped[j] = other / (z + other)
+        pos += 1
+        if j == len(token_ids):
+            break
+        length = path_to_node(token_node[token_ids[j]], node_parent, path)
+        for k in range(1, length + 1):
+            _node_values(row, order, p, path[k], node_lo, node_hi, node_n_exact, child_offsets, child_nodes, values, offsets[pos])  # fmt: skip
+            pos += 1

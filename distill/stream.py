@@ -1,0 +1,130 @@
+"""A document's symbol stream and the support of every stream position (DESIGN.md §1–2).
+
+The stream of a document tokenised as t_1..t_m is::
+
+    <bos> bytes(t_1) <eot> bytes(t_2) <eot> … bytes(t_m) <eot> <eos>
+
+Position i (0 ≤ i < L−1) predicts symbol i+1. The position after the first k bytes of t_j is at
+trie node x[:k]; the ``<bos>``/``<eot>`` positions are at the root (k = 0). A position's support
+follows from its node alone, in ascending symbol order: the node's child bytes, then ``<eot>``
+if the prefix is a token (k ≥ 1), or ``<eos>`` at the root. Only the values need storing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numba
+import numpy as np
+
+from distill.alphabet import BOS, EOS, EOT
+from distill.trie import VocabTrie
+
+
+@dataclass(frozen=True)
+class StreamLayout:
+    symbols: np.ndarray  # (L,) int16: the stream
+    position_node: np.ndarray  # (L-1,) int64: trie node of each target position (0 = root)
+    position_row: np.ndarray  # (L-1,) int64: teacher row (0..m) whose distribution it uses
+    offsets: np.ndarray  # (L,) int64: support of position i is support[offsets[i]:offsets[i+1]]
+    support: np.ndarray  # (S,) int16: symbols of all supports, concatenated
+
+    @property
+    def num_positions(self) -> int:
+        return len(self.position_node)
+
+    @property
+    def num_values(self) -> int:
+        return len(self.support)
+
+    def text_bytes(self) -> bytes:
+        """The document's bytes: the stream's byte symbols in order."""
+        return self.symbols[self.symbols < 256].astype(np.uint8).tobytes()
+
+
+@numba.njit(cache=True)
+def _layout(token_ids, token_node, node_parent, node_byte, node_n_exact, child_offsets, child_nodes):
+    m = len(token_ids)
+    total_bytes = 0
+    for j in range(m):
+        node = token_node[token_ids[j]]
+        if node < 0:
+            return None
+        total_bytes += _depth(node, node_parent)
+    positions = 1 + total_bytes + m
+    symbols = np.empty(positions + 1, np.int16)
+    position_node = np.empty(positions, np.int64)
+    position_row = np.empty(positions, np.int64)
+    offsets = np.zeros(positions + 1, np.int64)
+    path = np.empty(1024, np.int64)
+    pos = 0
+    for j in range(m + 1):
+        symbols[pos] = BOS if j == 0 else EOT
+        position_node[pos], position_row[pos] = 0, j
+        pos += 1
+        if j == m:
+            break
+        length = path_to_node(token_node[token_ids[j]], node_parent, path)
+        for k in range(1, length + 1):
+            symbols[pos] = node_byte[path[k]]
+            position_node[pos], position_row[pos] = path[k], j
+            pos += 1
+    symbols[pos] = EOS
+    for i in range(positions):
+        node = position_node[i]
+        offsets[i + 1] = offsets[i] + child_offsets[node + 1] - child_offsets[node] + (
+            1 if node == 0 or node_n_exact[node] > 0 else 0
+        )
+    support = np.empty(offsets[positions], np.int16)
+    for i in range(positions):
+        node = position_node[i]
+        at = offsets[i]
+        for c in range(child_offsets[node], child_offsets[node + 1]):
+            support[at] = node_byte[child_nodes[c]]
+            at += 1
+        if node == 0:
+            support[at] = EOS
+        elif node_n_exact[node] > 0:
+            support[at] = EOT
+    return symbols, position_node, position_row, offsets, support
+
+
+@numba.njit(cache=True, inline="always")
+def _depth(node, node_parent):
+    d = 0
+    while node > 0:
+        node = node_parent[node]
+        d += 1
+    return d
+
+
+@numba.njit(cache=True)
+def path_to_node(node, node_parent, path):
+    """Fill ``path[0..d]`` with the nodes from the root to ``node``; return d."""
+    d = _depth(node, node_parent)
+    k = d
+    while k >= 0:
+        path[k] = node
+        node = node_parent[node] if node > 0 else 0
+        k -= 1
+    return d
+
+
+def stream_layout(trie: VocabTrie, token_ids: np.ndarray) -> StreamLayout:
+    """The stream and supports of one document from its teacher token ids (no BOS/EOS ids)."""
+    token_ids = np.ascontiguousarray(token_ids, dtype=np.int64)
+    if len(token_ids) and (token_ids.min() < 0 or token_ids.max() >= trie.vocab_size):
+        raise ValueError(f"token id out of range for a vocabulary of {trie.vocab_size}")
+    result = _layout(
+        token_ids,
+        trie.token_node,
+        trie.node_parent,
+        trie.node_byte,
+        trie.node_n_exact,
+        trie.child_offsets,
+        trie.child_nodes,
+    )
+    if result is None:
+        bad = next(int(t) for t in token_ids if trie.token_node[t] < 0)
+        raise ValueError(f"token id {bad} is a special token; documents hold regular tokens only")
+    return StreamLayout(*result)

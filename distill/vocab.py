@@ -1,0 +1,282 @@
+"""Teacher vocabularies as byte strings.
+
+:class:`TeacherVocab` is what the rest of the toolkit needs to know about a teacher's tokenizer:
+the byte string of every id, which ids are special, which are end-of-text, and a stable hash.
+It is built from a Hugging Face ``tokenizers`` object, which :func:`load_teacher_tokenizer` gets
+from a ``tokenizer.json``, a model folder / Hub id, or a GGUF file (all through ``transformers``).
+
+Two families are understood (DESIGN.md §2):
+
+* byte-level BPE (GPT-2, Llama-3, SmolLM, Qwen): each character of a token stands for one byte
+  through the GPT-2 byte↔unicode table;
+* SentencePiece with byte fallback (Llama-2, Mistral): ``▁`` is a space and ``<0xNN>`` is the
+  byte NN; several ids may share one byte string.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+import numpy as np
+
+from distill.errors import UserError
+
+BYTE_LEVEL = "byte-level"
+BYTE_FALLBACK = "sentencepiece-byte-fallback"
+
+# Names of end-of-text tokens; their mass becomes the student's <eos>.
+END_OF_TEXT_NAMES = ("<|end_of_text|>", "<|endoftext|>", "</s>", "<eos>", "<|eot_id|>", "<|im_end|>")
+_BYTE_PIECE = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
+
+
+def gpt2_unicode_to_byte() -> dict[str, int]:
+    """The inverse of GPT-2's byte→unicode table: printable bytes map to themselves, the rest
+    to code points 256 and up, in byte order."""
+    printable = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("¡"), ord("¬") + 1))
+        + list(range(ord("®"), ord("ÿ") + 1))
+    )
+    mapping = {chr(b): b for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in printable:
+            mapping[chr(256 + extra)] = b
+            extra += 1
+    return mapping
+
+
+@dataclass(frozen=True)
+class TeacherVocab:
+    """The byte view of a teacher's vocabulary.
+
+    ``token_bytes[i]`` is the byte string of id ``i``; special ids have ``b""``.
+    """
+
+    token_bytes: tuple[bytes, ...]
+    special_ids: tuple[int, ...]
+    end_of_text_ids: tuple[int, ...]
+    family: str
+    prefix_ids: tuple[int, ...] = ()  # what the teacher puts before a document (its BOS), if any
+    name: str = ""
+    adds_prefix_space: bool = False  # SentencePiece's dummy prefix: the stream starts with b" "
+
+    @property
+    def size(self) -> int:
+        return len(self.token_bytes)
+
+    @cached_property
+    def regular_ids(self) -> np.ndarray:
+        special = np.zeros(self.size, dtype=bool)
+        special[list(self.special_ids)] = True
+        return np.flatnonzero(~special)
+
+    @cached_property
+    def dropped_ids(self) -> np.ndarray:
+        """Special ids whose mass is renormalised away (all specials but end-of-text)."""
+        keep = set(self.end_of_text_ids)
+        return np.array([i for i in self.special_ids if i not in keep], dtype=np.int64)
+
+    @cached_property
+    def single_byte_ids(self) -> np.ndarray:
+        """For each byte value, the lowest regular id whose byte string is that one byte (-1 if none)."""
+        table = np.full(256, -1, dtype=np.int64)
+        for i in self.regular_ids[::-1]:
+            b = self.token_bytes[i]
+            if len(b) == 1:
+                table[b[0]] = i
+        return table
+
+    @cached_property
+    def hash(self) -> str:
+        """SHA-256 of everything that determines the conversion: bytes, specials, end-of-text."""
+        h = hashlib.sha256()
+        h.update(f"{self.family}|{self.size}|{self.special_ids}|{self.end_of_text_ids}|".encode())
+        h.update(f"{self.prefix_ids}|{self.adds_prefix_space}|".encode())
+        for b in self.token_bytes:
+            h.update(len(b).to_bytes(4, "little"))
+            h.update(b)
+        return h.hexdigest()
+
+    def bytes_of(self, ids) -> bytes:
+        return b"".join(self.token_bytes[int(i)] for i in ids)
+
+
+def _piece_to_bytes_byte_level(piece: str, table: dict[str, int]) -> bytes:
+    try:
+        return bytes(table[ch] for ch in piece)
+    except KeyError as exc:
+        raise UserError(
+            f"token {piece!r} cannot be mapped to bytes: character {exc.args[0]!r} is not in the "
+            "GPT-2 byte table (is this really a byte-level BPE tokenizer?)"
+        ) from None
+
+
+def _piece_to_bytes_byte_fallback(piece: str) -> bytes:
+    match = _BYTE_PIECE.match(piece)
+    if match:
+        return bytes([int(match.group(1), 16)])
+    return piece.replace("\u2581", " ").encode("utf-8")
+
+
+def _detect_family(spec: dict) -> str:
+    model = spec.get("model", {})
+    text = json.dumps({k: spec.get(k) for k in ("pre_tokenizer", "decoder")})
+    if '"ByteLevel"' in text:
+        return BYTE_LEVEL
+    if model.get("byte_fallback"):
+        return BYTE_FALLBACK
+    raise UserError(
+        f"unsupported tokenizer ({model.get('type', '?')} model without a ByteLevel pre-tokenizer "
+        "or byte_fallback): its tokens cannot be mapped to bytes exactly"
+    )
+
+
+def _model_vocab(spec: dict) -> dict[str, int]:
+    model = spec["model"]
+    vocab = model.get("vocab")
+    if isinstance(vocab, dict):
+        return vocab
+    if isinstance(vocab, list):  # Unigram: [[piece, score], ...]
+        return {piece: i for i, (piece, _score) in enumerate(vocab)}
+    raise UserError(f"tokenizer model of type {model.get('type')!r} has no readable vocabulary")
+
+
+def vocab_from_tokenizer(
+    tokenizer, *, name: str = "", end_of_text: list[str] | None = None
+) -> TeacherVocab:
+    """Build the byte view of a ``tokenizers.Tokenizer`` (or a ``transformers`` fast tokenizer).
+
+    ``end_of_text`` names the end-of-text token(s); by default every token in
+    :data:`END_OF_TEXT_NAMES` that exists, plus the tokenizer's own ``eos_token``.
+    """
+    backend = getattr(tokenizer, "backend_tokenizer", tokenizer)
+    spec = json.loads(backend.to_str())
+    family = _detect_family(spec)
+    pieces = _model_vocab(spec)
+    size = max(backend.get_vocab_size(with_added_tokens=True), max(pieces.values()) + 1)
+    added = {tok["id"]: tok for tok in spec.get("added_tokens", [])}
+    size = max(size, max(added, default=-1) + 1)
+
+    table = gpt2_unicode_to_byte()
+    token_bytes: list[bytes | None] = [None] * size
+    special: list[int] = []
+    for piece, i in pieces.items():
+        if i in added:
+            continue
+        if family == BYTE_LEVEL:
+            token_bytes[i] = _piece_to_bytes_byte_level(piece, table)
+        else:
+            token_bytes[i] = _piece_to_bytes_byte_fallback(piece)
+    for i, tok in added.items():
+        if tok.get("special", False):
+            token_bytes[i] = b""
+            special.append(i)
+        else:  # a non-special added token is matched on the raw text
+            token_bytes[i] = tok["content"].encode("utf-8")
+    for i, b in enumerate(token_bytes):
+        if b is None:  # an id the vocabulary never names: unusable, so never predicted
+            token_bytes[i] = b""
+            special.append(i)
+        elif len(b) == 0 and i not in special:
+            special.append(i)
+    if family == BYTE_FALLBACK:  # <unk>, <s>, </s> are control pieces
+        for piece in ("<unk>", "<s>", "</s>", "<pad>"):
+            i = pieces.get(piece)
+            if i is not None and i not in special:
+                token_bytes[i] = b""
+                special.append(i)
+
+    names = list(end_of_text) if end_of_text else list(END_OF_TEXT_NAMES)
+    eos_token = getattr(tokenizer, "eos_token", None)
+    if not end_of_text and eos_token:
+        names.append(eos_token)
+    by_name = {tok["content"]: i for i, tok in added.items()} | {
+        p: i for p, i in pieces.items() if i in special
+    }
+    eot_ids = sorted({by_name[n] for n in names if n in by_name})
+    if end_of_text and len(eot_ids) != len(set(end_of_text)):
+        missing = [n for n in end_of_text if n not in by_name]
+        raise UserError(f"end-of-text token(s) {missing} are not special tokens of this tokenizer")
+    if not eot_ids:
+        raise UserError("the tokenizer has no end-of-text token; name one with --end-of-text")
+
+    prefix = tuple(_prefix_ids(tokenizer, backend, by_name))
+    adds_space = family == BYTE_FALLBACK and _adds_prefix_space(spec)
+    return TeacherVocab(
+        token_bytes=tuple(token_bytes),  # type: ignore[arg-type]
+        special_ids=tuple(sorted(set(special))),
+        end_of_text_ids=tuple(eot_ids),
+        family=family,
+        prefix_ids=prefix,
+        name=name,
+        adds_prefix_space=adds_space,
+    )
+
+
+def _prefix_ids(tokenizer, backend, special_by_name: dict[str, int]) -> list[int]:
+    """Ids the teacher expects before a document: what the post-processor puts before a single
+    sequence, else the BOS a ``transformers`` tokenizer adds, else Llama-3's ``<|begin_of_text|>``
+    for a bare ``tokenizer.json`` (whose BOS ``transformers`` adds from its config)."""
+    with_special = backend.encode("a", add_special_tokens=True).ids
+    without = backend.encode("a", add_special_tokens=False).ids
+    for start in range(len(with_special) - len(without) + 1):
+        if with_special[start : start + len(without)] == without and start > 0:
+            return with_special[:start]
+    if tokenizer is not backend:
+        bos = getattr(tokenizer, "bos_token_id", None)
+        return [bos] if getattr(tokenizer, "add_bos_token", False) and bos is not None else []
+    bos = special_by_name.get("<|begin_of_text|>")
+    return [bos] if bos is not None else []
+
+
+def _adds_prefix_space(spec: dict) -> bool:
+    text = json.dumps({k: spec.get(k) for k in ("normalizer", "pre_tokenizer")})
+    return '"Prepend"' in text or '"prepend_scheme": "always"' in text or '"add_prefix_space": true' in text
+
+
+def load_teacher_tokenizer(source: str | Path, gguf_file: str | None = None):
+    """A ``transformers`` fast tokenizer (or a bare ``tokenizers.Tokenizer`` for a tokenizer.json).
+
+    ``source`` may be a ``tokenizer.json``, a model folder or Hub id, or a ``.gguf`` file (or a
+    folder with ``gguf_file`` naming the file in it).
+    """
+    path = Path(source)
+    if path.suffix == ".json":
+        if not path.is_file():
+            raise UserError(f"tokenizer file not found: {path}")
+        from tokenizers import Tokenizer
+
+        try:
+            return Tokenizer.from_file(str(path))
+        except Exception as exc:  # noqa: BLE001
+            raise UserError(f"cannot read tokenizer {path}: {str(exc).splitlines()[0]}") from exc
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise UserError(f"GGUF file not found: {path}")
+        path, gguf_file = path.parent, path.name
+    from transformers import AutoTokenizer
+
+    looks_local = path.exists() or str(source).startswith((".", "/")) or str(source).count("/") > 1
+    if looks_local and not path.exists():
+        raise UserError(f"tokenizer folder not found: {path}")
+    try:
+        kwargs = {"gguf_file": gguf_file} if gguf_file else {}
+        tokenizer = AutoTokenizer.from_pretrained(str(path if path.exists() else source), **kwargs)
+    except Exception as exc:  # noqa: BLE001 - transformers raises many types for a bad source
+        raise UserError(f"cannot load a tokenizer from {source}: {str(exc).splitlines()[0]}") from exc
+    if not getattr(tokenizer, "is_fast", False):
+        raise UserError(f"{source}: only fast (tokenizers-backed) tokenizers are supported")
+    return tokenizer
+
+
+def load_teacher_vocab(
+    source: str | Path, gguf_file: str | None = None, end_of_text: list[str] | None = None
+) -> TeacherVocab:
+    tokenizer = load_teacher_tokenizer(source, gguf_file)
+    return vocab_from_tokenizer(tokenizer, name=str(source), end_of_text=end_of_text)

@@ -1,0 +1,1 @@
+"""The logit store: compressed, checksummed shards of exact next-byte distributions."""

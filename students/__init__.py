@@ -1,0 +1,1 @@
+"""Byte students: models, the distillation loss, the trainer, export."""
