@@ -16,6 +16,7 @@ import numba
 import numpy as np
 
 from distill.alphabet import ALPHABET_SIZE
+from distill.fastexp import exp_shifted
 from distill.stream import StreamLayout, path_to_node, stream_layout
 from distill.trie import VocabTrie, build_trie
 from distill.vocab import TeacherVocab
@@ -69,6 +70,16 @@ class Converter:
         self.trie = trie if trie is not None else build_trie(vocab)
         self.end_of_text_ids = np.asarray(vocab.end_of_text_ids, dtype=np.int64)
         self.dropped_ids = vocab.dropped_ids
+        # The "sorted" column order: regular ids by byte string, then end-of-text, then the rest.
+        # A teacher whose output layer is permuted this way (see :func:`sorted_column_order`)
+        # emits rows that the conversion reads contiguously, with no gather.
+        self.column_order = np.concatenate([self.trie.order, self.end_of_text_ids, self.dropped_ids])
+        regular, n_eot = len(self.trie.order), len(self.end_of_text_ids)
+        self._sorted_tables = (
+            np.arange(regular, dtype=np.int64),
+            np.arange(regular, regular + n_eot, dtype=np.int64),
+            np.arange(regular + n_eot, self.vocab.size, dtype=np.int64),
+        )
         self._device_tables: dict = {}
 
     def layout(self, token_ids) -> StreamLayout:
@@ -81,8 +92,9 @@ class Converter:
         if width != self.vocab.size:
             raise ValueError(f"logits have {width} columns but the vocabulary has {self.vocab.size} ids")
 
-    def convert_numba(self, token_ids, logits: np.ndarray) -> DocumentDistributions:
-        """CPU path: ``logits`` is a (m+1, V) float32/float64 NumPy array in id order."""
+    def convert_numba(self, token_ids, logits: np.ndarray, columns: str = "teacher") -> DocumentDistributions:
+        """CPU path: ``logits`` is a (m+1, V) float32/float64 NumPy array whose columns are in
+        the teacher's id order (``columns="teacher"``) or in :attr:`column_order` ("sorted")."""
         token_ids = np.asarray(token_ids, dtype=np.int64)
         logits = np.ascontiguousarray(logits)
         if logits.dtype not in (np.float32, np.float64):
@@ -92,14 +104,20 @@ class Converter:
         values = np.empty(layout.num_values, dtype=np.float64)
         dropped = np.empty(len(token_ids) + 1, dtype=np.float64)
         t = self.trie
+        if columns == "teacher":
+            order, end_of_text, dropped_ids = t.order, self.end_of_text_ids, self.dropped_ids
+        elif columns == "sorted":
+            order, end_of_text, dropped_ids = self._sorted_tables
+        else:
+            raise ValueError(f"columns must be 'teacher' or 'sorted', not {columns!r}")
         _convert_rows(
-            logits, token_ids, t.order, t.node_lo, t.node_hi, t.node_n_exact, t.node_parent,
-            t.child_offsets, t.child_nodes, t.token_node, self.end_of_text_ids, self.dropped_ids,
+            logits, token_ids, order, t.node_lo, t.node_hi, t.node_n_exact, t.node_parent,
+            t.child_offsets, t.child_nodes, t.token_node, end_of_text, dropped_ids,
             layout.offsets, values, dropped,
         )  # fmt: skip
         return DocumentDistributions(layout, values, dropped)
 
-    def convert_torch(self, token_ids, logits) -> DocumentDistributions:
+    def convert_torch(self, token_ids, logits, columns: str = "teacher") -> DocumentDistributions:
         """Device path: ``logits`` is a (m+1, V) torch tensor on any device; only the support
         values (not vocabulary-wide rows) are copied to the host."""
         from distill.convert_torch import convert_on_device
@@ -107,27 +125,17 @@ class Converter:
         token_ids = np.asarray(token_ids, dtype=np.int64)
         self._check_shapes(token_ids, tuple(logits.shape))
         layout = self.layout(token_ids)
-        values, dropped = convert_on_device(self, layout, logits)
+        values, dropped = convert_on_device(self, layout, logits, columns)
         return DocumentDistributions(layout, values, dropped)
 
-    def convert(self, token_ids, logits) -> DocumentDistributions:
+    def convert(self, token_ids, logits, columns: str = "teacher") -> DocumentDistributions:
         """Dispatch on the type of ``logits``: NumPy → Numba, torch tensor → torch path."""
         if isinstance(logits, np.ndarray):
-            return self.convert_numba(token_ids, logits)
-        return self.convert_torch(token_ids, logits)
+            return self.convert_numba(token_ids, logits, columns)
+        return self.convert_torch(token_ids, logits, columns)
 
 
-@numba.njit(cache=True, inline="always")
-def _exp_range(row, order, lo, hi, shift, p):
-    total = 0.0
-    for i in range(lo, hi):
-        e = math.exp(np.float64(row[order[i]]) - shift)
-        p[i] = e
-        total += e
-    return total
-
-
-@numba.njit(cache=True, inline="always")
+@numba.njit(cache=True, fastmath=True)
 def _sum_range(p, lo, hi):
     total = 0.0
     for i in range(lo, hi):
@@ -136,40 +144,42 @@ def _sum_range(p, lo, hi):
 
 
 @numba.njit(cache=True)
-def _row_shift(row, order, end_of_text_ids, dropped_ids):
-    """max over regular + end-of-text logits (the full-row max unless a dropped special wins)."""
-    top = row.max()
-    dropped_top = -np.inf
-    for i in dropped_ids:
-        dropped_top = max(dropped_top, row[i])
-    if dropped_top < top:
-        return np.float64(top)
-    top = -np.inf
-    for i in order:
-        top = max(top, row[i])
+def _gather_row(row, order, end_of_text_ids, dropped_ids, g):
+    """g[i] = row[order[i]] in float64; return (shift, end-of-text mass, dropped mass) where shift
+    is the max over regular + end-of-text logits and the masses are relative to it."""
+    shift = -np.inf
+    for i in range(len(order)):
+        g[i] = row[order[i]]
+        shift = max(shift, g[i])
     for i in end_of_text_ids:
-        top = max(top, row[i])
-    return np.float64(top)
+        shift = max(shift, np.float64(row[i]))
+    end_of_text = 0.0
+    for i in end_of_text_ids:
+        end_of_text += math.exp(np.float64(row[i]) - shift)
+    dropped = 0.0
+    for i in dropped_ids:
+        dropped += math.exp(np.float64(row[i]) - shift)
+    return shift, end_of_text, dropped
 
 
 @numba.njit(cache=True)
-def _node_values(row, order, p, node, node_lo, node_hi, node_n_exact, child_offsets, child_nodes, out, at):
-    """Write P(child byte)… then P(<eot>) for a non-root node; return the next write position."""
+def _node_values(g, p, node, node_lo, node_hi, node_n_exact, child_offsets, child_nodes, out, at):
+    """Write P(child byte)… then P(<eot>) for a non-root node."""
     lo, hi, n_exact = node_lo[node], node_hi[node], node_n_exact[node]
     total = _sum_range(p, lo, hi)
-    if total == 0.0:  # all of the range underflowed relative to the row max: rescale locally
+    if total == 0.0:  # the whole range underflowed relative to the row max: rescale it locally
         shift = -np.inf
         for i in range(lo, hi):
-            shift = max(shift, np.float64(row[order[i]]))
-        total = _exp_range(row, order, lo, hi, shift, p)
+            shift = max(shift, g[i])
+        for i in range(lo, hi):
+            p[i] = math.exp(g[i] - shift)
+        total = _sum_range(p, lo, hi)
     for c in range(child_offsets[node], child_offsets[node + 1]):
         child = child_nodes[c]
         out[at] = _sum_range(p, node_lo[child], node_hi[child]) / total
         at += 1
     if n_exact > 0:
         out[at] = _sum_range(p, lo, lo + n_exact) / total
-        at += 1
-    return at
 
 
 @numba.njit(cache=True)
@@ -177,26 +187,22 @@ def _convert_rows(
     logits, token_ids, order, node_lo, node_hi, node_n_exact, node_parent, child_offsets,
     child_nodes, token_node, end_of_text_ids, dropped_ids, offsets, values, dropped,
 ):  # fmt: skip
-    p = np.empty(len(order), np.float64)
+    g = np.empty(len(order), np.float64)  # the row's logits in byte-string order
+    p = np.empty(len(order), np.float64)  # exp(g - shift)
+    scratch = np.empty(len(order), np.int64)
     path = np.empty(1024, np.int64)
     pos = 0
     for j in range(logits.shape[0]):
-        row = logits[j]
-        shift = _row_shift(row, order, end_of_text_ids, dropped_ids)
+        shift, end_of_text, other = _gather_row(logits[j], order, end_of_text_ids, dropped_ids, g)
+        exp_shifted(g, 0, len(order), shift, p, scratch)
         at = offsets[pos]
         regular = 0.0
-        for c in range(child_offsets[0], child_offsets[1]):  # root children tile the order
+        for c in range(child_offsets[0], child_offsets[1]):  # the root's children tile the order
             child = child_nodes[c]
-            mass = _exp_range(row, order, node_lo[child], node_hi[child], shift, p)
+            mass = _sum_range(p, node_lo[child], node_hi[child])
             values[at] = mass
             regular += mass
             at += 1
-        end_of_text = 0.0
-        for i in end_of_text_ids:
-            end_of_text += math.exp(np.float64(row[i]) - shift)
-        other = 0.0
-        for i in dropped_ids:
-            other += math.exp(np.float64(row[i]) - shift)
         z = regular + end_of_text
         values[at] = end_of_text
         for k in range(offsets[pos], at + 1):
@@ -207,5 +213,5 @@ def _convert_rows(
             break
         length = path_to_node(token_node[token_ids[j]], node_parent, path)
         for k in range(1, length + 1):
-            _node_values(row, order, p, path[k], node_lo, node_hi, node_n_exact, child_offsets, child_nodes, values, offsets[pos])  # fmt: skip
+            _node_values(g, p, path[k], node_lo, node_hi, node_n_exact, child_offsets, child_nodes, values, offsets[pos])  # fmt: skip
             pos += 1

@@ -28,8 +28,8 @@ class DeviceTables:
     dropped_ids: torch.Tensor
 
 
-def device_tables(converter, device: torch.device) -> DeviceTables:
-    key = str(device)
+def device_tables(converter, device: torch.device, columns: str = "teacher") -> DeviceTables:
+    key = f"{device}/{columns}"
     if key not in converter._device_tables:
         vocab, trie = converter.vocab, converter.trie
         strings = [vocab.token_bytes[i] for i in trie.order]
@@ -37,12 +37,18 @@ def device_tables(converter, device: torch.device) -> DeviceTables:
         byte_at = np.full((len(strings), max_len + 1), EOT, dtype=np.int16)
         for i, s in enumerate(strings):
             byte_at[i, : len(s)] = np.frombuffer(s, dtype=np.uint8)
+        if columns == "teacher":
+            order, end_of_text, dropped = trie.order, converter.end_of_text_ids, converter.dropped_ids
+        elif columns == "sorted":
+            order, end_of_text, dropped = converter._sorted_tables
+        else:
+            raise ValueError(f"columns must be 'teacher' or 'sorted', not {columns!r}")
         converter._device_tables[key] = DeviceTables(
-            order=torch.from_numpy(trie.order).to(device),
+            order=torch.from_numpy(order).to(device),
             first_byte=torch.from_numpy(byte_at[:, 0].astype(np.int64)).to(device),
             byte_at=torch.from_numpy(byte_at).to(device),
-            end_of_text_ids=torch.from_numpy(converter.end_of_text_ids).to(device),
-            dropped_ids=torch.from_numpy(converter.dropped_ids).to(device),
+            end_of_text_ids=torch.from_numpy(end_of_text).to(device),
+            dropped_ids=torch.from_numpy(dropped).to(device),
         )
     return converter._device_tables[key]
 
@@ -60,9 +66,9 @@ def _row_masses(block: torch.Tensor, t: DeviceTables):
 
 
 @torch.no_grad()
-def convert_on_device(converter, layout, logits: torch.Tensor, row_chunk: int = 32):
+def convert_on_device(converter, layout, logits: torch.Tensor, columns: str = "teacher", row_chunk: int = 32):
     device = logits.device
-    t = device_tables(converter, device)
+    t = device_tables(converter, device, columns)
     trie = converter.trie
     rows = logits.shape[0]
     positions = layout.num_positions

@@ -181,3 +181,18 @@ def test_random_bytes_round_trip_and_identity(data, seed, llama3_encoder, llama3
     assert dist.layout.text_bytes() == data
     np.testing.assert_allclose(np.add.reduceat(dist.values, dist.layout.offsets[:-1]), 1.0, atol=1e-12)
     assert dist.log_likelihood() == pytest.approx(teacher_log_likelihood(llama3_vocab, ids, logits), rel=1e-9)
+
+
+def test_sorted_columns_equal_teacher_columns(llama3_encoder, llama3_converter, llama3_vocab):
+    """Rows from a teacher whose output layer is permuted to byte-string order convert the same."""
+    ids = llama3_encoder.encode(SAMPLE_DOCUMENTS["code"])
+    logits = random_logits(len(ids) + 1, llama3_vocab.size, seed=13).astype(np.float32)
+    permuted = np.ascontiguousarray(logits[:, llama3_converter.column_order])
+    assert sorted(llama3_converter.column_order.tolist()) == list(range(llama3_vocab.size))
+    teacher = llama3_converter.convert_numba(ids, logits)
+    for dist in (
+        llama3_converter.convert_numba(ids, permuted, columns="sorted"),
+        llama3_converter.convert_torch(ids, torch.from_numpy(permuted), columns="sorted"),
+    ):
+        np.testing.assert_allclose(dist.values, teacher.values, rtol=1e-12, atol=1e-300)
+        np.testing.assert_allclose(dist.dropped_mass, teacher.dropped_mass, rtol=1e-12, atol=1e-300)

@@ -1,0 +1,86 @@
+"""Conversion speed on the real Llama-3 vocabulary (V = 128,256), per core.
+
+Prints the trie build time, tokens/s of the Numba conversion, the floor (a bare float32 softmax
+over the same rows with torch, one thread), their ratio on a line starting with ``ratio``, and the
+torch conversion path on the CPU. Rows are random float32 logits; tokens come from KJV text.
+
+Two column orders are timed: rows in the teacher's id order (the conversion gathers each row into
+byte-string order), and rows from a teacher whose output layer ``dump`` has permuted into that
+order (``Converter.column_order``), which the conversion reads contiguously. ``dump`` uses the
+second; the ``ratio`` line is for it.
+
+    python benchmarks/convert.py [--tokens 512] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+import torch
+
+from benchmarks.common import kjv_chapters, llama3_tokenizer_json
+from distill.convert import Converter
+from distill.encode import DocumentEncoder
+from distill.trie import build_trie
+from distill.vocab import load_teacher_tokenizer, vocab_from_tokenizer
+
+
+def best_of(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, default=512, help="teacher tokens per measurement")
+    parser.add_argument("--repeats", type=int, default=3, help="timed repeats; the best is kept")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+
+    tokenizer = load_teacher_tokenizer(llama3_tokenizer_json())
+    vocab = vocab_from_tokenizer(tokenizer, name="llama3")
+    start = time.perf_counter()
+    build_trie(vocab)
+    first_build = time.perf_counter() - start
+    build = best_of(lambda: build_trie(vocab), args.repeats)
+    converter = Converter(vocab)
+
+    text = b"\n".join(t for _, t in kjv_chapters({"Genesis"}))
+    ids = DocumentEncoder(tokenizer, vocab).encode(text)[: args.tokens]
+    rows = len(ids) + 1
+    logits = (np.random.default_rng(0).standard_normal((rows, vocab.size)) * 3).astype(np.float32)
+    logits_t = torch.from_numpy(logits)
+    permuted = np.ascontiguousarray(logits[:, converter.column_order])
+    converter.convert_numba(ids[:4], logits[:5])  # compile / load the Numba cache
+    converter.convert_torch(ids[:4], logits_t[:5])
+
+    t_floor = best_of(lambda: torch.softmax(logits_t, dim=-1), args.repeats)
+    t_teacher = best_of(lambda: converter.convert_numba(ids, logits), args.repeats)
+    t_numba = best_of(lambda: converter.convert_numba(ids, permuted, columns="sorted"), args.repeats)
+    t_torch = best_of(lambda: converter.convert_torch(ids, logits_t), args.repeats)
+    t_floor = min(t_floor, best_of(lambda: torch.softmax(logits_t, dim=-1), args.repeats))
+    bytes_per_token = len(vocab.bytes_of(ids)) / len(ids)
+
+    print(f"Llama-3 vocabulary: V = {vocab.size:,}; {len(ids)} KJV tokens ({bytes_per_token:.2f} bytes/token), one thread")
+    print(f"{'what':<46}{'time':>12}{'tokens/s':>14}")
+    print(f"{'trie build (first call, incl. JIT cache)':<46}{first_build:>11.3f}s{'':>14}")
+    print(f"{'trie build (warm)':<46}{build:>11.3f}s{'':>14}")
+    for name, t in [
+        ("floor: torch.softmax float32, same rows", t_floor),
+        ("Numba conversion, sorted columns (dump)", t_numba),
+        ("Numba conversion, teacher id order", t_teacher),
+        ("torch conversion on CPU, teacher id order", t_torch),
+    ]:
+        print(f"{name:<46}{t * 1e3:>10.1f}ms{len(ids) / t:>14,.0f}")
+    print(f"ratio numba(sorted columns)/floor = {t_numba / t_floor:.2f} (goal <= 1.5)")
+    print(f"  numba(teacher id order)/floor = {t_teacher / t_floor:.2f}; torch-cpu/floor = {t_torch / t_floor:.2f}")
+
+
+if __name__ == "__main__":
+    main()

