@@ -1,0 +1,229 @@
+"""Corpus readers: every source yields ``(key, document bytes)`` in a deterministic order.
+
+Sources (by what ``--corpus`` names):
+
+* a ``.txt`` file or a folder of them: one document per file, or, with ``separator``, the
+  file split on that exact string (e.g. ``"\\n\\n\\n"``). Files are read as bytes, so binary
+  or invalid-UTF-8 input is distilled as bytes;
+* ``.jsonl`` / ``.jsonl.zst`` / ``.parquet`` files (or folders of them): one document per record,
+  the text in ``text_field``;
+* a folder written by ``datasets``' ``save_to_disk`` is opened with ``load_from_disk``;
+* anything else is handed to ``datasets.load_dataset`` as a dataset name, with ``split``,
+  ``config`` and ``streaming``.
+
+Selection is applied on top: a deterministic held-out split by a hash of each key, ``max_docs``
+and ``max_bytes``. Empty documents are skipped and counted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from distill.errors import UserError
+
+TEXT_SUFFIXES = (".txt", ".text", ".md")
+RECORD_SUFFIXES = (".jsonl", ".jsonl.zst", ".parquet")
+
+
+@dataclass
+class CorpusSpec:
+    source: str
+    text_field: str = "text"
+    separator: str | None = None
+    split: str = "train"  # for datasets.load_dataset
+    config: str | None = None  # dataset configuration name
+    streaming: bool = False
+    subset: str = "all"  # all | train | heldout: the deterministic held-out split
+    heldout_fraction: float = 0.0
+    max_docs: int | None = None
+    max_bytes: int | None = None
+
+
+@dataclass
+class CorpusCounts:
+    documents: int = 0
+    bytes: int = 0
+    empty_skipped: int = 0
+    heldout_skipped: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+def _suffix(path: Path) -> str:
+    name = path.name.lower()
+    for suffix in RECORD_SUFFIXES + TEXT_SUFFIXES:
+        if name.endswith(suffix):
+            return suffix
+    return path.suffix.lower()
+
+
+def corpus_files(source: Path) -> list[Path]:
+    """The files of a file-based source in sorted order (a folder is searched recursively)."""
+    if source.is_file():
+        return [source]
+    files = sorted(p for p in source.rglob("*") if p.is_file() and _suffix(p) in TEXT_SUFFIXES + RECORD_SUFFIXES)
+    if not files:
+        raise UserError(f"no .txt/.jsonl/.jsonl.zst/.parquet files under {source}")
+    return files
+
+
+def _text_documents(path: Path, separator: str | None) -> Iterator[tuple[str, bytes]]:
+    data = path.read_bytes()
+    if separator is None:
+        yield str(path), data
+        return
+    for i, part in enumerate(data.split(separator.encode("utf-8"))):
+        yield f"{path}#{i}", part
+
+
+def _record_text(record: dict, text_field: str, where: str) -> bytes:
+    if text_field not in record:
+        raise UserError(f"{where}: no field {text_field!r} (fields: {', '.join(sorted(record)) or 'none'}); use --text-field")
+    value = record[text_field]
+    if value is None:
+        return b""
+    if isinstance(value, bytes):
+        return value
+    if not isinstance(value, str):
+        raise UserError(f"{where}: field {text_field!r} holds {type(value).__name__}, not text")
+    return value.encode("utf-8", errors="surrogateescape")
+
+
+def _jsonl_documents(path: Path, text_field: str) -> Iterator[tuple[str, bytes]]:
+    if path.name.lower().endswith(".zst"):
+        import zstandard
+
+        raw = zstandard.ZstdDecompressor().stream_reader(path.open("rb"))
+        lines = io.BufferedReader(raw)
+    else:
+        lines = path.open("rb")
+    with lines:
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{number}"
+            try:
+                record = json.loads(line)
+            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                raise UserError(f"{where}: not valid JSON ({exc.msg if hasattr(exc, 'msg') else exc})") from None
+            if not isinstance(record, dict):
+                raise UserError(f"{where}: a JSON line must be an object with a {text_field!r} field")
+            yield where, _record_text(record, text_field, where)
+
+
+def _parquet_documents(path: Path, text_field: str) -> Iterator[tuple[str, bytes]]:
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.ParquetFile(path)
+    except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for a bad file
+        raise UserError(f"{path}: not a readable parquet file ({str(exc).splitlines()[0]})") from None
+    if text_field not in table.schema_arrow.names:
+        raise UserError(f"{path}: no column {text_field!r} (columns: {', '.join(table.schema_arrow.names)}); use --text-field")
+    row = 0
+    for batch in table.iter_batches(columns=[text_field]):
+        for value in batch.column(0).to_pylist():
+            yield f"{path}#{row}", _record_text({text_field: value}, text_field, f"{path}#{row}")
+            row += 1
+
+
+def _dataset_documents(spec: CorpusSpec, from_disk: bool = False) -> Iterator[tuple[str, bytes]]:
+    """A Hugging Face dataset: a Hub name, or a folder written by ``Dataset.save_to_disk``."""
+    import datasets
+
+    try:
+        if from_disk:
+            dataset = datasets.load_from_disk(spec.source)
+            if isinstance(dataset, datasets.DatasetDict):
+                dataset = dataset[spec.split]
+        else:
+            dataset = datasets.load_dataset(spec.source, spec.config, split=spec.split, streaming=spec.streaming)
+    except Exception as exc:  # noqa: BLE001 - datasets raises many types for a bad source
+        raise UserError(f"cannot load dataset {spec.source!r} (split {spec.split!r}): {str(exc).splitlines()[0]}") from None
+    for i, record in enumerate(dataset):
+        where = f"{spec.source}[{spec.split}][{i}]"
+        yield where, _record_text(record, spec.text_field, where)
+
+
+def check_source(spec: CorpusSpec) -> None:
+    """Fail fast on a corpus path that does not exist (a dataset name is checked when loaded)."""
+    path = Path(spec.source)
+    looks_like_path = spec.source.startswith((".", "/", "~")) or _suffix(path) in TEXT_SUFFIXES + RECORD_SUFFIXES
+    if not path.exists() and looks_like_path:
+        raise UserError(f"corpus not found: {spec.source}")
+    if path.is_dir() and not _is_saved_dataset(path):
+        corpus_files(path)  # raises when the folder holds no corpus files
+
+
+def _is_saved_dataset(path: Path) -> bool:
+    return path.is_dir() and ((path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists())
+
+
+def raw_documents(spec: CorpusSpec) -> Iterator[tuple[str, bytes]]:
+    """Every document of the source, before selection."""
+    check_source(spec)
+    path = Path(spec.source)
+    if not path.exists():
+        yield from _dataset_documents(spec)
+        return
+    if _is_saved_dataset(path):
+        yield from _dataset_documents(spec, from_disk=True)
+        return
+    for file in corpus_files(path):
+        suffix = _suffix(file)
+        if suffix in (".jsonl", ".jsonl.zst"):
+            yield from _jsonl_documents(file, spec.text_field)
+        elif suffix == ".parquet":
+            yield from _parquet_documents(file, spec.text_field)
+        else:
+            yield from _text_documents(file, spec.separator)
+
+
+def in_heldout(key: str, fraction: float) -> bool:
+    """Deterministic: the same key always lands on the same side."""
+    digest = hashlib.sha256(key.encode("utf-8", errors="surrogateescape")).digest()
+    return int.from_bytes(digest[:8], "little") / 2**64 < fraction
+
+
+def select_documents(spec: CorpusSpec, counts: CorpusCounts | None = None) -> Iterator[tuple[str, bytes]]:
+    """The documents to distil, in order, with the spec's selection applied."""
+    counts = counts if counts is not None else CorpusCounts()
+    if spec.subset not in ("all", "train", "heldout"):
+        raise UserError(f"subset must be all, train or heldout, not {spec.subset!r}")
+    if spec.subset != "all" and not 0 < spec.heldout_fraction < 1:
+        raise UserError("--subset train/heldout needs --heldout-fraction between 0 and 1")
+    for key, data in raw_documents(spec):
+        if spec.max_docs is not None and counts.documents >= spec.max_docs:
+            return
+        if spec.max_bytes is not None and counts.bytes >= spec.max_bytes:
+            return
+        if spec.subset != "all" and in_heldout(key, spec.heldout_fraction) != (spec.subset == "heldout"):
+            counts.heldout_skipped += 1
+            continue
+        if not data:
+            counts.empty_skipped += 1
+            continue
+        counts.documents += 1
+        counts.bytes += len(data)
+        yield key, data
+
+
+def corpus_fingerprint(spec: CorpusSpec) -> str:
+    """Identity of the corpus for the store manifest: the selection settings plus, for file
+    sources, each file's name, size and a hash of its first and last MiB."""
+    h = hashlib.sha256(json.dumps(spec.__dict__, sort_keys=True, default=str).encode())
+    path = Path(spec.source)
+    if path.exists() and not _is_saved_dataset(path):
+        for file in corpus_files(path):
+            size = file.stat().st_size
+            h.update(f"{file.relative_to(path) if path.is_dir() else file.name}|{size}|".encode())
+            with file.open("rb") as f:
+                h.update(f.read(1 << 20))
+                if size > 2 << 20:
+                    f.seek(-(1 << 20), io.SEEK_END)
+                    h.update(f.read())
+    return h.hexdigest()

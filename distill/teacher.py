@@ -1,0 +1,112 @@
+"""The teacher: any causal LM that ``transformers`` loads, run for the rows the conversion needs.
+
+The teacher's output layer is permuted into the conversion's column order (regular ids by byte
+string, then end-of-text, then the other specials: :attr:`Converter.column_order`), so its logits
+arrive ready for a contiguous conversion; logits are computed only for the rows that are kept.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from distill.errors import UserError
+from distill.vocab import TeacherVocab, load_teacher_tokenizer, vocab_from_tokenizer
+
+
+@dataclass
+class Teacher:
+    model: torch.nn.Module
+    head: torch.nn.Linear  # the output layer, or a copy permuted by :meth:`permute_output`
+    tokenizer: object
+    vocab: TeacherVocab
+    name: str
+    device: torch.device
+    dtype: torch.dtype
+
+    @property
+    def context_prefix(self) -> list[int]:
+        """What precedes every window: the teacher's BOS, else its end-of-text token (a document
+        boundary, as in GPT-2-style pretraining), so that the first token has a prediction."""
+        return list(self.vocab.prefix_ids) or [self.vocab.end_of_text_ids[0]]
+
+    def permute_output(self, column_order: np.ndarray) -> None:
+        """Make :meth:`logits` emit columns in ``column_order`` (the conversion's sorted order)."""
+        self.head = permuted_head(self.model.get_output_embeddings(), column_order)
+
+    @torch.no_grad()
+    def logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, rows: list[np.ndarray]):
+        """Float32 logits (in the head's column order) at positions ``rows[b]`` of each sequence ``b``."""
+        hidden = self.model.base_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        batch_index = np.concatenate([np.full(len(r), b) for b, r in enumerate(rows)])
+        position_index = np.concatenate(rows)
+        picked = hidden[torch.from_numpy(batch_index).to(hidden.device), torch.from_numpy(position_index).to(hidden.device)]
+        logits = self.head(picked).float()
+        softcap = getattr(self.model.config, "final_logit_softcapping", None)
+        if softcap:
+            logits = torch.tanh(logits / softcap) * softcap
+        return logits
+
+
+def default_dtype(device: torch.device) -> torch.dtype:
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def _split_gguf(source: str, gguf_file: str | None) -> tuple[str, str | None]:
+    path = Path(source)
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise UserError(f"GGUF file not found: {path}")
+        return str(path.parent), path.name
+    return source, gguf_file
+
+
+def load_teacher(
+    source: str,
+    *,
+    tokenizer_source: str | None = None,
+    gguf_file: str | None = None,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype | None = None,
+    end_of_text: list[str] | None = None,
+) -> Teacher:
+    """Load a causal LM (folder, Hub id or ``.gguf`` file) and its tokenizer, and check they match."""
+    from transformers import AutoModelForCausalLM
+
+    model_source, gguf = _split_gguf(source, gguf_file)
+    if not Path(model_source).exists() and model_source.startswith((".", "/")):
+        raise UserError(f"teacher not found: {model_source}")
+    tokenizer_path = tokenizer_source or source
+    tokenizer = load_teacher_tokenizer(tokenizer_path, None if tokenizer_source else gguf)
+    vocab = vocab_from_tokenizer(tokenizer, name=str(tokenizer_path), end_of_text=end_of_text)
+
+    device = torch.device(device)
+    dtype = dtype or default_dtype(device)
+    kwargs = {"gguf_file": gguf} if gguf else {}
+    try:
+        model = AutoModelForCausalLM.from_pretrained(model_source, dtype=dtype, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - transformers raises many types for a bad source
+        raise UserError(f"cannot load the teacher {source}: {str(exc).splitlines()[0]}") from None
+    model.to(device).eval()
+    head = model.get_output_embeddings()
+    if head.weight.shape[0] != vocab.size:
+        raise UserError(
+            f"the tokenizer has {vocab.size} ids but the teacher's output layer has "
+            f"{head.weight.shape[0]} rows: they do not belong together"
+        )
+    return Teacher(model, head, tokenizer, vocab, name=source, device=device, dtype=dtype)
+
+
+def permuted_head(head: torch.nn.Linear, column_order: np.ndarray) -> torch.nn.Linear:
+    """A copy of the output layer whose row i is the old row ``column_order[i]``."""
+    index = torch.from_numpy(np.asarray(column_order)).to(head.weight.device)
+    out = torch.nn.Linear(head.in_features, head.out_features, bias=head.bias is not None)
+    out = out.to(device=head.weight.device, dtype=head.weight.dtype)
+    with torch.no_grad():
+        out.weight.copy_(head.weight.index_select(0, index))
+        if head.bias is not None:
+            out.bias.copy_(head.bias.index_select(0, index))
+    return out.eval()

@@ -1,0 +1,81 @@
+"""The distillation loss (DESIGN.md §4).
+
+Per target position::
+
+    α · T² · KL(teacher_T ‖ student_T)  +  (1 − α) · CE(student, next symbol)
+
+over the full 260-way distribution (never top-k). With temperature T the student is
+``log_softmax(logits / T)`` and the teacher is ``p^(1/T)`` renormalised; positions where the
+teacher gives a symbol probability 0 contribute 0 to the KL. Only positions in ``loss_mask``
+count, and the sums are divided once by the number of those positions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from distill.errors import UserError
+
+
+@dataclass
+class LossOutput:
+    total: torch.Tensor  # what to back-propagate
+    kl: torch.Tensor  # mean KL(teacher ‖ student) per target position (T²-scaled); nan without a teacher
+    ce: torch.Tensor  # mean cross-entropy per target position, at temperature 1
+    num_targets: torch.Tensor  # number of positions that counted
+
+
+def soften_teacher(probs: torch.Tensor, temperature: float) -> torch.Tensor:
+    """``p^(1/T)`` renormalised over the last axis (zeros stay zero)."""
+    if temperature == 1.0:
+        return probs
+    powered = probs.clamp_min(0).pow(1.0 / temperature)
+    return powered / powered.sum(-1, keepdim=True).clamp_min(torch.finfo(powered.dtype).tiny)
+
+
+def kl_per_position(teacher_probs: torch.Tensor, student_logprobs: torch.Tensor) -> torch.Tensor:
+    """Σ_v p_v (log p_v − log q_v) over the last axis; terms with p_v = 0 are 0."""
+    return (torch.xlogy(teacher_probs, teacher_probs) - teacher_probs * student_logprobs).sum(-1)
+
+
+def distill_loss(
+    logits: torch.Tensor,
+    target_ids: torch.Tensor,
+    loss_mask: torch.Tensor,
+    target_probs: torch.Tensor | None = None,
+    *,
+    alpha: float = 1.0,
+    temperature: float = 1.0,
+) -> LossOutput:
+    """The loss for logits (..., V), target ids (...), mask (...), teacher probs (..., V)."""
+    if not 0.0 <= alpha <= 1.0:
+        raise UserError(f"loss weight alpha must lie in [0, 1], got {alpha}")
+    if temperature <= 0:
+        raise UserError(f"distillation temperature must be positive, got {temperature}")
+    if alpha > 0 and target_probs is None:
+        raise UserError(f"alpha={alpha} needs teacher probabilities, but the batch has none")
+    if logits.dtype in (torch.float16, torch.bfloat16):
+        logits = logits.float()
+    mask = loss_mask.bool()
+    num_targets = mask.sum()
+    denominator = num_targets.clamp_min(1).to(logits.dtype)
+
+    logprobs = F.log_softmax(logits, dim=-1)
+    token_ce = -logprobs.gather(-1, target_ids.long().unsqueeze(-1)).squeeze(-1)
+    ce = torch.where(mask, token_ce, 0.0).sum() / denominator
+
+    if target_probs is None:
+        kl = torch.full((), float("nan"), dtype=logits.dtype, device=logits.device)
+        return LossOutput(total=ce, kl=kl, ce=ce, num_targets=num_targets)
+
+    if temperature == 1.0:
+        student_t = logprobs
+    else:
+        student_t = F.log_softmax(logits / temperature, dim=-1)
+    teacher_t = soften_teacher(target_probs.to(logits.dtype), temperature)
+    token_kl = kl_per_position(teacher_t, student_t) * temperature**2
+    kl = torch.where(mask, token_kl, 0.0).sum() / denominator
+    return LossOutput(total=alpha * kl + (1.0 - alpha) * ce, kl=kl, ce=ce, num_targets=num_targets)

@@ -1,0 +1,87 @@
+"""The default student: a plain ``transformers`` Llama over the 260-symbol alphabet (DESIGN.md §4).
+
+Nothing custom: the config is a stock :class:`~transformers.LlamaConfig`, so
+``AutoModelForCausalLM.from_pretrained(folder)`` loads an exported student without
+``trust_remote_code``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from distill.alphabet import ALPHABET_SIZE, BOS, EOS, PAD
+from distill.errors import UserError
+
+
+@dataclass(frozen=True)
+class SizePreset:
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    intermediate_size: int
+
+
+# Rough parameter counts are for the default 2048 positions and tied embeddings.
+PRESETS: dict[str, SizePreset] = {
+    "tiny": SizePreset(hidden_size=128, num_layers=4, num_heads=4, intermediate_size=384),  # ~0.8M
+    "small": SizePreset(hidden_size=256, num_layers=6, num_heads=8, intermediate_size=768),  # ~4.8M
+    "base": SizePreset(hidden_size=512, num_layers=8, num_heads=8, intermediate_size=1536),  # ~25M
+    "medium": SizePreset(hidden_size=768, num_layers=14, num_heads=12, intermediate_size=2560),  # ~100M
+    "large": SizePreset(hidden_size=1280, num_layers=20, num_heads=20, intermediate_size=3584),  # ~400M
+    "xl": SizePreset(hidden_size=2048, num_layers=20, num_heads=16, intermediate_size=5632),  # ~1B
+}
+
+
+def student_config(
+    preset: str = "small",
+    *,
+    hidden_size: int | None = None,
+    num_layers: int | None = None,
+    num_heads: int | None = None,
+    num_kv_heads: int | None = None,
+    intermediate_size: int | None = None,
+    max_positions: int = 2048,
+    rope_theta: float = 10000.0,
+    tie_embeddings: bool = True,
+) -> LlamaConfig:
+    """A :class:`LlamaConfig` for the named preset, with any field overridden."""
+    if preset not in PRESETS:
+        raise UserError(f"unknown student preset {preset!r}; choose one of {', '.join(PRESETS)}")
+    base = PRESETS[preset]
+    hidden = hidden_size or base.hidden_size
+    heads = num_heads or base.num_heads
+    if hidden % heads:
+        raise UserError(f"student hidden size {hidden} is not divisible by its {heads} attention heads")
+    kv_heads = num_kv_heads or heads
+    if heads % kv_heads:
+        raise UserError(f"student attention heads {heads} are not divisible by {kv_heads} key/value heads")
+    return LlamaConfig(
+        vocab_size=ALPHABET_SIZE,
+        hidden_size=hidden,
+        num_hidden_layers=num_layers or base.num_layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        intermediate_size=intermediate_size or base.intermediate_size,
+        max_position_embeddings=max_positions,
+        rope_theta=rope_theta,
+        bos_token_id=BOS,
+        eos_token_id=EOS,
+        pad_token_id=PAD,
+        tie_word_embeddings=tie_embeddings,
+    )
+
+
+def build_student(config: LlamaConfig, seed: int | None = None) -> LlamaForCausalLM:
+    """A freshly initialised student (deterministic when ``seed`` is given)."""
+    if seed is not None:
+        import torch
+
+        torch.manual_seed(seed)
+    return LlamaForCausalLM(config)
+
+
+def count_parameters(model) -> int:
+    """Distinct trainable parameters (tied embeddings counted once)."""
+    return sum(p.numel() for p in model.parameters())

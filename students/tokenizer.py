@@ -1,0 +1,77 @@
+"""The student's byte tokenizer: every byte is one id (its value) plus the four specials.
+
+Built with the ``tokenizers`` library (a ByteLevel pre-tokenizer and decoder over a BPE model
+whose vocabulary is the 256 GPT-2 byte characters in byte order and which has no merges), and
+wrapped as a stock :class:`transformers.PreTrainedTokenizerFast`, so
+``AutoTokenizer.from_pretrained(folder)`` loads a saved copy with no ``trust_remote_code``.
+
+- ``tokenizer("héllo").input_ids`` is ``[<bos>] + list("héllo".encode())`` (``add_special_tokens``
+  adds ``<bos>`` = 257 in front; pass ``add_special_tokens=False`` for the bare bytes).
+- ``tokenizer.decode(ids, skip_special_tokens=True)`` drops ``<eot>``/``<bos>``/``<eos>``/``<pad>``
+  and gives back the text exactly when the bytes are valid UTF-8.
+- Invalid UTF-8 (a model can emit any byte sequence, e.g. half a character) cannot be a ``str``:
+  ``decode`` replaces each invalid sequence with U+FFFD (``�``), like ``bytes.decode(errors="replace")``.
+  Use :func:`decode_bytes` for the exact bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+from tokenizers.pre_tokenizers import ByteLevel
+from transformers import PreTrainedTokenizerFast
+
+from distill.alphabet import BOS, EOS, EOT, NUM_BYTES, PAD, SPECIAL_NAMES
+
+
+def decode_bytes(ids: Iterable[int]) -> bytes:
+    """The exact bytes of a symbol sequence: byte symbols kept, the specials dropped."""
+    return bytes(int(i) for i in ids if 0 <= int(i) < NUM_BYTES)
+
+
+def _byte_vocabulary() -> dict[str, int]:
+    """GPT-2's printable character for each byte, mapped to the byte's value."""
+    vocab = {_gpt2_byte_char(value): value for value in range(NUM_BYTES)}
+    assert set(vocab) == set(ByteLevel.alphabet()), "byte vocabulary must be the ByteLevel alphabet"
+    return vocab
+
+
+def _gpt2_byte_char(value: int) -> str:
+    """GPT-2's byte→unicode table: printable Latin-1 bytes map to themselves, others to 256+n."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+    printable += list(range(ord("®"), ord("ÿ") + 1))
+    if value in printable:
+        return chr(value)
+    offset = sum(1 for b in range(value) if b not in printable)
+    return chr(256 + offset)
+
+
+def build_backend() -> Tokenizer:
+    """The ``tokenizers`` object: byte ids 0–255 and specials 256–259."""
+    tokenizer = Tokenizer(models.BPE(vocab=_byte_vocabulary(), merges=[]))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.add_special_tokens([SPECIAL_NAMES[i] for i in (EOT, BOS, EOS, PAD)])
+    bos = SPECIAL_NAMES[BOS]
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{bos} $A", pair=f"{bos} $A $B", special_tokens=[(bos, BOS)]
+    )
+    return tokenizer
+
+
+def build_tokenizer() -> PreTrainedTokenizerFast:
+    """The byte tokenizer as a ``transformers`` fast tokenizer (save it with ``save_pretrained``)."""
+    backend = build_backend()
+    for symbol, name in SPECIAL_NAMES.items():
+        assert backend.token_to_id(name) == symbol, f"{name} must have id {symbol}"
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        bos_token=SPECIAL_NAMES[BOS],
+        eos_token=SPECIAL_NAMES[EOS],
+        pad_token=SPECIAL_NAMES[PAD],
+        additional_special_tokens=[SPECIAL_NAMES[EOT]],
+        clean_up_tokenization_spaces=False,
+        split_special_tokens=True,  # the text "<eot>" is five bytes, never the special symbol
+        model_input_names=["input_ids", "attention_mask"],
+    )

@@ -1,0 +1,110 @@
+"""``push`` against a fake Hub: a small http.server on 127.0.0.1 implementing just the endpoints
+that create_repo, create_branch and create_commit call (repos/create, branch, validate-yaml,
+preupload, commit). It records every request; the tests assert on files and commit message.
+"""
+
+import base64
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from transformers import LlamaForCausalLM
+
+from distill.cli import main as cli_main
+from distill.errors import UserError
+from students.model import student_config
+from students.push import push_folder, upload_plan
+from students.tokenizer import build_tokenizer
+
+
+class FakeHub(BaseHTTPRequestHandler):
+    requests: list = []
+    commits: list = []
+    tokens: list = []
+
+    def log_message(self, *args):  # keep the test output quiet
+        pass
+
+    def _reply(self, payload, status=200):
+        body = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self):  # noqa: N802 - http.server's naming
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.requests.append((self.path, body))
+        self.tokens.append(self.headers.get("Authorization"))
+        path = self.path.split("?")[0]
+        if path == "/api/repos/create":
+            data = json.loads(body)
+            return self._reply({"url": f"http://{self.headers['Host']}/{data['organization']}/{data['name']}"})
+        if path == "/api/validate-yaml":
+            return self._reply({"errors": [], "warnings": []})
+        if "/branch/" in path:
+            return self._reply({})
+        if "/preupload/" in path:
+            files = json.loads(body)["files"]
+            return self._reply({"files": [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False} for f in files]})
+        if "/commit/" in path:
+            lines = [json.loads(line) for line in body.decode().splitlines() if line]
+            header = next(item["value"] for item in lines if item["key"] == "header")
+            files = {item["value"]["path"]: base64.b64decode(item["value"]["content"]) for item in lines if item["key"] == "file"}
+            self.commits.append({"path": path, "summary": header["summary"], "files": files})
+            return self._reply({"commitUrl": f"http://{self.headers['Host']}/me/student/commit/abc", "commitOid": "a" * 40})
+        return self._reply({"error": f"not faked: {path}"}, status=404)
+
+
+@pytest.fixture
+def hub():
+    FakeHub.requests, FakeHub.commits, FakeHub.tokens = [], [], []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), FakeHub)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    out = tmp_path_factory.mktemp("student")
+    config = student_config("tiny", hidden_size=32, num_layers=1, num_heads=2, intermediate_size=32)
+    LlamaForCausalLM(config).save_pretrained(out)
+    build_tokenizer().save_pretrained(out)
+    (out / "README.md").write_text("---\nlicense: apache-2.0\n---\n# student\n")
+    return out
+
+
+def test_push_uploads_exactly_the_planned_files(hub, folder, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "hf_fake_token")
+    url = push_folder(folder, "me/student", private=True, revision="exp-1", commit_message="first student", endpoint=hub)
+    assert url.endswith("/commit/abc")
+    assert set(FakeHub.tokens) == {"Bearer hf_fake_token"}  # token taken from HF_TOKEN
+    paths = [p.split("?")[0] for p, _ in FakeHub.requests]
+    assert paths[0] == "/api/repos/create" and "/api/models/me/student/branch/exp-1" in paths
+    assert json.loads(FakeHub.requests[0][1])["visibility"] == "private"
+    (commit,) = FakeHub.commits
+    assert commit["path"] == "/api/models/me/student/commit/exp-1" and commit["summary"] == "first student"
+    assert sorted(commit["files"]) == [f.path for f in upload_plan(folder)]
+    assert commit["files"]["model.safetensors"] == (folder / "model.safetensors").read_bytes()
+
+
+def test_dry_run_lists_files_and_uploads_nothing(hub, folder, capsys):
+    assert cli_main(["push", str(folder), "me/student", "--dry-run", "--endpoint", hub]) == 0
+    printed = capsys.readouterr().out
+    for f in upload_plan(folder):
+        assert f"{f.size:,}  {f.path}" in printed
+    assert FakeHub.requests == []
+
+
+def test_push_refuses_a_folder_that_does_not_load(hub, folder, tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(UserError, match="does not load with AutoModelForCausalLM"):
+        push_folder(tmp_path, "me/student", endpoint=hub)
+    no_tokenizer = tmp_path / "model_only"
+    LlamaForCausalLM.from_pretrained(folder).save_pretrained(no_tokenizer)
+    assert cli_main(["push", str(no_tokenizer), "me/student", "--endpoint", hub]) == 2
+    assert FakeHub.requests == []
