@@ -28,6 +28,7 @@ from distill.encode import DocumentEncoder
 from distill.errors import UserError
 from distill.teacher import Teacher, load_teacher
 from distill.windows import Window, plan_windows
+from logit_store.encodings import DEFAULT_ENCODING
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -55,7 +56,7 @@ class DumpConfig:
     group_tokens: int = field(default=32768, metadata={"help": "tokens read and ordered by length together (bounds memory)"})
     device: str = field(default="auto", metadata={"help": "cpu, cuda, cuda:N or auto (the accelerate device)"})
     dtype: str = field(default="auto", metadata={"help": "teacher dtype: auto (bfloat16 on GPU, float32 on CPU), float32, bfloat16, float16", "choices": ["auto", "float32", "bfloat16", "float16"]})
-    encoding: str = field(default="log8", metadata={"help": "value encoding of the store (see logit_store/FORMAT.md)"})
+    encoding: str = field(default=DEFAULT_ENCODING, metadata={"help": "value encoding of the store: pow8, log8, float16, pow12, pow16 (see logit_store/FORMAT.md)"})
     docs_per_shard: int | None = field(default=None, metadata={"help": "close a shard after this many documents (default: by size)"})
     num_shards: int = field(default=1, metadata={"help": "split the corpus across this many independent jobs"})
     shard_index: int = field(default=0, metadata={"help": "which of --num-shards this job is (0-based)"})
@@ -96,7 +97,7 @@ class DumpSummary:
             f"text bytes          {self.text_bytes:,}",
             f"teacher tokens      {self.tokens:,}",
             f"stream positions    {self.positions:,}",
-            f"store size          {self.store_bytes:,} bytes ({self.bytes_per_text_byte:.2f} per text byte)",
+            f"store size          {self.store_bytes:,} bytes in shards ({self.bytes_per_text_byte:.2f} per text byte)",
             f"teacher BPB         {self.teacher_bpb:.4f}",
             f"dropped special mass {mean_dropped:.3g} per teacher row (mean)",
             f"time                {self.seconds:.1f} s after {self.setup_seconds:.1f} s of setup "
@@ -167,7 +168,7 @@ def run_dump(config: DumpConfig) -> DumpSummary:
     spec = corpus_spec(config)
     check_source(spec)
     started = time.perf_counter()
-    state = PartialState(cpu=config.device == "cpu")
+    state = PartialState(cpu=config.device == "cpu" or not torch.cuda.is_available())
     if config.threads:
         torch.set_num_threads(config.threads)
     workers = config.num_shards * state.num_processes

@@ -16,6 +16,7 @@ from distill.config import add_config_arguments, config_from_args
 from distill.errors import UserError
 from students.synthetic import SYNTHETIC_SOURCE
 from students.trainer import TrainConfig, latest_checkpoint, learning_rate, train
+from tests.launch import cpu_launch
 
 TINY = dict(
     preset="tiny", hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64,
@@ -91,12 +92,6 @@ def test_config_from_flags_and_file(tmp_path):
         TrainConfig(train_stores=["a"], output_dir="o")
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_two_process_cpu_accelerate_launch(tmp_path):
     script = tmp_path / "run.py"
@@ -107,12 +102,8 @@ def test_two_process_cpu_accelerate_launch(tmp_path):
                              output_dir={str(tmp_path / "out")!r}, max_steps=4, eval_every=2, checkpoint_every=2)
         train(config, SYNTHETIC_SOURCE)
     """))
-    # `accelerate launch --cpu --num_processes 2` starts one process unless mpirun is set up; the
-    # torch.distributed launcher (--multi_gpu) with ACCELERATE_USE_CPU=1 gives 2 gloo ranks on CPU.
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "1"}
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-           "--main_process_port", str(_free_port()), str(script)]
+    launch, env = cpu_launch(2)
+    cmd = launch + [str(script)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = tmp_path / "out"

@@ -1,0 +1,66 @@
+"""``dump`` throughput with the real SmolLM2-135M teacher on KJV text, on the CPU.
+
+Prints tokens/s and the share of the pass's wall time spent outside the teacher forward
+(conversion + encoding + writing that did not overlap it). Goal: at most 10%.
+
+    python -m benchmarks.dump [--chapters 40] [--threads N] [--encoding log8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+
+from benchmarks.common import kjv_chapters, smollm2_gguf
+from distill.dump import DumpConfig, run_dump
+
+
+def write_corpus(folder: Path, chapters: int) -> int:
+    docs = kjv_chapters({"Genesis", "Exodus", "Leviticus"})[:chapters]
+    (folder / "kjv.jsonl").write_text("\n".join(json.dumps({"id": k, "text": t.decode()}) for k, t in docs))
+    return sum(len(t) for _, t in docs)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--chapters", type=int, default=40, help="KJV chapters to distil (about 3.5 KB each)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
+    parser.add_argument("--encoding", default="pow8", help="store value encoding")
+    parser.add_argument("--batch-tokens", type=int, default=4096, help="padded tokens per forward batch")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        corpus = Path(tmp)
+        text_bytes = write_corpus(corpus, args.chapters)
+        config = DumpConfig(
+            teacher=str(smollm2_gguf()),
+            corpus=str(corpus / "kjv.jsonl"),
+            output=str(corpus / "store"),
+            encoding=args.encoding,
+            batch_tokens=args.batch_tokens,
+            max_length=2048,
+            threads=args.threads,
+            progress=False,
+        )
+        s = run_dump(config)
+    print(f"SmolLM2-135M (GGUF Q4_1 dequantised to float32) on {s.documents} KJV chapters, {text_bytes:,} bytes, CPU")
+    print(f"{'what':<40}{'value':>16}")
+    rows = [
+        ("teacher tokens", f"{s.tokens:,}"),
+        ("setup (load teacher, trie)", f"{s.setup_seconds:.1f} s"),
+        ("pass wall time", f"{s.seconds:.1f} s"),
+        ("  teacher forward", f"{s.forward_seconds:.1f} s"),
+        ("  outside the forward", f"{s.outside_forward_seconds:.1f} s"),
+        ("tokens/s", f"{s.tokens / s.seconds:,.0f}"),
+        ("text bytes/s", f"{s.text_bytes / s.seconds:,.0f}"),
+        ("store bytes per text byte", f"{s.bytes_per_text_byte:.2f}"),
+        ("teacher BPB", f"{s.teacher_bpb:.4f}"),
+    ]
+    for name, value in rows:
+        print(f"{name:<40}{value:>16}")
+    print(f"share outside the forward = {s.outside_forward_seconds / s.seconds:.1%} (goal <= 10%)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,121 @@
+"""``bytedistill inspect STORE`` and ``bytedistill verify STORE``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import numpy as np
+
+from distill.errors import UserError
+from logit_store.store import LogitStore
+
+
+def register(subparsers) -> None:
+    inspect = subparsers.add_parser(
+        "inspect",
+        help="summarise a logit store (documents, bytes, positions, size, encoding)",
+        description="Summarise a logit store from its manifest and shard indexes (nothing is decompressed).",
+    )
+    inspect.add_argument("store", help="logit store directory")
+    inspect.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    inspect.set_defaults(handler=run_inspect)
+
+    verify = subparsers.add_parser(
+        "verify",
+        help="check every checksum and decode every document of a logit store",
+        description=(
+            "Check every shard's index and every chunk's checksum, decode every document and check "
+            "that its distributions are normalised. Exits 0 with a summary, or 2 naming the first "
+            "bad shard/chunk/document."
+        ),
+    )
+    verify.add_argument("store", help="logit store directory")
+    verify.add_argument(
+        "--tolerance", type=float, default=1e-3,
+        help="largest allowed |sum of a position's probabilities - 1| (default: 1e-3)",
+    )  # fmt: skip
+    verify.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    verify.set_defaults(handler=run_verify)
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1000
+    return str(n)
+
+
+def run_inspect(args: argparse.Namespace) -> int:
+    store = LogitStore(args.store)
+    stats = store.stats()
+    stats["directory"] = str(store.directory)
+    stats["format_version"] = store.manifest["format_version"]
+    stats["corpus_hash"] = store.manifest.get("corpus_hash")
+    stats["settings"] = store.manifest.get("settings")
+    if args.json:
+        print(json.dumps(stats, sort_keys=True))
+        return 0
+    bpb = stats["bytes_per_text_byte"]
+    lines = [
+        f"store:           {stats['directory']} (format {stats['format_version']})",
+        f"teacher:         {stats['teacher']}",
+        f"vocab hash:      {stats['vocab_hash']}",
+        f"encoding:        {stats['encoding']} {json.dumps(stats['encoding_params'])}",
+        f"documents:       {stats['documents']:,}",
+        f"text bytes:      {stats['text_bytes']:,}",
+        f"positions:       {stats['positions']:,}",
+        f"tokens:          {stats['tokens']:,}",
+        f"shards/chunks:   {stats['shards']} / {stats['chunks']}",
+        f"size on disk:    {_human(stats['size_on_disk'])} ({stats['size_on_disk']:,} bytes)",
+        f"bytes/text byte: {bpb:.2f} ({stats['shard_bytes_per_text_byte']:.2f} in shards, without the one-off vocabulary file)"
+        if bpb is not None
+        else "bytes/text byte: n/a",
+    ]
+    print("\n".join(lines))
+    return 0
+
+
+def verify_store(store: LogitStore, tolerance: float = 1e-3) -> dict:
+    """Read every chunk and decode every document; raise :class:`UserError` at the first problem."""
+    start = time.time()
+    positions = 0
+    worst = 0.0
+    chunks = 0
+    for s, shard in enumerate(store.shards):
+        for c in range(len(shard.chunks)):
+            store._chunk(s, c)  # checksum + decompression + size checks
+            chunks += 1
+    for i in range(len(store)):
+        doc = store.document(i)
+        sums = np.add.reduceat(doc.values.astype(np.float64), doc.layout.offsets[:-1]) if len(doc.values) else np.zeros(0)
+        err = float(np.abs(sums - 1).max()) if len(sums) else 0.0
+        if not np.all(np.isfinite(doc.values)) or err > tolerance or (len(doc.values) and doc.values.min() < 0):
+            shard, local = store._locate(i)
+            raise UserError(
+                f"shard {store.shards[shard].name} document {local} (store document {i}): distributions "
+                f"not normalised (max |sum - 1| = {err:.3g} > {tolerance})"
+            )
+        if len(doc.dropped_mass) != len(doc.token_ids) + 1:
+            raise UserError(f"document {i}: dropped mass has the wrong length (corrupt)")
+        positions += doc.num_positions
+        worst = max(worst, err)
+    return {
+        "ok": True, "shards": len(store.shards), "chunks": chunks, "documents": len(store),
+        "positions": positions, "max_normalisation_error": worst, "seconds": round(time.time() - start, 3),
+    }  # fmt: skip
+
+
+def run_verify(args: argparse.Namespace) -> int:
+    store = LogitStore(args.store)
+    summary = verify_store(store, args.tolerance)
+    if args.json:
+        print(json.dumps(summary, sort_keys=True))
+    else:
+        print(
+            f"OK: {summary['shards']} shards, {summary['chunks']} chunks, {summary['documents']:,} documents, "
+            f"{summary['positions']:,} positions verified (max |sum-1| = {summary['max_normalisation_error']:.2e})"
+        )
+    return 0

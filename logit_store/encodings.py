@@ -1,0 +1,253 @@
+"""Value encodings: how the per-position probabilities of a document are stored.
+
+An encoding turns a document's values (float64 probabilities over each position's support, in
+support order; ``offsets`` is the CSR of positions) into two byte arrays:
+
+* ``value_bytes`` (S, k) uint8: k bytes per value;
+* ``position_bytes`` (P, j) uint8: j bytes per position (side information, may be j = 0).
+
+The shard writer stores each column of these arrays as a separate byte plane across a whole
+chunk before zstd ("byte-plane shuffling"), which is what makes them compress. Decoding gives
+float32 probabilities, renormalised per position, never zero where the exact value is positive
+(so KL(exact || decoded) is finite).
+
+Encodings (see FORMAT.md for the exact formulas):
+
+``float16``
+    IEEE half-precision probabilities; values that round to 0 decode as 2**-27.
+``log8``
+    8-bit log-domain codes: code c in 1..255 stands for ln p = -(255 - c) * step; values below
+    the floor ln p < -254.5 * step get code 0 and decode as the mean of the exact values that
+    got code 0 at that position, stored per position as a 1-byte code (-log2 mean in 1/4 steps).
+``pow8`` / ``pow12`` / ``pow16``
+    power-law companding: code = round(p**gamma * N) with N = 255 / 4095 / 65535; decode
+    (c / N)**(1/gamma); code 0 uses the same per-position tail mean as ``log8``. gamma = 1/2
+    makes the KL contribution of every value the same (Hellinger); smaller gamma spends the
+    codes on the high-probability values that dominate KL (more KL-accurate, larger).
+    Defaults: gamma 0.47 for ``pow8`` (the default encoding), 0.5 for ``pow12``/``pow16``.
+
+Measured on SmolLM2-135M over 200 KB of KJV (benchmarks/store.py): ``pow8`` 28.5 bytes per
+text byte at mean KL 7.7e-5 bits/position (max 4.4e-4); ``float16`` 84 B at 2.3e-7;
+``log8`` 40 B at 5.8e-5; ``pow12`` 60 B at 7.6e-7.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import cached_property
+
+import numba
+import numpy as np
+
+from distill.errors import UserError
+
+_F16_ZERO = 2.0**-27  # a float16 that rounded to zero: somewhere in [0, 2**-25)
+_TAIL_STEP = 4.0  # tail mean code: round(-log2(mean) * 4), 1..255; 0 = no positive tail
+
+
+class Encoding:
+    """Base class; subclasses set ``name``, ``value_width``, ``position_width``."""
+
+    name = ""
+    value_width = 0
+    position_width = 0
+
+    @property
+    def params(self) -> dict:
+        return {}
+
+    def describe(self) -> dict:
+        return {"name": self.name, "params": self.params}
+
+    def encode(self, values: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        raise NotImplementedError
+
+    def decode(self, value_bytes: np.ndarray, position_bytes: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+
+class Float16Encoding(Encoding):
+    name = "float16"
+    value_width = 2
+    position_width = 0
+
+    def encode(self, values, offsets):
+        half = np.asarray(values, dtype=np.float64).astype(np.float16)
+        return half.view(np.uint8).reshape(-1, 2), np.zeros((len(offsets) - 1, 0), np.uint8)
+
+    def decode(self, value_bytes, position_bytes, offsets):
+        values = np.ascontiguousarray(value_bytes).view(np.float16).reshape(-1).astype(np.float32)
+        values[values <= 0] = _F16_ZERO
+        return _renormalise(values, offsets)
+
+
+class LogEncoding(Encoding):
+    """8-bit log-domain codes with a floor and a per-position tail mean."""
+
+    name = "log8"
+    value_width = 1
+    position_width = 1
+
+    def __init__(self, step: float = 0.05):
+        if not 0 < step <= 1:
+            raise UserError(f"log8 step must be in (0, 1], got {step}")
+        self.step = float(step)
+
+    @property
+    def params(self):
+        return {"step": self.step}
+
+    def encode(self, values, offsets):
+        codes = np.empty(len(values), np.uint8)
+        tails = np.empty(len(offsets) - 1, np.uint8)
+        _encode_log(np.asarray(values, np.float64), np.asarray(offsets, np.int64), self.step, codes, tails)
+        return codes.reshape(-1, 1), tails.reshape(-1, 1)
+
+    def decode(self, value_bytes, position_bytes, offsets):
+        out = np.empty(len(value_bytes), np.float32)
+        _decode_codes(
+            np.ascontiguousarray(value_bytes).reshape(-1), np.ascontiguousarray(position_bytes).reshape(-1),
+            np.asarray(offsets, np.int64), self._table, out,
+        )  # fmt: skip
+        return out
+
+    @cached_property
+    def _table(self) -> np.ndarray:
+        return np.exp(-(255 - np.arange(256)) * self.step)
+
+
+class PowerEncoding(Encoding):
+    """Codes round(p**gamma * N) in 1 or 2 bytes, with a per-position tail mean for code 0."""
+
+    def __init__(self, bits: int = 8, gamma: float | None = None):
+        if gamma is None:
+            gamma = DEFAULT_GAMMA[bits] if bits in DEFAULT_GAMMA else 0.5
+        if bits not in (8, 12, 16):
+            raise UserError(f"power encoding bits must be 8, 12 or 16, got {bits}")
+        if not 0 < gamma <= 1:
+            raise UserError(f"power encoding gamma must be in (0, 1], got {gamma}")
+        self.bits = int(bits)
+        self.gamma = float(gamma)
+        self.levels = (1 << self.bits) - 1
+        self.name = f"pow{self.bits}"
+        self.value_width = 1 if self.bits == 8 else 2
+        self.position_width = 1
+
+    @property
+    def params(self):
+        return {"gamma": self.gamma}
+
+    def encode(self, values, offsets):
+        codes = np.empty(len(values), np.uint16)
+        tails = np.empty(len(offsets) - 1, np.uint8)
+        _encode_pow(np.asarray(values, np.float64), np.asarray(offsets, np.int64), self.gamma, self.levels, codes, tails)
+        if self.value_width == 1:
+            return codes.astype(np.uint8).reshape(-1, 1), tails.reshape(-1, 1)
+        return codes.astype("<u2").view(np.uint8).reshape(-1, 2), tails.reshape(-1, 1)
+
+    def decode(self, value_bytes, position_bytes, offsets):
+        raw = np.ascontiguousarray(value_bytes)
+        codes = raw.reshape(-1) if self.value_width == 1 else raw.view("<u2").reshape(-1)
+        out = np.empty(len(codes), np.float32)
+        _decode_codes(
+            codes, np.ascontiguousarray(position_bytes).reshape(-1), np.asarray(offsets, np.int64), self._table, out
+        )
+        return out
+
+    @cached_property
+    def _table(self) -> np.ndarray:
+        return (np.arange(self.levels + 1) / self.levels) ** (1.0 / self.gamma)
+
+
+def _renormalise(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    sums = np.add.reduceat(values.astype(np.float64), offsets[:-1]) if len(values) else np.zeros(0)
+    return (values / np.repeat(sums, np.diff(offsets))).astype(np.float32)
+
+
+@numba.njit(cache=True, inline="always")
+def _tail_code(total, count):
+    if count == 0 or total <= 0.0:
+        return 0
+    code = round(-math.log2(total / count) * _TAIL_STEP)
+    return min(max(code, 1), 255)
+
+
+@numba.njit(cache=True)
+def _encode_log(values, offsets, step, codes, tails):
+    for i in range(len(offsets) - 1):
+        total, count = 0.0, 0
+        for at in range(offsets[i], offsets[i + 1]):
+            p = values[at]
+            c = 0
+            if p > 0.0:
+                c = 255 - round(-math.log(p) / step)
+                c = min(max(c, 0), 255)
+            if c == 0:
+                total += p
+                count += 1
+            codes[at] = c
+        tails[i] = _tail_code(total, count)
+
+
+@numba.njit(cache=True)
+def _encode_pow(values, offsets, gamma, levels, codes, tails):
+    for i in range(len(offsets) - 1):
+        total, count = 0.0, 0
+        for at in range(offsets[i], offsets[i + 1]):
+            p = values[at]
+            c = 0
+            if p > 0.0:
+                c = min(round(p**gamma * levels), levels)
+            if c == 0:
+                total += max(p, 0.0)
+                count += 1
+            codes[at] = c
+        tails[i] = _tail_code(total, count)
+
+
+@numba.njit(cache=True)
+def _decode_codes(codes, tails, offsets, table, out):
+    """q = table[code] (code 0: the position's tail mean), renormalised per position."""
+    for i in range(len(offsets) - 1):
+        tail = 0.0
+        if tails[i] > 0:
+            tail = 2.0 ** (-float(tails[i]) / _TAIL_STEP)
+        total = 0.0
+        for at in range(offsets[i], offsets[i + 1]):
+            c = codes[at]
+            q = tail if c == 0 else table[c]
+            out[at] = q
+            total += q
+        if total > 0.0:
+            for at in range(offsets[i], offsets[i + 1]):
+                out[at] = out[at] / total
+
+
+def get_encoding(name: str, params: dict | None = None) -> Encoding:
+    """The encoding called ``name`` (``float16``, ``log8``, ``pow8``, ``pow12``, ``pow16``)."""
+    params = dict(params or {})
+    try:
+        if name == "float16":
+            enc: Encoding = Float16Encoding(**params)
+        elif name == "log8":
+            enc = LogEncoding(**params)
+        elif name in ("pow8", "pow12", "pow16"):
+            enc = PowerEncoding(bits=int(name[3:]), **params)
+        else:
+            raise UserError(f"unknown value encoding {name!r}; choose one of {', '.join(ENCODINGS)}")
+    except TypeError as exc:
+        raise UserError(f"bad parameters {params} for encoding {name!r}: {exc}") from None
+    return enc
+
+
+DEFAULT_GAMMA = {8: 0.47, 12: 0.5, 16: 0.5}
+ENCODINGS = ("float16", "log8", "pow8", "pow12", "pow16")
+DEFAULT_ENCODING = "pow8"
+
+
+def kl_bits_per_position(exact: np.ndarray, decoded: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """KL(exact || decoded) in bits at every position (values in support order)."""
+    p = np.asarray(exact, np.float64)
+    q = np.asarray(decoded, np.float64)
+    terms = np.where(p > 0, p * (np.log(np.where(p > 0, p, 1.0)) - np.log(np.where(q > 0, q, 1e-300))), 0.0)
+    return np.add.reduceat(terms, offsets[:-1]) / math.log(2) if len(p) else np.zeros(0)

