@@ -81,6 +81,7 @@ class DumpSummary:
     seconds: float = 0.0  # the pass itself, after setup
     forward_seconds: float = 0.0
     outside_forward_seconds: float = 0.0
+    convert_write_seconds: float = 0.0  # conversion + encoding + writing, overlapped with the forward on CPU
 
     @property
     def teacher_bpb(self) -> float:
@@ -312,8 +313,10 @@ class _Sink:
         if self.error:
             raise self.error
         if self.on_device:
+            start = time.perf_counter()
             logits = torch.cat(doc.rows)
             item = (doc, self.converter.convert_torch(doc.token_ids, logits, columns="sorted"))
+            self.summary.convert_write_seconds += time.perf_counter() - start
         else:
             item = (doc, None)
         self.queue.put(item)
@@ -322,10 +325,12 @@ class _Sink:
         try:
             while (item := self.queue.get()) is not None:
                 doc, dist = item
+                start = time.perf_counter()
                 if dist is None:
                     rows = np.concatenate(doc.rows) if len(doc.rows) > 1 else doc.rows[0]
                     dist = self.converter.convert_numba(doc.token_ids, rows, columns="sorted")
                 self._write(doc, dist)
+                self.summary.convert_write_seconds += time.perf_counter() - start
         except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread
             self.error = exc
 
