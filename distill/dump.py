@@ -204,12 +204,12 @@ def run_dump(config: DumpConfig) -> DumpSummary:
     started = time.perf_counter()
     counts = CorpusCounts()
     documents = _worker_documents(select_documents(spec, counts), worker, workers, writer.num_existing_documents)
-    bar = tqdm(desc=f"dump[{worker}]", unit="doc", disable=not config.progress, position=state.process_index, dynamic_ncols=True)
+    bar = tqdm(desc=f"dump[{worker}]", unit="tok", unit_scale=True, disable=not config.progress, position=state.process_index, dynamic_ncols=True)
     sink = _Sink(writer, converter, summary, bar, on_device=device.type == "cuda")
     try:
         for group in _groups(documents, encoder, teacher, config):
             forward_start = time.perf_counter()
-            _run_teacher(teacher, group, config, sink)
+            _run_teacher(teacher, group, config, sink, bar)
             summary.forward_seconds += time.perf_counter() - forward_start
         sink.close()
         writer.close()
@@ -252,7 +252,7 @@ def _groups(documents, encoder: DocumentEncoder, teacher: Teacher, config: DumpC
         yield group
 
 
-def _run_teacher(teacher: Teacher, group: list[PendingDocument], config: DumpConfig, sink: "_Sink") -> None:
+def _run_teacher(teacher: Teacher, group: list[PendingDocument], config: DumpConfig, sink: "_Sink", bar) -> None:
     """Forward every window of the group, longest first, in padded batches; hand documents over
     to the sink in document order once all their rows are there."""
     prefix = teacher.context_prefix
@@ -263,11 +263,11 @@ def _run_teacher(teacher: Teacher, group: list[PendingDocument], config: DumpCon
     batch: list = []
     for doc, k in jobs:
         if batch and (len(batch) + 1) * _length(batch[0], prefix) > config.batch_tokens:
-            _forward_batch(teacher, batch, prefix)
+            bar.update(_forward_batch(teacher, batch, prefix))
             batch = []
         batch.append((doc, k))
     if batch:
-        _forward_batch(teacher, batch, prefix)
+        bar.update(_forward_batch(teacher, batch, prefix))
     for doc in group:
         sink.put(doc)
 
@@ -277,7 +277,8 @@ def _length(job, prefix: list[int]) -> int:
     return doc.windows[k].input_length(len(prefix))
 
 
-def _forward_batch(teacher: Teacher, batch, prefix: list[int]) -> None:
+def _forward_batch(teacher: Teacher, batch, prefix: list[int]) -> int:
+    """Run one padded batch of windows; store each window's rows; return the rows computed."""
     width = max(_length(job, prefix) for job in batch)
     input_ids = np.zeros((len(batch), width), dtype=np.int64)
     mask = np.zeros((len(batch), width), dtype=np.int64)
@@ -295,6 +296,7 @@ def _forward_batch(teacher: Teacher, batch, prefix: list[int]) -> None:
         part = logits[start : start + len(r)]
         start += len(r)
         doc.rows[k] = part if device.type == "cuda" else part.numpy()
+    return start
 
 
 class _Sink:
@@ -345,8 +347,7 @@ class _Sink:
         s.dropped_mass_sum += float(dist.dropped_mass.sum())
         s.teacher_rows += len(dist.dropped_mass)
         elapsed = max(self.bar.format_dict.get("elapsed", 0.0), 1e-9)
-        self.bar.set_postfix(tok_s=f"{s.tokens / elapsed:,.0f}", byte_s=f"{s.text_bytes / elapsed:,.0f}", refresh=False)
-        self.bar.update(1)
+        self.bar.set_postfix(docs=s.documents, bytes_s=f"{s.text_bytes / elapsed:,.0f}")
 
     def close(self) -> None:
         self.queue.put(None)
