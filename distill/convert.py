@@ -82,6 +82,15 @@ class Converter:
         )
         self._device_tables: dict = {}
 
+    def column_tables(self, columns: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Where the regular ids (in byte-string order), the end-of-text ids and the dropped
+        specials sit among the columns of a row, for ``columns`` "teacher" or "sorted"."""
+        if columns == "teacher":
+            return self.trie.order, self.end_of_text_ids, self.dropped_ids
+        if columns == "sorted":
+            return self._sorted_tables
+        raise ValueError(f"columns must be 'teacher' or 'sorted', not {columns!r}")
+
     def layout(self, token_ids) -> StreamLayout:
         return stream_layout(self.trie, np.asarray(token_ids))
 
@@ -104,12 +113,7 @@ class Converter:
         values = np.empty(layout.num_values, dtype=np.float64)
         dropped = np.empty(len(token_ids) + 1, dtype=np.float64)
         t = self.trie
-        if columns == "teacher":
-            order, end_of_text, dropped_ids = t.order, self.end_of_text_ids, self.dropped_ids
-        elif columns == "sorted":
-            order, end_of_text, dropped_ids = self._sorted_tables
-        else:
-            raise ValueError(f"columns must be 'teacher' or 'sorted', not {columns!r}")
+        order, end_of_text, dropped_ids = self.column_tables(columns)
         _convert_rows(
             logits, token_ids, order, t.node_lo, t.node_hi, t.node_n_exact, t.node_parent,
             t.child_offsets, t.child_nodes, t.token_node, end_of_text, dropped_ids,

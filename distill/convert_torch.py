@@ -37,12 +37,7 @@ def device_tables(converter, device: torch.device, columns: str = "teacher") -> 
         byte_at = np.full((len(strings), max_len + 1), EOT, dtype=np.int16)
         for i, s in enumerate(strings):
             byte_at[i, : len(s)] = np.frombuffer(s, dtype=np.uint8)
-        if columns == "teacher":
-            order, end_of_text, dropped = trie.order, converter.end_of_text_ids, converter.dropped_ids
-        elif columns == "sorted":
-            order, end_of_text, dropped = converter._sorted_tables
-        else:
-            raise ValueError(f"columns must be 'teacher' or 'sorted', not {columns!r}")
+        order, end_of_text, dropped = converter.column_tables(columns)
         converter._device_tables[key] = DeviceTables(
             order=torch.from_numpy(order).to(device),
             first_byte=torch.from_numpy(byte_at[:, 0].astype(np.int64)).to(device),
