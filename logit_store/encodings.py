@@ -81,7 +81,24 @@ class Float16Encoding(Encoding):
         return _renormalise(values, offsets)
 
 
-class LogEncoding(Encoding):
+class _CodeTableEncoding(Encoding):
+    """Integer codes (1 or 2 bytes) decoded through a table ``_table[code]``, with a per-position
+    tail byte for code 0."""
+
+    value_width = 1
+    position_width = 1
+
+    def decode(self, value_bytes, position_bytes, offsets):
+        raw = np.ascontiguousarray(value_bytes)
+        codes = raw.reshape(-1) if self.value_width == 1 else raw.view("<u2").reshape(-1)
+        out = np.empty(len(codes), np.float32)
+        _decode_codes(
+            codes, np.ascontiguousarray(position_bytes).reshape(-1), np.asarray(offsets, np.int64), self._table, out
+        )
+        return out
+
+
+class LogEncoding(_CodeTableEncoding):
     """8-bit log-domain codes with a floor and a per-position tail mean."""
 
     name = "log8"
@@ -103,20 +120,12 @@ class LogEncoding(Encoding):
         _encode_log(np.asarray(values, np.float64), np.asarray(offsets, np.int64), self.step, codes, tails)
         return codes.reshape(-1, 1), tails.reshape(-1, 1)
 
-    def decode(self, value_bytes, position_bytes, offsets):
-        out = np.empty(len(value_bytes), np.float32)
-        _decode_codes(
-            np.ascontiguousarray(value_bytes).reshape(-1), np.ascontiguousarray(position_bytes).reshape(-1),
-            np.asarray(offsets, np.int64), self._table, out,
-        )  # fmt: skip
-        return out
-
     @cached_property
     def _table(self) -> np.ndarray:
         return np.exp(-(255 - np.arange(256)) * self.step)
 
 
-class PowerEncoding(Encoding):
+class PowerEncoding(_CodeTableEncoding):
     """Codes round(p**gamma * N) in 1 or 2 bytes, with a per-position tail mean for code 0."""
 
     def __init__(self, bits: int = 8, gamma: float | None = None):
@@ -144,15 +153,6 @@ class PowerEncoding(Encoding):
         if self.value_width == 1:
             return codes.astype(np.uint8).reshape(-1, 1), tails.reshape(-1, 1)
         return codes.astype("<u2").view(np.uint8).reshape(-1, 2), tails.reshape(-1, 1)
-
-    def decode(self, value_bytes, position_bytes, offsets):
-        raw = np.ascontiguousarray(value_bytes)
-        codes = raw.reshape(-1) if self.value_width == 1 else raw.view("<u2").reshape(-1)
-        out = np.empty(len(codes), np.float32)
-        _decode_codes(
-            codes, np.ascontiguousarray(position_bytes).reshape(-1), np.asarray(offsets, np.int64), self._table, out
-        )
-        return out
 
     @cached_property
     def _table(self) -> np.ndarray:
