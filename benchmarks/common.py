@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 from pathlib import Path
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -40,6 +39,3 @@ def kjv_chapters(books: set[str] | None = None) -> list[tuple[str, bytes]]:
                 chapters.setdefault(f"{verse['book']} {verse['chapter']}", []).append(verse["text"])
     return [(key, "\n".join(verses).encode("utf-8")) for key, verses in chapters.items()]
 
-
-def cpu_note() -> str:
-    return f"{os.cpu_count()} cores visible"

@@ -59,9 +59,6 @@ class DocumentEncoder:
         self._check_round_trip(tokens, data)
         return tokens
 
-    def encode_batch(self, documents: list[bytes]) -> list[np.ndarray]:
-        return [self.encode(d) for d in documents]
-
     def _byte_ids(self, run: bytes) -> list[int]:
         table = self.vocab.single_byte_ids
         ids = [int(table[b]) for b in run]

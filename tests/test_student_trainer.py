@@ -1,10 +1,7 @@
 """The trainer on a synthetic bigram teacher (students.synthetic): no logit store needed."""
 
 import json
-import os
-import socket
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 

@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 import pytest
-from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
+from tokenizers import Tokenizer, decoders, models, normalizers
 
 from distill.convert import Converter
 from distill.encode import DocumentEncoder, utf8_runs
@@ -14,7 +14,7 @@ from distill.errors import UserError
 from distill.trie import build_trie
 from distill.vocab import BYTE_FALLBACK, BYTE_LEVEL, gpt2_unicode_to_byte, load_teacher_vocab, vocab_from_tokenizer
 from tests.conftest import SAMPLE_DOCUMENTS, random_logits
-from tests.test_convert import assert_matches_reference, reference_distributions, teacher_log_likelihood
+from tests.test_convert import assert_matches_reference, reference_distributions
 
 
 def test_gpt2_byte_table_is_a_bijection():
