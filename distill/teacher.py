@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from distill.errors import UserError
-from distill.vocab import TeacherVocab, load_teacher_tokenizer, vocab_from_tokenizer
+from distill.vocab import TeacherVocab, load_teacher_tokenizer, split_gguf_path, vocab_from_tokenizer
 
 
 @dataclass
@@ -55,15 +55,6 @@ def default_dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
-def _split_gguf(source: str, gguf_file: str | None) -> tuple[str, str | None]:
-    path = Path(source)
-    if path.suffix == ".gguf":
-        if not path.is_file():
-            raise UserError(f"GGUF file not found: {path}")
-        return str(path.parent), path.name
-    return source, gguf_file
-
-
 def load_teacher(
     source: str,
     *,
@@ -76,7 +67,7 @@ def load_teacher(
     """Load a causal LM (folder, Hub id or ``.gguf`` file) and its tokenizer, and check they match."""
     from transformers import AutoModelForCausalLM
 
-    model_source, gguf = _split_gguf(source, gguf_file)
+    model_source, gguf = split_gguf_path(source, gguf_file)
     if not Path(model_source).exists() and model_source.startswith((".", "/")):
         raise UserError(f"teacher not found: {model_source}")
     tokenizer_path = tokenizer_source or source

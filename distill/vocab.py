@@ -240,6 +240,16 @@ def _adds_prefix_space(spec: dict) -> bool:
     return '"Prepend"' in text or '"prepend_scheme": "always"' in text or '"add_prefix_space": true' in text
 
 
+def split_gguf_path(source: str | Path, gguf_file: str | None) -> tuple[str, str | None]:
+    """``path/to/model.gguf`` → (``path/to``, ``model.gguf``); other sources pass through."""
+    path = Path(source)
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise UserError(f"GGUF file not found: {path}")
+        return str(path.parent), path.name
+    return str(source), gguf_file
+
+
 def load_teacher_tokenizer(source: str | Path, gguf_file: str | None = None):
     """A ``transformers`` fast tokenizer (or a bare ``tokenizers.Tokenizer`` for a tokenizer.json).
 
@@ -256,10 +266,8 @@ def load_teacher_tokenizer(source: str | Path, gguf_file: str | None = None):
             return Tokenizer.from_file(str(path))
         except Exception as exc:  # noqa: BLE001
             raise UserError(f"cannot read tokenizer {path}: {str(exc).splitlines()[0]}") from exc
-    if path.suffix == ".gguf":
-        if not path.is_file():
-            raise UserError(f"GGUF file not found: {path}")
-        path, gguf_file = path.parent, path.name
+    source, gguf_file = split_gguf_path(source, gguf_file)
+    path = Path(source)
     from transformers import AutoTokenizer
 
     looks_local = path.exists() or str(source).startswith((".", "/")) or str(source).count("/") > 1
