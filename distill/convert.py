@@ -48,7 +48,7 @@ class DocumentDistributions:
         return out
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _target_values(symbols, offsets, support, values):
     out = np.empty(len(offsets) - 1, values.dtype)
     for i in range(len(offsets) - 1):
@@ -186,7 +186,7 @@ def _node_values(g, p, node, node_lo, node_hi, node_n_exact, child_offsets, chil
         out[at] = _sum_range(p, lo, lo + n_exact) / total
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _convert_rows(
     logits, token_ids, order, node_lo, node_hi, node_n_exact, node_parent, child_offsets,
     child_nodes, token_node, end_of_text_ids, dropped_ids, offsets, values, dropped,

@@ -42,7 +42,7 @@ class StreamLayout:
         return self.symbols[self.symbols < 256].astype(np.uint8).tobytes()
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _layout(token_ids, token_node, node_parent, node_byte, node_n_exact, child_offsets, child_nodes):
     m = len(token_ids)
     total_bytes = 0

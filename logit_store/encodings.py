@@ -172,7 +172,7 @@ def _tail_code(total, count):
     return min(max(code, 1), 255)
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _encode_log(values, offsets, step, codes, tails):
     for i in range(len(offsets) - 1):
         total, count = 0.0, 0
@@ -189,7 +189,7 @@ def _encode_log(values, offsets, step, codes, tails):
         tails[i] = _tail_code(total, count)
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _encode_pow(values, offsets, gamma, levels, codes, tails):
     for i in range(len(offsets) - 1):
         total, count = 0.0, 0
@@ -205,7 +205,7 @@ def _encode_pow(values, offsets, gamma, levels, codes, tails):
         tails[i] = _tail_code(total, count)
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _decode_codes(codes, tails, offsets, table, out):
     """q = table[code] (code 0: the position's tail mean), renormalised per position."""
     for i in range(len(offsets) - 1):
