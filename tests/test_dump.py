@@ -115,6 +115,9 @@ def test_killed_dump_resumes_to_the_same_store(teacher_dir, tmp_path):
     result = subprocess.run(command + ["--output", str(killed)] + args, check=True, capture_output=True, text=True)
     assert f"+{2 * partial} already stored" in result.stdout
     assert store_content_hash(killed) == store_content_hash(whole)
+    # the resumed run's size figure covers the whole store, not only the documents it added
+    stats = LogitStore(killed).stats()
+    assert f"({stats['shard_bytes_per_text_byte']:.2f} per text byte)" in result.stdout
 
 
 @pytest.mark.slow
@@ -174,7 +177,8 @@ def test_rerun_with_other_settings_is_refused(teacher_dir, corpus_dir, tmp_path,
     assert code == 2 and "settings" in err and err.startswith("bytedistill dump: error: ")
     # the same command resumes (here: nothing left to do)
     assert cli_main(dump_args(teacher_dir, corpus_dir, out, "--max-docs", "1")) == 0
-    assert "+1 already stored" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "+1 already stored" in out and "nan" not in out
 
 
 def test_jsonl_and_parquet_corpora(teacher_dir, tmp_path, capsys):
@@ -189,3 +193,19 @@ def test_jsonl_and_parquet_corpora(teacher_dir, tmp_path, capsys):
         assert cli_main(dump_args(teacher_dir, tmp_path / name, out, "--text-field", "body")) == 0
         store = LogitStore(out)
         assert [store.document(i).layout.text_bytes() for i in range(len(store))] == [b"first document", "third 文書".encode()]
+
+
+def test_corpus_fingerprint_follows_content_not_location(corpus_dir, tmp_path, monkeypatch):
+    from distill.corpus import CorpusSpec, corpus_fingerprint
+
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    for file in corpus_dir.iterdir():
+        (moved / file.name).write_bytes(file.read_bytes())
+    monkeypatch.chdir(tmp_path)
+    original = corpus_fingerprint(CorpusSpec(str(corpus_dir)))
+    assert corpus_fingerprint(CorpusSpec(str(moved))) == original
+    assert corpus_fingerprint(CorpusSpec("moved")) == original  # relative spelling
+    assert corpus_fingerprint(CorpusSpec("moved", max_docs=2)) != original
+    (moved / "genesis.txt").write_bytes(b"another text")
+    assert corpus_fingerprint(CorpusSpec("moved")) != original
