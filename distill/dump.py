@@ -67,7 +67,8 @@ class DumpConfig:
 @dataclass
 class DumpSummary:
     documents: int = 0
-    skipped_existing: int = 0
+    skipped_existing: int = 0  # documents earlier runs stored
+    existing_text_bytes: int = 0  # and their text
     text_bytes: int = 0
     tokens: int = 0
     positions: int = 0
@@ -77,7 +78,6 @@ class DumpSummary:
     empty_skipped: int = 0
     heldout_skipped: int = 0
     store_bytes: int = 0  # this writer's shards, documents of earlier runs included
-    store_text_bytes: int = 0  # the text those shards hold
     setup_seconds: float = 0.0  # loading the teacher, tokenizer and trie
     seconds: float = 0.0  # the pass itself, after setup
     forward_seconds: float = 0.0
@@ -90,7 +90,8 @@ class DumpSummary:
 
     @property
     def bytes_per_text_byte(self) -> float:
-        return self.store_bytes / self.store_text_bytes if self.store_text_bytes else float("nan")
+        stored_text = self.existing_text_bytes + self.text_bytes
+        return self.store_bytes / stored_text if stored_text else float("nan")
 
     def lines(self) -> list[str]:
         store = f"{self.store_bytes:,} bytes in shards ({self.bytes_per_text_byte:.2f} per text byte)"
@@ -206,7 +207,7 @@ def run_dump(config: DumpConfig) -> DumpSummary:
         docs_per_shard=config.docs_per_shard,
         trie=converter.trie,
     )
-    summary = DumpSummary(skipped_existing=writer.num_existing_documents)
+    summary = DumpSummary(skipped_existing=writer.num_existing_documents, existing_text_bytes=writer.existing_text_bytes)
     summary.setup_seconds = time.perf_counter() - started
     started = time.perf_counter()
     counts = CorpusCounts()
@@ -227,7 +228,6 @@ def run_dump(config: DumpConfig) -> DumpSummary:
         bar.close()
     summary.empty_skipped, summary.heldout_skipped = counts.empty_skipped, counts.heldout_skipped
     summary.store_bytes = sum(p.stat().st_size for p in writer.directory.glob(f"shard-{worker:05d}-*"))
-    summary.store_text_bytes = writer.existing_text_bytes + summary.text_bytes
     summary.seconds = time.perf_counter() - started
     summary.outside_forward_seconds = summary.seconds - summary.forward_seconds
     return summary

@@ -88,6 +88,17 @@ class _CodeTableEncoding(Encoding):
     value_width = 1
     position_width = 1
 
+    def _fill_codes(self, values: np.ndarray, offsets: np.ndarray, codes: np.ndarray, tails: np.ndarray) -> None:
+        raise NotImplementedError
+
+    def encode(self, values, offsets):
+        codes = np.empty(len(values), np.uint8 if self.value_width == 1 else np.uint16)
+        tails = np.empty(len(offsets) - 1, np.uint8)
+        self._fill_codes(np.asarray(values, np.float64), np.asarray(offsets, np.int64), codes, tails)
+        if self.value_width == 2:
+            codes = codes.astype("<u2", copy=False).view(np.uint8)
+        return codes.reshape(-1, self.value_width), tails.reshape(-1, 1)
+
     def decode(self, value_bytes, position_bytes, offsets):
         raw = np.ascontiguousarray(value_bytes)
         codes = raw.reshape(-1) if self.value_width == 1 else raw.view("<u2").reshape(-1)
@@ -114,11 +125,8 @@ class LogEncoding(_CodeTableEncoding):
     def params(self):
         return {"step": self.step}
 
-    def encode(self, values, offsets):
-        codes = np.empty(len(values), np.uint8)
-        tails = np.empty(len(offsets) - 1, np.uint8)
-        _encode_log(np.asarray(values, np.float64), np.asarray(offsets, np.int64), self.step, codes, tails)
-        return codes.reshape(-1, 1), tails.reshape(-1, 1)
+    def _fill_codes(self, values, offsets, codes, tails):
+        _encode_log(values, offsets, self.step, codes, tails)
 
     @cached_property
     def _table(self) -> np.ndarray:
@@ -146,13 +154,8 @@ class PowerEncoding(_CodeTableEncoding):
     def params(self):
         return {"gamma": self.gamma}
 
-    def encode(self, values, offsets):
-        codes = np.empty(len(values), np.uint16)
-        tails = np.empty(len(offsets) - 1, np.uint8)
-        _encode_pow(np.asarray(values, np.float64), np.asarray(offsets, np.int64), self.gamma, self.levels, codes, tails)
-        if self.value_width == 1:
-            return codes.astype(np.uint8).reshape(-1, 1), tails.reshape(-1, 1)
-        return codes.astype("<u2").view(np.uint8).reshape(-1, 2), tails.reshape(-1, 1)
+    def _fill_codes(self, values, offsets, codes, tails):
+        _encode_pow(values, offsets, self.gamma, self.levels, codes, tails)
 
     @cached_property
     def _table(self) -> np.ndarray:
