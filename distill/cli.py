@@ -64,7 +64,7 @@ def _without_command_prefix(message: str, name: str | None) -> str:
     if name is None:
         return message
     fields = "|".join(f.name for f in dataclasses.fields(config_class(COMMANDS[name])))
-    return re.sub(rf"\b{name}\.(?=({fields})\b)", "", message)
+    return re.sub(rf"\b{re.escape(name)}\.(?=({fields})\b)", "", message)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -51,8 +51,11 @@ def _add_field(parser: ArgumentParser, field: dataclasses.Field, annotation: Any
     elif annotation is bool:
         kwargs.update(nargs="?", const=True)  # `--flag` alone means true; `--flag false` too
     default = _field_default(field)
-    if field.metadata.get("positional"):
+    if field.metadata.get("positional") and default is dataclasses.MISSING:
         parser.add_argument(field.name, **kwargs)
+    elif field.metadata.get("positional"):
+        kwargs["nargs"] = "*" if item_type is not None else "?"
+        parser.add_argument(field.name, default=default, **kwargs)
     elif default is dataclasses.MISSING:
         parser.add_argument("--" + field.name.replace("_", "-"), required=True, **kwargs)
     else:

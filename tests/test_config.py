@@ -112,3 +112,32 @@ def test_example_configs_parse(path, config_cls):
     assert isinstance(config, config_cls)
     if config_cls is TrainConfig:
         assert isinstance(config.lr, float) and isinstance(config.min_lr, float)
+
+
+@dataclasses.dataclass
+class ScoreLikeConfig:
+    model: str = dataclasses.field(metadata={"help": "model folder", "positional": True})
+    sources: list[str] = dataclasses.field(metadata={"help": "files to score", "positional": True})
+    suffix: str = dataclasses.field(default="!", metadata={"help": "printed after each source", "positional": True})
+    mode: str = dataclasses.field(default="stream", metadata={"help": "how", "choices": ["stream", "plain"]})
+    context: int | None = dataclasses.field(default=None, metadata={"help": "window length"})
+
+
+def score_like(config: ScoreLikeConfig) -> int:
+    """Print what it was given.
+
+    A subcommand added as the module docstring of distill/cli.py says: a config, a function, one line.
+    """
+    print(config)
+    return 3 if config.context is None else 0
+
+
+def test_a_new_subcommand_is_one_table_entry(monkeypatch, capsys, tmp_path):
+    monkeypatch.setitem(COMMANDS, "score-like", score_like)
+    assert cli_main(["score-like", "m", "a.txt", "b.txt", "--mode", "plain", "--context", "64"]) == 0
+    assert capsys.readouterr().out == f"{ScoreLikeConfig('m', ['a.txt', 'b.txt'], '!', 'plain', 64)}\n"
+    (tmp_path / "s.yaml").write_text("model: m\nsources: [a.txt]\n")
+    assert cli_main(["score-like", "--config", str(tmp_path / "s.yaml")]) == 3
+    assert capsys.readouterr().out == f"{ScoreLikeConfig('m', ['a.txt'])}\n"
+    assert cli_main(["score-like", "m", "--mode", "fast"]) == 2
+    assert "bytedistill score-like: error:" in capsys.readouterr().err
