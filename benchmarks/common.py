@@ -42,4 +42,3 @@ def kjv_chapters(books: set[str] | None = None) -> list[tuple[str, bytes]]:
             if books is None or verse["book"] in books:
                 chapters.setdefault(f"{verse['book']} {verse['chapter']}", []).append(verse["text"])
     return [(key, "\n".join(verses).encode("utf-8")) for key, verses in chapters.items()]
-

@@ -72,7 +72,10 @@ def test_an_unknown_key_in_a_file_is_one_line_naming_it(tmp_path, capsys):
     path = tmp_path / "train.yaml"
     path.write_text("lr: 1e-3\nlearning_rate: 1e-3\n")
     assert cli_main(["train", *TRAIN, "--config", str(path)]) == 2
-    assert capsys.readouterr().err == "bytedistill train: error: Subcommand 'train' does not accept option 'learning_rate'\n"
+    assert (
+        capsys.readouterr().err
+        == "bytedistill train: error: Subcommand 'train' does not accept option 'learning_rate'\n"
+    )
 
 
 def test_print_config_round_trips(tmp_path, capsys):
