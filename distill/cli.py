@@ -14,6 +14,7 @@ import inspect
 import re
 import sys
 import typing
+from argparse import ArgumentError
 from collections.abc import Callable
 
 from jsonargparse import ArgumentParser
@@ -73,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     prefix = f"bytedistill {name}" if name else "bytedistill"
     try:
         namespace = build_parser().parse_args([*argv[:1], *config_files_first(argv[1:])])
-    except Exception as exc:  # noqa: BLE001 - jsonargparse reports every parse failure as an exception
+    except ArgumentError as exc:
         print(f"{prefix}: error: {_without_command_prefix(error_line(exc), name)}", file=sys.stderr)
         return 2
     name = namespace.command

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
+from argparse import ArgumentError
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
@@ -106,6 +107,6 @@ def parse_config(config_cls: type[T], argv: Sequence[str]) -> T:
     parser = config_parser(config_cls)
     try:
         namespace = parser.parse_args(config_files_first(argv))
-    except Exception as exc:  # noqa: BLE001 - jsonargparse reports every parse failure as an exception
+    except ArgumentError as exc:
         raise UserError(error_line(exc)) from exc
     return config_from_namespace(config_cls, namespace)

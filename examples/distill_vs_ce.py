@@ -16,6 +16,7 @@ variant (``--alpha``, ``--temperature``) retrains only the distilled student.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 from pathlib import Path
 
@@ -69,7 +70,7 @@ def train(work: Path, train_store: Path, name: str, alpha: float, temperature: f
 
 def bytes_to_reach(curve: list[dict], target: float) -> float | None:
     """Training bytes at which the curve first reaches ``target`` BPB (linear interpolation)."""
-    for before, after in zip(curve, curve[1:]):
+    for before, after in itertools.pairwise(curve):
         if after["student_bpb"] <= target:
             span = before["student_bpb"] - after["student_bpb"]
             frac = (before["student_bpb"] - target) / span if span > 0 else 1.0
@@ -161,9 +162,9 @@ def save_plot(distilled, baseline, teacher_bpb: float, text_bytes: int, label: s
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
-    for curve, label in ((distilled, label), (baseline, "cross-entropy only")):
+    for curve, name in ((distilled, label), (baseline, "cross-entropy only")):
         ax.plot(
-            [c["train_bytes"] / 1e6 for c in curve], [c["student_bpb"] for c in curve], marker="o", ms=3, label=label
+            [c["train_bytes"] / 1e6 for c in curve], [c["student_bpb"] for c in curve], marker="o", ms=3, label=name
         )
     ax.axhline(teacher_bpb, color="gray", linestyle="--", label=f"teacher SmolLM2-135M ({teacher_bpb:.2f})")
     ax.set_xlabel("training bytes (millions)")
