@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -100,6 +102,16 @@ def test_every_subcommand_has_help_for_every_flag(name, capsys):
         assert field.metadata.get("help"), f"{name} {field.name} has no help"
         flag = field.name if field.metadata.get("positional") else "--" + field.name.replace("_", "-")
         assert flag in text and "".join(field.metadata["help"].split()) in text, (name, field.name)
+
+
+def test_a_command_module_that_fails_to_import_is_an_error(monkeypatch):
+    import students
+
+    monkeypatch.delattr(students, "export_cli")
+    monkeypatch.setitem(sys.modules, "students.export_cli", None)  # what a broken module looks like to import
+    spec = importlib.util.find_spec("distill.cli")
+    with pytest.raises(ImportError, match="export_cli"):
+        spec.loader.exec_module(importlib.util.module_from_spec(spec))
 
 
 @pytest.mark.parametrize(
