@@ -1,4 +1,8 @@
-"""Real text and teachers shipped by PyPI packages (DESIGN.md §6), shared by the benchmarks."""
+"""Real text and teachers shipped by PyPI packages, shared by the benchmarks and the examples.
+
+Run both from the repository root as modules (``python -m benchmarks.convert``,
+``python -m examples.quickstart``), so that this module imports without any path edits.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +17,7 @@ def package_dir(name: str) -> Path:
     """A package's folder, found without importing it (some of these fail to import)."""
     spec = importlib.util.find_spec(name)
     if spec is None or spec.origin is None:
-        raise SystemExit(f"package {name!r} is not installed (see README: benchmarks)")
+        raise SystemExit(f"package {name!r} is not installed: see the README's install commands")
     return Path(spec.origin).parent
 
 
@@ -38,4 +42,3 @@ def kjv_chapters(books: set[str] | None = None) -> list[tuple[str, bytes]]:
             if books is None or verse["book"] in books:
                 chapters.setdefault(f"{verse['book']} {verse['chapter']}", []).append(verse["text"])
     return [(key, "\n".join(verses).encode("utf-8")) for key, verses in chapters.items()]
-

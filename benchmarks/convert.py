@@ -9,7 +9,7 @@ byte-string order), and rows from a teacher whose output layer ``dump`` has perm
 order (``Converter.column_order``), which the conversion reads contiguously. ``dump`` uses the
 second; the ``ratio`` line is for it.
 
-    python benchmarks/convert.py [--tokens 512] [--repeats 3]
+    python -m benchmarks.convert [--tokens 512] [--repeats 3]
 """
 
 from __future__ import annotations

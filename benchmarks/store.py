@@ -8,7 +8,7 @@ bits per position, write and read speed in positions per second; plus two refere
 (size only): dense float32 over 260 symbols at every position, and top-128 token log-probs
 (float16) + int32 ids per teacher token, zstd-compressed.
 
-    python benchmarks/store.py [--kilobytes 200] [--encodings float16 log8 pow8 ...]
+    python -m benchmarks.store [--kilobytes 200] [--encodings float16 log8 pow8 ...]
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.common import kjv_chapters
+
 HERE = Path(__file__).resolve().parent
 CACHE = HERE / ".cache"
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -39,15 +41,8 @@ def _package_dir(name: str) -> str:
 
 def kjv_documents(kilobytes: int) -> list[bytes]:
     """KJV chapters (verses joined by newlines), in order, until ``kilobytes`` KB of text."""
-    path = os.path.join(_package_dir("bible"), "data", "kjv.jsonl")
-    chapters: dict[tuple[str, int], list[str]] = {}
-    with open(path, encoding="utf-8") as handle:
-        for line in handle:
-            row = json.loads(line)
-            chapters.setdefault((row["book"], row["chapter"]), []).append(row["text"])
     docs, total = [], 0
-    for verses in chapters.values():
-        doc = "\n".join(verses).encode("utf-8")
+    for _, doc in kjv_chapters():
         docs.append(doc)
         total += len(doc)
         if total >= kilobytes * 1000:

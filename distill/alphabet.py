@@ -1,4 +1,4 @@
-"""The student's 260-symbol alphabet (DESIGN.md §1)."""
+"""The student's 260-symbol alphabet (docs/DESIGN.md, "Alphabet")."""
 
 NUM_BYTES = 256
 EOT = 256  # end of the teacher's current token

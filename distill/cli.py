@@ -1,65 +1,92 @@
 """``bytedistill``: the command line, a thin layer over the library functions.
 
-Each subcommand lives beside the code it drives and exposes ``register(subparsers)``, which adds
-its parser and sets ``handler`` to a function taking the parsed arguments. A :class:`UserError`
-becomes one line on stderr and exit status 2.
+:data:`COMMANDS` maps each subcommand to a plain function that takes one typed dataclass config
+(its parameter annotation) and returns the exit status; the function's docstring is the
+subcommand's help (first line) and description (all of it). To add a subcommand, write the
+dataclass and the function beside the code it drives and add one line to the table. A
+:class:`UserError` or a mistake in the arguments becomes one line on stderr and exit status 2.
 """
 
 from __future__ import annotations
 
-import argparse
-import importlib
+import dataclasses
+import inspect
+import re
 import sys
+import typing
+from argparse import ArgumentError
+from collections.abc import Callable
 
+from jsonargparse import ArgumentParser
+
+from distill import dump_cli
+from distill.config import config_files_first, config_from_namespace, config_parser, error_line
 from distill.errors import UserError
+from logit_store import cli as store_cli
+from students import export_cli, train_cli
 
-# subcommand -> module that registers it, in the order a user meets them
-SUBCOMMANDS = {
-    "dump": "distill.dump_cli",
-    "inspect": "logit_store.cli",
-    "verify": "logit_store.cli",
-    "train": "students.train_cli",
-    "export": "students.export_cli",
-    "generate": "students.export_cli",
-    "push": "students.export_cli",
+# subcommand -> function(config) -> exit status, in the order a user meets them
+COMMANDS: dict[str, Callable[[typing.Any], int]] = {
+    "dump": dump_cli.dump,
+    "inspect": store_cli.inspect,
+    "verify": store_cli.verify,
+    "train": train_cli.train,
+    "export": export_cli.export,
+    "generate": export_cli.generate,
+    "push": export_cli.push,
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+def config_class(command: Callable[[typing.Any], int]) -> type:
+    """The dataclass a command function takes: the annotation of its one parameter."""
+    (parameter,) = inspect.signature(command).parameters
+    return typing.get_type_hints(command)[parameter]
+
+
+def build_parser() -> ArgumentParser:
+    parser = ArgumentParser(
         prog="bytedistill",
+        exit_on_error=False,
         description=(
             "Distil a token-level causal LM into a byte-level student: "
             "dump exact next-byte distributions, train a student on them, export and push it."
         ),
     )
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module_name in dict.fromkeys(SUBCOMMANDS.values()):
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name != module_name:
-                raise
-            continue  # not built yet
-        module.register(subparsers)
+    subcommands = parser.add_subcommands(dest="command", required=True)
+    for name, command in COMMANDS.items():
+        doc = inspect.getdoc(command) or ""
+        sub = config_parser(config_class(command), prog=f"bytedistill {name}", description=doc)
+        subcommands.add_subcommand(name, sub, help=doc.split("\n\n")[0].rstrip("."))
     return parser
 
 
+def _without_command_prefix(message: str, name: str | None) -> str:
+    """Drop the ``dump.`` that jsonargparse puts before a subcommand's option names."""
+    if name is None:
+        return message
+    fields = "|".join(f.name for f in dataclasses.fields(config_class(COMMANDS[name])))
+    return re.sub(rf"\b{re.escape(name)}\.(?=({fields})\b)", "", message)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if getattr(args, "handler", None) is None:
-        parser.print_help()
-        return 2
+    argv = sys.argv[1:] if argv is None else argv
+    name = argv[0] if argv and argv[0] in COMMANDS else None
+    prefix = f"bytedistill {name}" if name else "bytedistill"
     try:
-        result = args.handler(args)
+        namespace = build_parser().parse_args([*argv[:1], *config_files_first(argv[1:])])
+    except ArgumentError as exc:
+        print(f"{prefix}: error: {_without_command_prefix(error_line(exc), name)}", file=sys.stderr)
+        return 2
+    name = namespace.command
+    command = COMMANDS[name]
+    try:
+        return int(command(config_from_namespace(config_class(command), namespace[name])) or 0)
     except UserError as exc:
-        print(f"bytedistill {args.command}: error: {exc}", file=sys.stderr)
+        print(f"bytedistill {name}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"bytedistill {args.command}: interrupted", file=sys.stderr)
+        print(f"bytedistill {name}: interrupted", file=sys.stderr)
         return 130
-    return int(result or 0)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Exact token→byte conversion (DESIGN.md §2), on the CPU with Numba or on any torch device.
+"""Exact token→byte conversion (docs/DESIGN.md, "Exact conversion"), with Numba on the CPU or on any
+torch device.
 
 Both paths take one document's teacher token ids and the teacher's logits (or log-probs) for its
 m+1 positions, in the teacher's id order, and return :class:`DocumentDistributions`: the stream

@@ -1,4 +1,5 @@
-"""A document's symbol stream and the support of every stream position (DESIGN.md §1–2).
+"""A document's symbol stream and the support of every stream position (docs/DESIGN.md, "Stream" and
+"Supports").
 
 The stream of a document tokenised as t_1..t_m is::
 

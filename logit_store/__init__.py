@@ -1,6 +1,6 @@
 """The logit store: compressed, checksummed shards of exact next-byte distributions.
 
-See ``logit_store/FORMAT.md`` for the on-disk format and DESIGN.md §3 for the motivation.
+See ``logit_store/FORMAT.md`` for the on-disk format and ``docs/DESIGN.md``, "Store", for the motivation.
 """
 
 from logit_store.encodings import DEFAULT_ENCODING, ENCODINGS, get_encoding, kl_bits_per_position

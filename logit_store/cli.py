@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -12,32 +12,19 @@ from distill.errors import UserError
 from logit_store.store import LogitStore
 
 
-def register(subparsers) -> None:
-    inspect = subparsers.add_parser(
-        "inspect",
-        help="summarise a logit store (documents, bytes, positions, size, encoding)",
-        description="Summarise a logit store from its manifest and shard indexes (nothing is decompressed).",
-    )
-    inspect.add_argument("store", help="logit store directory")
-    inspect.add_argument("--json", action="store_true", help="print the summary as one JSON object")
-    inspect.set_defaults(handler=run_inspect)
+@dataclass
+class InspectConfig:
+    store: str = field(metadata={"help": "logit store directory", "positional": True})
+    json: bool = field(default=False, metadata={"help": "print the summary as one JSON object"})
 
-    verify = subparsers.add_parser(
-        "verify",
-        help="check every checksum and decode every document of a logit store",
-        description=(
-            "Check every shard's index and every chunk's checksum, decode every document and check "
-            "that its distributions are normalised. Exits 0 with a summary, or 2 naming the first "
-            "bad shard/chunk/document."
-        ),
+
+@dataclass
+class VerifyConfig:
+    store: str = field(metadata={"help": "logit store directory", "positional": True})
+    tolerance: float = field(
+        default=1e-3, metadata={"help": "largest allowed |sum of a position's probabilities - 1|"}
     )
-    verify.add_argument("store", help="logit store directory")
-    verify.add_argument(
-        "--tolerance", type=float, default=1e-3,
-        help="largest allowed |sum of a position's probabilities - 1| (default: 1e-3)",
-    )  # fmt: skip
-    verify.add_argument("--json", action="store_true", help="print the summary as one JSON object")
-    verify.set_defaults(handler=run_verify)
+    json: bool = field(default=False, metadata={"help": "print the summary as one JSON object"})
 
 
 def _human(n: float) -> str:
@@ -48,14 +35,18 @@ def _human(n: float) -> str:
     return str(n)
 
 
-def run_inspect(args: argparse.Namespace) -> int:
-    store = LogitStore(args.store)
+def inspect(config: InspectConfig) -> int:
+    """Summarise a logit store (documents, bytes, positions, size, encoding).
+
+    Reads the store's manifest and shard indexes only (nothing is decompressed).
+    """
+    store = LogitStore(config.store)
     stats = store.stats()
     stats["directory"] = str(store.directory)
     stats["format_version"] = store.manifest["format_version"]
     stats["corpus_hash"] = store.manifest.get("corpus_hash")
     stats["settings"] = store.manifest.get("settings")
-    if args.json:
+    if config.json:
         print(json.dumps(stats, sort_keys=True))
         return 0
     bpb = stats["bytes_per_text_byte"]
@@ -108,10 +99,16 @@ def verify_store(store: LogitStore, tolerance: float = 1e-3) -> dict:
     }  # fmt: skip
 
 
-def run_verify(args: argparse.Namespace) -> int:
-    store = LogitStore(args.store)
-    summary = verify_store(store, args.tolerance)
-    if args.json:
+def verify(config: VerifyConfig) -> int:
+    """Check every checksum and decode every document of a logit store.
+
+    Checks every shard's index and every chunk's checksum, decodes every document and checks that
+    its distributions are normalised. Exits 0 with a summary, or 2 naming the first bad
+    shard/chunk/document.
+    """
+    store = LogitStore(config.store)
+    summary = verify_store(store, config.tolerance)
+    if config.json:
         print(json.dumps(summary, sort_keys=True))
     else:
         print(

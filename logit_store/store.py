@@ -1,4 +1,4 @@
-"""Writing and reading logit stores (DESIGN.md §3, FORMAT.md).
+"""Writing and reading logit stores (docs/DESIGN.md, "Store"; FORMAT.md).
 
 * :class:`StoreWriter` appends documents (teacher token ids + exact values) into shards of one
   writer id; shards appear atomically; reopening an identical store resumes.

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass, field
 from pathlib import Path
-
-from distill.config import add_config_arguments, config_from_args
 
 
 @dataclass
@@ -42,10 +39,10 @@ class PushConfig:
     dry_run: bool = field(default=False, metadata={"help": "check the folder and list the files and sizes that would be uploaded"})
 
 
-def run_export(args: argparse.Namespace) -> int:
+def export(config: ExportConfig) -> int:
+    """Write a trained student as a Hugging Face model folder."""
     from students.export import export_student
 
-    config = config_from_args(ExportConfig, args)
     out = export_student(
         Path(config.checkpoint), Path(config.output),
         repo_id=config.repo_id, license=config.license, teacher=config.teacher, data=config.data,
@@ -54,10 +51,10 @@ def run_export(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_generate(args: argparse.Namespace) -> int:
+def generate(config: GenerateConfig) -> int:
+    """Continue a prompt with an exported student."""
     from students.generate import GenerateOptions, generate_text
 
-    config = config_from_args(GenerateConfig, args)
     options = GenerateOptions(
         max_new_bytes=config.max_new_bytes, temperature=config.temperature, top_k=config.top_k,
         top_p=config.top_p, greedy=config.greedy, seed=config.seed,
@@ -66,10 +63,10 @@ def run_generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_push(args: argparse.Namespace) -> int:
+def push(config: PushConfig) -> int:
+    """Upload an exported student folder to the Hugging Face Hub."""
     from students.push import check_loadable, push_folder, upload_plan
 
-    config = config_from_args(PushConfig, args)
     folder = Path(config.folder)
     if config.dry_run:
         check_loadable(folder)
@@ -85,14 +82,3 @@ def run_push(args: argparse.Namespace) -> int:
     print(f"pushed {folder} to {url}")
     return 0
 
-
-def register(subparsers) -> None:
-    commands = (
-        ("export", ExportConfig, run_export, "write a trained student as a Hugging Face model folder"),
-        ("generate", GenerateConfig, run_generate, "continue a prompt with an exported student"),
-        ("push", PushConfig, run_push, "upload an exported student folder to the Hugging Face Hub"),
-    )
-    for name, config_cls, handler, help_text in commands:
-        parser = subparsers.add_parser(name, help=help_text, description=help_text[0].upper() + help_text[1:] + ".")
-        add_config_arguments(parser, config_cls)
-        parser.set_defaults(handler=handler)

@@ -1,4 +1,4 @@
-"""The distillation loss (DESIGN.md §4).
+"""The distillation loss (docs/DESIGN.md, "Loss").
 
 Per target position::
 

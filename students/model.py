@@ -1,4 +1,5 @@
-"""The default student: a plain ``transformers`` Llama over the 260-symbol alphabet (DESIGN.md §4).
+"""The default student: a plain ``transformers`` Llama over the 260-symbol alphabet (docs/DESIGN.md,
+"Loss").
 
 Nothing custom: the config is a stock :class:`~transformers.LlamaConfig`, so
 ``AutoModelForCausalLM.from_pretrained(folder)`` loads an exported student without

@@ -6,32 +6,20 @@ Multi-GPU / multi-machine: ``accelerate launch -m students.train_cli --train-sto
 
 from __future__ import annotations
 
-import argparse
 import sys
 
-from distill.config import add_config_arguments, config_from_args
-from students.trainer import TrainConfig, train
+from students import trainer
+from students.trainer import TrainConfig
 
 
-def run(args: argparse.Namespace) -> int:
-    config = config_from_args(TrainConfig, args)
-    result = train(config)
+def train(config: TrainConfig) -> int:
+    """Train a byte student on logit stores.
+
+    Trains a byte-level student on logit stores (KL to the teacher + cross-entropy).
+    """
+    result = trainer.train(config)
     print(f"trained to step {result.step} on {result.train_bytes:,} bytes; checkpoint {result.checkpoint}")
     return 0
-
-
-def _configure(parser: argparse.ArgumentParser) -> None:
-    add_config_arguments(parser, TrainConfig)
-    parser.set_defaults(handler=run)
-
-
-def register(subparsers) -> None:
-    parser = subparsers.add_parser(
-        "train",
-        help="train a byte student on logit stores",
-        description="Train a byte-level student on logit stores (KL to the teacher + cross-entropy).",
-    )
-    _configure(parser)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -220,7 +220,7 @@ class EvalMetrics:
 
 @torch.no_grad()
 def evaluate(model, accelerator, dataset: IterableDataset, batch_size: int, max_bytes: int = 0) -> EvalMetrics:
-    """Student and teacher BPB and KL per byte on a held-out stream (DESIGN.md §4).
+    """Student and teacher BPB and KL per byte on a held-out stream (docs/DESIGN.md, "Evaluation").
 
     All ranks step together and stop when any runs out or ``max_bytes`` is reached.
     """

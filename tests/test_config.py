@@ -1,56 +1,158 @@
-"""Configs from flags or YAML/JSON files, and the shipped example configs."""
+"""Configs from flags or YAML/JSON files, the command table, and the shipped example configs."""
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
+import importlib.util
 import json
+import re
+import sys
 from pathlib import Path
 
 import pytest
 
-from distill.cli import build_parser
-from distill.config import add_config_arguments, config_from_args
+from distill.cli import COMMANDS, config_class
+from distill.cli import main as cli_main
+from distill.config import parse_config
 from distill.dump import DumpConfig
 from distill.errors import UserError
 from students.trainer import TrainConfig
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+TRAIN = ["--train-stores", "s", "--output-dir", "o", "--max-steps", "5"]
 
 
-def parse(config_cls, argv):
-    parser = argparse.ArgumentParser()
-    add_config_arguments(parser, config_cls)
-    return config_from_args(config_cls, parser.parse_args(argv))
+def test_yaml_values_arrive_with_their_field_types(tmp_path):
+    path = tmp_path / "train.yaml"
+    path.write_text("lr: 3e-4\nmin-lr: 1e-5\nmax_steps: 7\ntrain_stores: [a, b]\noutput_dir: o\nprogress: false\n")
+    config = parse_config(TrainConfig, ["--config", str(path)])
+    assert config.lr == 3e-4 and isinstance(config.lr, float) and config.min_lr == 1e-5
+    assert (config.max_steps, config.train_stores, config.progress) == (7, ["a", "b"], False)
+    path.write_text("max_steps: many\n")
+    with pytest.raises(UserError, match="max_steps"):
+        parse_config(TrainConfig, [*TRAIN, "--config", str(path)])
 
 
-def test_flags_override_the_file(tmp_path):
+def test_json_file_and_flags_win_wherever_they_stand(tmp_path):
     path = tmp_path / "dump.json"
     path.write_text(json.dumps({"teacher": "t", "corpus": "c", "output": "o", "max-length": 128, "streaming": True}))
-    config = parse(DumpConfig, ["--config", str(path), "--max-length", "256", "--end-of-text", "a", "b"])
+    config = parse_config(DumpConfig, ["--max-length", "256", "--config", str(path), "--end-of-text", "a", "b"])
     assert (config.teacher, config.max_length, config.streaming, config.end_of_text) == ("t", 256, True, ["a", "b"])
-    assert parse(DumpConfig, ["--config", str(path), "--streaming", "false"]).streaming is False
+    assert parse_config(DumpConfig, ["--config", str(path), "--streaming", "false"]).streaming is False
+    assert parse_config(DumpConfig, ["--config", str(path), "--stride", "3"]).max_length == 128
 
 
-def test_unknown_and_missing_options(tmp_path):
+def test_unknown_missing_and_mistyped_options(tmp_path):
     path = tmp_path / "dump.yaml"
     path.write_text("teacher: t\nmax_lenght: 3\n")
-    with pytest.raises(UserError, match="unknown option.*max_lenght"):
-        parse(DumpConfig, ["--config", str(path)])
-    with pytest.raises(UserError, match="missing required option.*--corpus"):
-        parse(DumpConfig, ["--teacher", "t", "--output", "o"])
-    with pytest.raises(UserError, match="config file not found"):
-        parse(DumpConfig, ["--config", str(tmp_path / "nope.yaml")])
+    with pytest.raises(UserError, match="max_lenght"):
+        parse_config(DumpConfig, ["--config", str(path)])
+    with pytest.raises(UserError, match="required.*corpus"):
+        parse_config(DumpConfig, ["--teacher", "t", "--output", "o"])
+    with pytest.raises(UserError, match="nope.yaml"):
+        parse_config(DumpConfig, ["--config", str(tmp_path / "nope.yaml")])
+    with pytest.raises(UserError, match="bfloat17"):
+        parse_config(DumpConfig, ["--teacher", "t", "--corpus", "c", "--output", "o", "--dtype", "bfloat17"])
 
 
-@pytest.mark.parametrize("name, config_cls", [("dump.yaml", DumpConfig), ("train.yaml", TrainConfig)])
-def test_gpu_example_configs_load(name, config_cls):
-    parse(config_cls, ["--config", str(EXAMPLES / "llama3_8b_gpu" / name)])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["train", *TRAIN, "--lr", "fast"], "bytedistill train: error: .*lr"),
+        (["train", *TRAIN, "--no-such-flag", "1"], "bytedistill train: error: .*--no-such-flag"),
+        (["dump", "--teacher", "t", "--output", "o"], "bytedistill dump: error: .*required: corpus$"),
+        (["retrain"], "bytedistill: error: .*retrain"),
+    ],
+)
+def test_a_mistake_is_one_line_and_exit_2(argv, message, capsys):
+    assert cli_main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and re.match(message, err.strip()), err
 
 
-def test_every_subcommand_has_help_for_every_flag():
-    parser = build_parser()
-    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    assert set(subparsers.choices) == {"dump", "inspect", "verify", "train", "export", "generate", "push"}
-    for name, sub in subparsers.choices.items():
-        for action in sub._actions:
-            assert action.help, f"{name} {action.option_strings or action.dest} has no help"
+def test_an_unknown_key_in_a_file_is_one_line_naming_it(tmp_path, capsys):
+    path = tmp_path / "train.yaml"
+    path.write_text("lr: 1e-3\nlearning_rate: 1e-3\n")
+    assert cli_main(["train", *TRAIN, "--config", str(path)]) == 2
+    assert (
+        capsys.readouterr().err
+        == "bytedistill train: error: Subcommand 'train' does not accept option 'learning_rate'\n"
+    )
+
+
+def test_print_config_round_trips(tmp_path, capsys):
+    argv = [*TRAIN, "--lr", "3e-4", "--train-stores", "a", "b", "--alpha", "0.5"]
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(["train", *argv, "--print-config"])
+    assert exit_info.value.code == 0
+    printed = tmp_path / "run.yaml"
+    printed.write_text(capsys.readouterr().out)
+    expected = parse_config(TrainConfig, argv)
+    assert parse_config(TrainConfig, ["--config", str(printed)]) == expected
+    assert (expected.lr, expected.train_stores, expected.alpha) == (3e-4, ["a", "b"], 0.5)
+
+
+@pytest.mark.parametrize("name", list(COMMANDS))
+def test_every_subcommand_has_help_for_every_flag(name, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main([name, "--help"])
+    assert exit_info.value.code == 0
+    text = "".join(capsys.readouterr().out.split())  # help wraps lines, at spaces and hyphens
+    for field in dataclasses.fields(config_class(COMMANDS[name])):
+        assert field.metadata.get("help"), f"{name} {field.name} has no help"
+        flag = field.name if field.metadata.get("positional") else "--" + field.name.replace("_", "-")
+        assert flag in text and "".join(field.metadata["help"].split()) in text, (name, field.name)
+
+
+def test_a_command_module_that_fails_to_import_is_an_error(monkeypatch):
+    import students
+
+    monkeypatch.delattr(students, "export_cli")
+    monkeypatch.setitem(sys.modules, "students.export_cli", None)  # what a broken module looks like to import
+    spec = importlib.util.find_spec("distill.cli")
+    with pytest.raises(ImportError, match="export_cli"):
+        spec.loader.exec_module(importlib.util.module_from_spec(spec))
+
+
+@pytest.mark.parametrize(
+    "path, config_cls",
+    [
+        ("llama3_8b_gpu/dump.yaml", DumpConfig),
+        ("llama3_8b_gpu/train.yaml", TrainConfig),
+        ("train_small_cpu.yaml", TrainConfig),
+    ],
+)
+def test_example_configs_parse(path, config_cls):
+    config = parse_config(config_cls, ["--config", str(EXAMPLES / path)])
+    assert isinstance(config, config_cls)
+    if config_cls is TrainConfig:
+        assert isinstance(config.lr, float) and isinstance(config.min_lr, float)
+
+
+@dataclasses.dataclass
+class ScoreLikeConfig:
+    model: str = dataclasses.field(metadata={"help": "model folder", "positional": True})
+    sources: list[str] = dataclasses.field(metadata={"help": "files to score", "positional": True})
+    suffix: str = dataclasses.field(default="!", metadata={"help": "printed after each source", "positional": True})
+    mode: str = dataclasses.field(default="stream", metadata={"help": "how", "choices": ["stream", "plain"]})
+    context: int | None = dataclasses.field(default=None, metadata={"help": "window length"})
+
+
+def score_like(config: ScoreLikeConfig) -> int:
+    """Print what it was given.
+
+    A subcommand added as the module docstring of distill/cli.py says: a config, a function, one line.
+    """
+    print(config)
+    return 3 if config.context is None else 0
+
+
+def test_a_new_subcommand_is_one_table_entry(monkeypatch, capsys, tmp_path):
+    monkeypatch.setitem(COMMANDS, "score-like", score_like)
+    assert cli_main(["score-like", "m", "a.txt", "b.txt", "--mode", "plain", "--context", "64"]) == 0
+    assert capsys.readouterr().out == f"{ScoreLikeConfig('m', ['a.txt', 'b.txt'], '!', 'plain', 64)}\n"
+    (tmp_path / "s.yaml").write_text("model: m\nsources: [a.txt]\n")
+    assert cli_main(["score-like", "--config", str(tmp_path / "s.yaml")]) == 3
+    assert capsys.readouterr().out == f"{ScoreLikeConfig('m', ['a.txt'])}\n"
+    assert cli_main(["score-like", "m", "--mode", "fast"]) == 2
+    assert "bytedistill score-like: error:" in capsys.readouterr().err

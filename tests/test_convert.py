@@ -1,4 +1,7 @@
-"""Exactness of the token→byte conversion on the real Llama-3 vocabulary (DESIGN.md §2)."""
+"""Exactness of the token→byte conversion on the real Llama-3 vocabulary.
+
+docs/DESIGN.md, "Exact conversion" and "Identity".
+"""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from distill.config import add_config_arguments, config_from_args
+from distill.config import parse_config
 from distill.errors import UserError
 from students.synthetic import SYNTHETIC_SOURCE
 from students.trainer import TrainConfig, latest_checkpoint, learning_rate, train
@@ -77,13 +77,8 @@ def test_schedule_warms_up_then_decays_to_min_lr():
 
 
 def test_config_from_flags_and_file(tmp_path):
-    import argparse
-
-    parser = argparse.ArgumentParser()
-    add_config_arguments(parser, TrainConfig)
     (tmp_path / "c.yaml").write_text("train_stores: [a, b]\nmax-steps: 7\nalpha: 0.5\n")
-    args = parser.parse_args(["--config", str(tmp_path / "c.yaml"), "--output-dir", "o", "--alpha", "0.25"])
-    config = config_from_args(TrainConfig, args)
+    config = parse_config(TrainConfig, ["--config", str(tmp_path / "c.yaml"), "--output-dir", "o", "--alpha", "0.25"])
     assert config.train_stores == ["a", "b"] and config.max_steps == 7 and config.alpha == 0.25
     with pytest.raises(UserError, match="max-steps or --max-train-bytes"):
         TrainConfig(train_stores=["a"], output_dir="o")
