@@ -23,6 +23,7 @@ from functools import cached_property
 from pathlib import Path
 
 import numpy as np
+from tokenizers.pre_tokenizers import ByteLevel
 
 from distill.errors import UserError
 
@@ -35,20 +36,13 @@ _BYTE_PIECE = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 
 
 def gpt2_unicode_to_byte() -> dict[str, int]:
-    """The inverse of GPT-2's byte→unicode table: printable bytes map to themselves, the rest
-    to code points 256 and up, in byte order."""
-    printable = (
-        list(range(ord("!"), ord("~") + 1))
-        + list(range(ord("¡"), ord("¬") + 1))
-        + list(range(ord("®"), ord("ÿ") + 1))
-    )
-    mapping = {chr(b): b for b in printable}
-    extra = 0
-    for b in range(256):
-        if b not in printable:
-            mapping[chr(256 + extra)] = b
-            extra += 1
-    return mapping
+    """GPT-2's unicode→byte table, from the ``tokenizers`` ByteLevel alphabet: printable bytes are
+    their own character, the other bytes take the code points from 256 up, in byte order."""
+    chars = sorted(ByteLevel.alphabet())
+    direct = {c: ord(c) for c in chars if ord(c) < 256}
+    shifted = [c for c in chars if ord(c) >= 256]
+    rest = sorted(set(range(256)) - set(direct.values()))
+    return direct | dict(zip(shifted, rest))
 
 
 @dataclass(frozen=True)
