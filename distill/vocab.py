@@ -58,7 +58,7 @@ class TeacherVocab:
     family: str
     prefix_ids: tuple[int, ...] = ()  # what the teacher puts before a document (its BOS), if any
     name: str = ""
-    adds_prefix_space: bool = False  # SentencePiece's dummy prefix: the stream starts with b" "
+    adds_prefix_space: bool = False  # SentencePiece's dummy prefix: the first token starts with b" "
 
     @property
     def size(self) -> int:
@@ -91,7 +91,7 @@ class TeacherVocab:
         """SHA-256 of everything that determines the conversion: bytes, specials, end-of-text."""
         h = hashlib.sha256()
         h.update(f"{self.family}|{self.size}|{self.special_ids}|{self.end_of_text_ids}|".encode())
-        h.update(f"{self.prefix_ids}|{self.adds_prefix_space}|".encode())
+        h.update(f"{self.prefix_ids}|{self.adds_prefix_space}|space-is-context|".encode())
         for b in self.token_bytes:
             h.update(len(b).to_bytes(4, "little"))
             h.update(b)
@@ -230,8 +230,23 @@ def _prefix_ids(tokenizer, backend, special_by_name: dict[str, int]) -> list[int
 
 
 def _adds_prefix_space(spec: dict) -> bool:
-    text = json.dumps({k: spec.get(k) for k in ("normalizer", "pre_tokenizer")})
-    return '"Prepend"' in text or '"prepend_scheme": "always"' in text or '"add_prefix_space": true' in text
+    """SentencePiece's dummy prefix: a ``Prepend("▁")`` normalizer or a Metaspace pre-tokenizer
+    that prepends (``prepend_scheme`` "first"/"always", or the older ``add_prefix_space``)."""
+    prepends = any(n.get("type") == "Prepend" for n in spec_steps(spec.get("normalizer"), "normalizers"))
+    return prepends or any(
+        p.get("type") == "Metaspace" and (p.get("prepend_scheme") in ("first", "always") or p.get("add_prefix_space"))
+        for p in spec_steps(spec.get("pre_tokenizer"), "pretokenizers")
+    )
+
+
+def spec_steps(item: dict | None, key: str) -> list[dict]:
+    """The steps of a ``tokenizer.json`` normalizer (``key`` "normalizers") or pre-tokenizer
+    ("pretokenizers"), with Sequences flattened."""
+    if item is None:
+        return []
+    if item.get("type") == "Sequence":
+        return [step for sub in item[key] for step in spec_steps(sub, key)]
+    return [item]
 
 
 def split_gguf_path(source: str | Path, gguf_file: str | None) -> tuple[str, str | None]:
