@@ -15,6 +15,7 @@ from distill.errors import UserError
 
 # subcommand -> module that registers it, in the order a user meets them
 SUBCOMMANDS = {
+    "check-teacher": "distill.check_teacher",
     "dump": "distill.dump_cli",
     "inspect": "logit_store.cli",
     "verify": "logit_store.cli",

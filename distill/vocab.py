@@ -15,6 +15,7 @@ Two families are understood (DESIGN.md §2):
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import re
@@ -59,6 +60,7 @@ class TeacherVocab:
     prefix_ids: tuple[int, ...] = ()  # what the teacher puts before a document (its BOS), if any
     name: str = ""
     adds_prefix_space: bool = False  # SentencePiece's dummy prefix: the first token starts with b" "
+    output_padding: int = 0  # ids past the tokenizer's (a padded output layer): special, mass dropped
 
     @property
     def size(self) -> int:
@@ -99,6 +101,17 @@ class TeacherVocab:
 
     def bytes_of(self, ids) -> bytes:
         return b"".join(self.token_bytes[int(i)] for i in ids)
+
+    def padded_to(self, rows: int) -> TeacherVocab:
+        """This vocabulary extended to an output layer of ``rows`` rows (Qwen2.5 pads its layer
+        past the tokenizer's ids): the extra ids are specials, so their mass is dropped."""
+        extra = rows - self.size
+        return dataclasses.replace(
+            self,
+            token_bytes=self.token_bytes + (b"",) * extra,
+            special_ids=self.special_ids + tuple(range(self.size, rows)),
+            output_padding=self.output_padding + extra,
+        )
 
 
 def _piece_to_bytes_byte_level(piece: str, table: dict[str, int]) -> bytes:
