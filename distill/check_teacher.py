@@ -69,12 +69,12 @@ class TeacherCheck:
             else "none (the stream starts at the trie root)"
         )
         rows = "unknown (tokenizer only)" if self.output_rows is None else f"{self.output_rows:,} rows"
-        if self.output_rows is not None and self.output_rows > v.size:
-            rows += f" ({self.output_rows - v.size} padding rows: their mass is dropped with the specials)"
+        if v.output_padding:
+            rows += f" ({v.output_padding} padding rows: their mass is dropped with the specials)"
         out = [
             f"teacher          {v.name}",
             f"family           {v.family}",
-            f"vocabulary       {v.size:,} ids, {len(v.regular_ids):,} regular",
+            f"vocabulary       {v.size - v.output_padding:,} ids, {len(v.regular_ids):,} regular",
             f"specials         {len(v.special_ids)}: {' '.join(named[:12])}{' …' if len(named) > 12 else ''}",
             f"end of text      {', '.join(f'{self.token_names.get(i, i)}={i}' for i in v.end_of_text_ids)}",
             f"before documents {', '.join(f'{self.token_names.get(i, i)}={i}' for i in v.prefix_ids) or 'nothing'}",

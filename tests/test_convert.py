@@ -220,3 +220,26 @@ def test_sorted_columns_equal_teacher_columns(llama3_encoder, llama3_converter, 
     ):
         np.testing.assert_allclose(dist.values, teacher.values, rtol=1e-12, atol=1e-300)
         np.testing.assert_allclose(dist.dropped_mass, teacher.dropped_mass, rtol=1e-12, atol=1e-300)
+
+
+def test_tokens_longer_than_any_fixed_buffer():
+    """Tokens of 1,500 and 3,000 bytes (past the kernels' former 1,023-byte path buffers)."""
+    from distill.convert import Converter
+    from distill.vocab import BYTE_LEVEL, TeacherVocab
+
+    long_tokens = (b"=" * 1500, b"=" * 3000, b"=" * 2999 + b"-")
+    vocab = TeacherVocab(
+        token_bytes=tuple(bytes([b]) for b in range(256)) + long_tokens + (b"",),
+        special_ids=(259,), end_of_text_ids=(259,), family=BYTE_LEVEL,
+    )  # fmt: skip
+    converter = Converter(vocab)
+    assert converter.trie.max_depth == 3000
+    ids = np.array([256, ord("x"), 257, 258, 256])
+    logits = random_logits(len(ids) + 1, vocab.size, seed=4)
+    logits[:, 256:259] += 8.0  # the long tokens carry real mass
+    dist = converter.convert_numba(ids, logits)
+    assert dist.layout.text_bytes() == vocab.bytes_of(ids)
+    assert_matches_reference(dist, reference_distributions(vocab, ids, logits))
+    assert dist.log_likelihood() == pytest.approx(teacher_log_likelihood(vocab, ids, logits), rel=1e-9)
+    on_torch = converter.convert_torch(ids, torch.from_numpy(logits))
+    np.testing.assert_allclose(on_torch.values, dist.values, rtol=1e-9, atol=1e-300)
