@@ -32,7 +32,7 @@ SAMPLE: dict[str, bytes] = {
     "code": b"def f(x):\n\tif x:\n        return {'a': [i ** 2 for i in range(10)]}  # ok\n\n\n",
     "special_text": b"</s><s> [INST] hi [/INST] <|endoftext|><|im_start|>user\n<|im_end|> <unk><pad><|begin_of_text|>",
     "leading_space": b"  two leading spaces, trailing spaces   ",
-    "not_utf8": b"ok \xff\xfe bad \xc3( cut \xe2\x82 end\x80",
+    "not_utf8": b"ok \xc3( cut \xe2\x82 surrogate \xed\xa0\x80 end\x80",  # bytes of UTF-8, invalid sequences
 }
 TOLERANCE = 1e-9  # relative, float64 brute force against float64 conversion
 
@@ -80,11 +80,19 @@ class TeacherCheck:
             f"before documents {', '.join(f'{self.token_names.get(i, i)}={i}' for i in v.prefix_ids) or 'nothing'}",
             f"prefix handling  {prefix}",
             f"output layer     {rows}",
+            f"single bytes     {self.byte_note()}",
             f"sample           {len(SAMPLE)} documents, {sum(map(len, SAMPLE.values())):,} bytes, {self.tokens:,} tokens",
             f"conversion       max relative difference from the brute force {self.conversion_error:.1e} "
             f"(Numba and torch), identity {self.identity_error:.1e}",
         ]
         return out + [self.verdict()]
+
+    def byte_note(self) -> str:
+        missing = np.flatnonzero(self.vocab.single_byte_ids < 0)
+        if len(missing) == 0:
+            return "every byte value has a token"
+        listed = " ".join(f"0x{b:02X}" for b in missing)
+        return f"no single-byte token for {listed}: a document that needs one is refused"
 
     def verdict(self) -> str:
         if self.ok:
