@@ -9,6 +9,8 @@ import json
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tokenizers import Tokenizer
 from transformers import AutoTokenizer, LlamaTokenizer
 
@@ -109,6 +111,21 @@ def test_conversion_equals_brute_force_given_the_space(family, name, families):
     on_torch = converter.convert_torch(ids, torch.from_numpy(logits))
     np.testing.assert_allclose(on_torch.values, dist.values, rtol=1e-9, atol=1e-300)
     assert on_torch.context_log_mass == pytest.approx(context, rel=1e-12)
+
+
+@settings(max_examples=20, deadline=None)
+@given(data=st.binary(min_size=0, max_size=48), seed=st.integers(0, 2**16))
+def test_random_bytes_round_trip_and_identity(data, seed, families):
+    """Any bytes (invalid UTF-8, leading spaces, empty) given the dummy prefix space."""
+    _, vocab, encoder, converter = families["llama2-json"]
+    ids = encoder.encode(data)
+    assert vocab.bytes_of(ids) == (b" " + data if data else b"")
+    logits = random_logits(len(ids) + 1, vocab.size, seed=seed)
+    dist = converter.convert_numba(ids, logits)
+    assert dist.layout.text_bytes() == data
+    np.testing.assert_allclose(np.add.reduceat(dist.values, dist.layout.offsets[:-1]), 1.0, atol=1e-12)
+    expected = teacher_log_likelihood(vocab, ids, logits) - reference_context_log_mass(vocab, ids, logits)
+    assert dist.log_likelihood() == pytest.approx(expected, rel=1e-9)
 
 
 def test_tiny_phi3_teacher_with_padded_output_layer(tmp_path, families, caplog):
