@@ -112,8 +112,8 @@ class DocumentEncoder:
         text = data.decode("utf-8", errors="replace")
         if self.vocab.family == BYTE_FALLBACK and WORD_BOUNDARY in text:
             return "SentencePiece's reading of '\u2581' (U+2581) as a space"
-        for step in normalizer_steps(self._tokenizer.normalizer):
-            if step.normalize_str(text) != text:
+        for step in normalizer_steps(self._tokenizer.normalizer):  # space → ▁ is undone exactly
+            if step.normalize_str(text).replace(WORD_BOUNDARY, " ") != text:
                 return f"the tokenizer's {type(step).__name__} normalizer"
         return "the tokenizer's normalizer or pre-tokenizer"
 
