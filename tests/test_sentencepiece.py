@@ -5,6 +5,7 @@ special text, padded output layers, lossy normalizers, and ``check-teacher`` ver
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,6 +21,7 @@ from distill.encode import DocumentEncoder
 from distill.errors import UserError
 from distill.teacher import load_teacher
 from distill.vocab import BYTE_FALLBACK, vocab_from_tokenizer
+from logit_store.store import LogitStore
 from tests.conftest import SAMPLE_DOCUMENTS, random_logits
 from tests.teachers import (
     PHI3_ADDED,
@@ -209,3 +211,33 @@ def test_check_teacher_on_llama3(llama3_tokenizer_path, capsys):
     assert main(["check-teacher", llama3_tokenizer_path]) == 0
     out = capsys.readouterr().out
     assert "byte-level" in out and "prefix handling  none" in out and out.strip().endswith("can be distilled exactly")
+
+
+@pytest.mark.slow
+def test_dump_of_a_padded_sentencepiece_teacher(tmp_path, families):
+    """``dump`` end to end: the store gives back each document's bytes (not the added space), its
+    byte count, and the stream NLL of the teacher given the space."""
+    folder = save_tiny_teacher(tmp_path / "phi3", families["phi3"][0], vocab_size=32_064, bos_token_id=1)
+    documents = {"a.txt": b" leading space", "b.txt": SPECIAL_TEXT, "c.txt": b"\xff a \xc3("}
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for name, data in documents.items():
+        (corpus / name).write_bytes(data)
+    args = ["--corpus", str(corpus), "--output", str(tmp_path / "store"), "--encoding", "float16", "--progress", "false"]
+    assert main(["dump", "--teacher", str(folder), *args]) == 0
+    store = LogitStore(tmp_path / "store")
+    teacher = load_teacher(str(folder), dtype=torch.float64)
+    assert store.vocab.hash == teacher.vocab.hash and len(store) == len(documents)
+    encoder = DocumentEncoder(teacher.tokenizer, teacher.vocab)
+    for i in range(len(store)):
+        doc = store.document(i)
+        data = documents[Path(doc.key).name]
+        assert doc.layout.text_bytes() == data and doc.text_bytes == len(data)
+        ids = encoder.encode(data)  # the ids the teacher read (the store keeps one id per byte string)
+        assert teacher.vocab.bytes_of(doc.token_ids) == teacher.vocab.bytes_of(ids)
+        input_ids = torch.tensor([teacher.context_prefix + ids.tolist()])
+        rows = np.arange(len(ids) + 1)
+        logits = teacher.logits(input_ids, torch.ones_like(input_ids), [rows]).double().numpy()
+        expected = teacher_log_likelihood(teacher.vocab, ids, logits) - reference_context_log_mass(teacher.vocab, ids, logits)
+        stream = float(np.log(doc.target_probabilities().astype(np.float64)).sum())
+        assert stream == pytest.approx(expected, rel=1e-3)
