@@ -82,8 +82,10 @@ class TeacherCheck:
             f"output layer     {rows}",
             f"single bytes     {self.byte_note()}",
             f"sample           {len(SAMPLE)} documents, {sum(map(len, SAMPLE.values())):,} bytes, {self.tokens:,} tokens",
-            f"conversion       max relative difference from the brute force {self.conversion_error:.1e} "
-            f"(Numba and torch), identity {self.identity_error:.1e}",
+            (
+                f"conversion       max relative difference from the brute force {self.conversion_error:.1e} "
+                f"(Numba and torch), identity {self.identity_error:.1e}"
+            ),
         ]
         return out + [self.verdict()]
 
