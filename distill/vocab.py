@@ -93,7 +93,9 @@ class TeacherVocab:
         """SHA-256 of everything that determines the conversion: bytes, specials, end-of-text."""
         h = hashlib.sha256()
         h.update(f"{self.family}|{self.size}|{self.special_ids}|{self.end_of_text_ids}|".encode())
-        h.update(f"{self.prefix_ids}|{self.adds_prefix_space}|space-is-context|".encode())
+        h.update(f"{self.prefix_ids}|{self.adds_prefix_space}|".encode())
+        if self.adds_prefix_space:  # stores from before the space became context do not match
+            h.update(b"space-is-context|")
         for b in self.token_bytes:
             h.update(len(b).to_bytes(4, "little"))
             h.update(b)
