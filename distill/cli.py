@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 from jsonargparse import ArgumentParser
 
-from distill import dump_cli
+from distill import check_teacher_cli, dump_cli
 from distill.config import config_files_first, config_from_namespace, config_parser, error_line
 from distill.errors import UserError
 from logit_store import cli as store_cli
@@ -27,6 +27,7 @@ from students import export_cli, train_cli
 
 # subcommand -> function(config) -> exit status, in the order a user meets them
 COMMANDS: dict[str, Callable[[typing.Any], int]] = {
+    "check-teacher": check_teacher_cli.check_teacher,
     "dump": dump_cli.dump,
     "inspect": store_cli.inspect,
     "verify": store_cli.verify,

@@ -6,6 +6,11 @@ m+1 positions, in the teacher's id order, and return :class:`DocumentDistributio
 layout and, for every stream position, the probabilities over its support, plus the mass of the
 special tokens dropped at each teacher position. Each range mass M(s) is a direct float64 sum over
 the sorted probabilities (never a difference of cumulative sums, which loses small masses).
+
+With SentencePiece's dummy prefix the first row is read at the space's node (see
+:mod:`distill.stream`): P(first byte b) = M(space·b)/M(space), and the log-likelihood identity
+becomes Σ log P(stream) = teacher token log-likelihood − log M(space) at the first row, with M
+normalised over the regular and end-of-text ids; ``context_log_mass`` holds that log M(space).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ class DocumentDistributions:
     layout: StreamLayout
     values: np.ndarray  # (S,) float64: P over each position's support, in support order
     dropped_mass: np.ndarray  # (m+1,) float64: special-token mass renormalised away per teacher row
+    context_log_mass: float = 0.0  # log M(space) at the first row with a dummy prefix, else 0
 
     def position(self, i: int) -> tuple[np.ndarray, np.ndarray]:
         start, stop = self.layout.offsets[i], self.layout.offsets[i + 1]
@@ -38,7 +44,8 @@ class DocumentDistributions:
         return _target_values(self.layout.symbols, self.layout.offsets, self.layout.support, self.values)
 
     def log_likelihood(self) -> float:
-        """Σ over positions of log P(next symbol): equals the teacher's token log-likelihood."""
+        """Σ over positions of log P(next symbol): the teacher's token log-likelihood minus
+        :attr:`context_log_mass`."""
         return float(np.log(self.target_probabilities()).sum())
 
     def dense(self) -> np.ndarray:
@@ -115,12 +122,12 @@ class Converter:
         dropped = np.empty(len(token_ids) + 1, dtype=np.float64)
         t = self.trie
         order, end_of_text, dropped_ids = self.column_tables(columns)
-        _convert_rows(
+        context = _convert_rows(
             logits, token_ids, order, t.node_lo, t.node_hi, t.node_n_exact, t.node_parent,
             t.child_offsets, t.child_nodes, t.token_node, end_of_text, dropped_ids,
-            layout.offsets, values, dropped,
+            layout.position_node, layout.offsets, values, dropped, np.empty(t.max_depth + 1, np.int64),
         )  # fmt: skip
-        return DocumentDistributions(layout, values, dropped)
+        return DocumentDistributions(layout, values, dropped, context)
 
     def convert_torch(self, token_ids, logits, columns: str = "teacher") -> DocumentDistributions:
         """Device path: ``logits`` is a (m+1, V) torch tensor on any device; only the support
@@ -131,13 +138,20 @@ class Converter:
         self._check_shapes(token_ids, tuple(logits.shape))
         layout = self.layout(token_ids)
         values, dropped = convert_on_device(self, layout, logits, columns)
-        return DocumentDistributions(layout, values, dropped)
+        return DocumentDistributions(layout, values, dropped, self._context_log_mass_torch(layout, logits, columns))
 
-    def convert(self, token_ids, logits, columns: str = "teacher") -> DocumentDistributions:
-        """Dispatch on the type of ``logits``: NumPy → Numba, torch tensor → torch path."""
-        if isinstance(logits, np.ndarray):
-            return self.convert_numba(token_ids, logits, columns)
-        return self.convert_torch(token_ids, logits, columns)
+    def _context_log_mass_torch(self, layout: StreamLayout, logits, columns: str) -> float:
+        """log M(start node) at the first row (0 when the stream starts at the root)."""
+        node = int(layout.position_node[0])
+        if node == 0:
+            return 0.0
+        import torch
+
+        order, end_of_text, _ = self.column_tables(columns)
+        row = logits[0].to(torch.float64)
+        in_range = torch.from_numpy(order[self.trie.node_lo[node] : self.trie.node_hi[node]]).to(row.device)
+        kept = torch.from_numpy(np.concatenate([order, end_of_text])).to(row.device)
+        return float(torch.logsumexp(row[in_range], 0) - torch.logsumexp(row[kept], 0))
 
 
 @numba.njit(cache=True, fastmath=True)
@@ -187,36 +201,76 @@ def _node_values(g, p, node, node_lo, node_hi, node_n_exact, child_offsets, chil
         out[at] = _sum_range(p, lo, lo + n_exact) / total
 
 
+@numba.njit(cache=True)
+def _log_range_mass(g, p, lo, hi, shift):
+    """log Σ exp(g[lo:hi] − shift), exact even where the whole range underflowed in p."""
+    total = _sum_range(p, lo, hi)
+    if total > 0.0:
+        return math.log(total)
+    top = -np.inf
+    for i in range(lo, hi):
+        top = max(top, g[i])
+    total = 0.0
+    for i in range(lo, hi):
+        total += math.exp(g[i] - top)
+    return top - shift + math.log(total)
+
+
 @numba.njit(cache=True, nogil=True)
 def _convert_rows(
     logits, token_ids, order, node_lo, node_hi, node_n_exact, node_parent, child_offsets,
-    child_nodes, token_node, end_of_text_ids, dropped_ids, offsets, values, dropped,
+    child_nodes, token_node, end_of_text_ids, dropped_ids, position_node, offsets, values, dropped, path,
 ):  # fmt: skip
+    """Fill ``values`` and ``dropped``; return log M(start node) at the first row (0 at the root)."""
     g = np.empty(len(order), np.float64)  # the row's logits in byte-string order
     p = np.empty(len(order), np.float64)  # exp(g - shift)
     scratch = np.empty(len(order), np.int64)
-    path = np.empty(1024, np.int64)
+    context = 0.0
     pos = 0
     for j in range(logits.shape[0]):
         shift, end_of_text, other = _gather_row(logits[j], order, end_of_text_ids, dropped_ids, g)
         exp_shifted(g, 0, len(order), shift, p, scratch)
-        at = offsets[pos]
-        regular = 0.0
-        for c in range(child_offsets[0], child_offsets[1]):  # the root's children tile the order
-            child = child_nodes[c]
-            mass = _sum_range(p, node_lo[child], node_hi[child])
-            values[at] = mass
-            regular += mass
-            at += 1
-        z = regular + end_of_text
-        values[at] = end_of_text
-        for k in range(offsets[pos], at + 1):
-            values[k] /= z
+        start = position_node[pos]
+        if start == 0:
+            z = _root_values(p, node_lo, node_hi, child_offsets, child_nodes, end_of_text, values, offsets[pos])
+        else:  # the dummy prefix space is context: this row's first position is at its node
+            z = _sum_range(p, 0, len(order)) + end_of_text
+            context = _log_range_mass(g, p, node_lo[start], node_hi[start], shift) - math.log(z)
+            _node_values(g, p, start, node_lo, node_hi, node_n_exact, child_offsets, child_nodes, values, offsets[pos])
         dropped[j] = other / (z + other)
         pos += 1
         if j == len(token_ids):
             break
         length = path_to_node(token_node[token_ids[j]], node_parent, path)
-        for k in range(1, length + 1):
+        first = _index_on_path(start, path, length)
+        for k in range(first + 1, length + 1):
             _node_values(g, p, path[k], node_lo, node_hi, node_n_exact, child_offsets, child_nodes, values, offsets[pos])  # fmt: skip
             pos += 1
+    return context
+
+
+@numba.njit(cache=True)
+def _index_on_path(node, path, length):
+    """The index of ``node`` on ``path[0..length]`` (0 for the root)."""
+    for k in range(length + 1):
+        if path[k] == node:
+            return k
+    return 0
+
+
+@numba.njit(cache=True)
+def _root_values(p, node_lo, node_hi, child_offsets, child_nodes, end_of_text, out, at):
+    """Write P(first byte)… then P(<eos>) at a root position; return the normaliser z."""
+    start = at
+    regular = 0.0
+    for c in range(child_offsets[0], child_offsets[1]):  # the root's children tile the order
+        child = child_nodes[c]
+        mass = _sum_range(p, node_lo[child], node_hi[child])
+        out[at] = mass
+        regular += mass
+        at += 1
+    z = regular + end_of_text
+    out[at] = end_of_text
+    for k in range(start, at + 1):
+        out[k] /= z
+    return z

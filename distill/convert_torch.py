@@ -72,7 +72,8 @@ def convert_on_device(converter, layout, logits: torch.Tensor, columns: str = "t
 
     node = layout.position_node
     row_of = layout.position_row
-    root_positions = np.flatnonzero(node == 0)  # one per row, in row order
+    root_positions = np.flatnonzero(node == 0)  # one per row, but none in the first row when it
+    root_rows = row_of[root_positions]  # starts at the dummy prefix space (an inner position)
     inner = np.flatnonzero(node != 0)
     lo, hi, depth = trie.node_lo[node], trie.node_hi[node], trie.node_depth[node]
 
@@ -82,7 +83,8 @@ def convert_on_device(converter, layout, logits: torch.Tensor, columns: str = "t
         root = torch.zeros(r1 - r0, SLOTS, dtype=torch.float64, device=device)
         root.index_add_(1, t.first_byte, p)
         root[:, EOS] = q_eot
-        dense[torch.from_numpy(root_positions[r0:r1]).to(device)] = root / z.unsqueeze(-1)
+        here = (root_rows >= r0) & (root_rows < r1)
+        dense[torch.from_numpy(root_positions[here]).to(device)] = (root / z.unsqueeze(-1))[torch.from_numpy(root_rows[here] - r0).to(device)]
         chunk = inner[(row_of[inner] >= r0) & (row_of[inner] < r1)]
         for part in _split_by_elements(chunk, hi - lo):
             _accumulate_ranges(dense, p, part, row_of[part] - r0, lo[part], hi[part], depth[part], t)

@@ -9,6 +9,11 @@ Position i (0 ≤ i < L−1) predicts symbol i+1. The position after the first k
 trie node x[:k]; the ``<bos>``/``<eot>`` positions are at the root (k = 0). A position's support
 follows from its node alone, in ascending symbol order: the node's child bytes, then ``<eot>``
 if the prefix is a token (k ≥ 1), or ``<eos>`` at the root. Only the values need storing.
+
+For a teacher that adds SentencePiece's dummy prefix, t_1's bytes start with that space, which is
+context, not text: the ``<bos>`` position sits at the space's trie node (``VocabTrie.start_node``)
+instead of the root, so it predicts the document's first byte given the space, and the stream
+holds exactly the document's bytes.
 """
 
 from __future__ import annotations
@@ -44,29 +49,37 @@ class StreamLayout:
 
 
 @numba.njit(cache=True, nogil=True)
-def _layout(token_ids, token_node, node_parent, node_byte, node_n_exact, child_offsets, child_nodes):
+def _layout(token_ids, start_node, max_depth, token_node, node_parent, node_byte, node_n_exact, child_offsets, child_nodes):
     m = len(token_ids)
+    path = np.empty(max_depth + 1, np.int64)
     total_bytes = 0
     for j in range(m):
         node = token_node[token_ids[j]]
         if node < 0:
             return None
         total_bytes += _depth(node, node_parent)
-    positions = 1 + total_bytes + m
+    start_depth = 0
+    if m > 0 and start_node > 0:
+        start_depth = _depth(start_node, node_parent)
+        if path_to_node(token_node[token_ids[0]], node_parent, path) < start_depth or path[start_depth] != start_node:
+            return None
+    positions = 1 + total_bytes - start_depth + m
     symbols = np.empty(positions + 1, np.int16)
     position_node = np.empty(positions, np.int64)
     position_row = np.empty(positions, np.int64)
     offsets = np.zeros(positions + 1, np.int64)
-    path = np.empty(1024, np.int64)
     pos = 0
     for j in range(m + 1):
         symbols[pos] = BOS if j == 0 else EOT
         position_node[pos], position_row[pos] = 0, j
-        pos += 1
         if j == m:
+            pos += 1
             break
         length = path_to_node(token_node[token_ids[j]], node_parent, path)
-        for k in range(1, length + 1):
+        first = start_depth if j == 0 else 0
+        position_node[pos] = path[first]
+        pos += 1
+        for k in range(first + 1, length + 1):
             symbols[pos] = node_byte[path[k]]
             position_node[pos], position_row[pos] = path[k], j
             pos += 1
@@ -118,6 +131,8 @@ def stream_layout(trie: VocabTrie, token_ids: np.ndarray) -> StreamLayout:
         raise ValueError(f"token id out of range for a vocabulary of {trie.vocab_size}")
     result = _layout(
         token_ids,
+        trie.start_node,
+        trie.max_depth,
         trie.token_node,
         trie.node_parent,
         trie.node_byte,
@@ -126,6 +141,8 @@ def stream_layout(trie: VocabTrie, token_ids: np.ndarray) -> StreamLayout:
         trie.child_nodes,
     )
     if result is None:
-        bad = next(int(t) for t in token_ids if trie.token_node[t] < 0)
-        raise ValueError(f"token id {bad} is a special token; documents hold regular tokens only")
+        special = [int(t) for t in token_ids if trie.token_node[t] < 0]
+        if special:
+            raise ValueError(f"token id {special[0]} is a special token; documents hold regular tokens only")
+        raise ValueError(f"token id {int(token_ids[0])} does not start with the dummy prefix space the teacher adds")
     return StreamLayout(*result)

@@ -3,10 +3,13 @@
 The teacher's output layer is permuted into the conversion's column order (regular ids by byte
 string, then end-of-text, then the other specials: :attr:`Converter.column_order`), so its logits
 arrive ready for a contiguous conversion; logits are computed only for the rows that are kept.
+An output layer padded past the tokenizer's ids (Qwen2.5) is accepted: the padding ids join the
+dropped specials (:func:`fit_output_layer`).
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +18,8 @@ import torch
 
 from distill.errors import UserError
 from distill.vocab import TeacherVocab, load_teacher_tokenizer, split_gguf_path, vocab_from_tokenizer
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -83,12 +88,25 @@ def load_teacher(
         raise UserError(f"cannot load the teacher {source}: {str(exc).splitlines()[0]}") from None
     model.to(device).eval()
     head = model.get_output_embeddings()
-    if head.weight.shape[0] != vocab.size:
-        raise UserError(
-            f"the tokenizer has {vocab.size} ids but the teacher's output layer has "
-            f"{head.weight.shape[0]} rows: they do not belong together"
-        )
+    vocab = fit_output_layer(vocab, head.weight.shape[0])
     return Teacher(model, head, tokenizer, vocab, name=source, device=device, dtype=dtype)
+
+
+def fit_output_layer(vocab: TeacherVocab, rows: int) -> TeacherVocab:
+    """The vocabulary for an output layer of ``rows`` rows: rows past the tokenizer's ids (a
+    padded layer) become specials whose mass is dropped; fewer rows than ids do not belong together."""
+    if rows < vocab.size:
+        raise UserError(
+            f"the tokenizer has {vocab.size} ids but the teacher's output layer has only {rows} rows: "
+            "they do not belong together"
+        )
+    if rows > vocab.size:
+        logger.warning(
+            "the teacher's output layer has %d rows past the tokenizer's %d ids (padding): their mass "
+            "is dropped with the special tokens' and counted in the dropped special mass",
+            rows - vocab.size, vocab.size,
+        )  # fmt: skip
+    return vocab.padded_to(rows)
 
 
 def permuted_head(head: torch.nn.Linear, column_order: np.ndarray) -> torch.nn.Linear:

@@ -4,15 +4,20 @@ Regular ids are sorted by byte string (ties by id). Every byte prefix ``s`` of s
 node and covers the contiguous range ``[lo, hi)`` of that order; the ids whose bytes equal ``s``
 (``n_exact`` of them, several for SentencePiece duplicates) sit first in it, and the ranges of
 the children ``s·b`` tile the rest in byte order. Node 0 is the root (the empty prefix).
+
+``start_node`` is where a document's first token starts: the root, or for a teacher that adds
+SentencePiece's dummy prefix, the node of the space it adds (the space is context, not text).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numba
 import numpy as np
 
+from distill.errors import UserError
 from distill.vocab import TeacherVocab
 
 
@@ -29,6 +34,12 @@ class VocabTrie:
     child_nodes: np.ndarray  # (C,) int64: children in byte order
     token_node: np.ndarray  # (V,) int64: node of each id's byte string, -1 for specials
     vocab_size: int
+    start_node: int = 0  # node of the dummy prefix space, if the teacher adds one
+
+    @property
+    def max_depth(self) -> int:
+        """The longest token's length in bytes (sizes the kernels' path buffers)."""
+        return int(self.node_depth.max())
 
     @property
     def num_nodes(self) -> int:
@@ -106,7 +117,7 @@ def build_trie(vocab: TeacherVocab) -> VocabTrie:
 
     token_node = np.full(vocab.size, -1, dtype=np.int64)
     token_node[order] = string_node
-    return VocabTrie(
+    trie = VocabTrie(
         order=order,
         node_lo=lo,
         node_hi=hi,
@@ -119,3 +130,9 @@ def build_trie(vocab: TeacherVocab) -> VocabTrie:
         token_node=token_node,
         vocab_size=vocab.size,
     )
+    if not vocab.adds_prefix_space:
+        return trie
+    start = trie.node_of_prefix(b" ")
+    if start < 0:
+        raise UserError("the tokenizer adds a dummy prefix space, but none of its tokens starts with a space")
+    return dataclasses.replace(trie, start_node=start)

@@ -15,6 +15,7 @@ Two families are understood (docs/DESIGN.md, "Tokenizer families"):
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import re
@@ -23,6 +24,7 @@ from functools import cached_property
 from pathlib import Path
 
 import numpy as np
+from tokenizers.pre_tokenizers import ByteLevel
 
 from distill.errors import UserError
 
@@ -35,20 +37,13 @@ _BYTE_PIECE = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 
 
 def gpt2_unicode_to_byte() -> dict[str, int]:
-    """The inverse of GPT-2's byte→unicode table: printable bytes map to themselves, the rest
-    to code points 256 and up, in byte order."""
-    printable = (
-        list(range(ord("!"), ord("~") + 1))
-        + list(range(ord("¡"), ord("¬") + 1))
-        + list(range(ord("®"), ord("ÿ") + 1))
-    )
-    mapping = {chr(b): b for b in printable}
-    extra = 0
-    for b in range(256):
-        if b not in printable:
-            mapping[chr(256 + extra)] = b
-            extra += 1
-    return mapping
+    """GPT-2's unicode→byte table, from the ``tokenizers`` ByteLevel alphabet: printable bytes are
+    their own character, the other bytes take the code points from 256 up, in byte order."""
+    chars = sorted(ByteLevel.alphabet())
+    direct = {c: ord(c) for c in chars if ord(c) < 256}
+    shifted = [c for c in chars if ord(c) >= 256]
+    rest = sorted(set(range(256)) - set(direct.values()))
+    return direct | dict(zip(shifted, rest))
 
 
 @dataclass(frozen=True)
@@ -64,7 +59,8 @@ class TeacherVocab:
     family: str
     prefix_ids: tuple[int, ...] = ()  # what the teacher puts before a document (its BOS), if any
     name: str = ""
-    adds_prefix_space: bool = False  # SentencePiece's dummy prefix: the stream starts with b" "
+    adds_prefix_space: bool = False  # SentencePiece's dummy prefix: the first token starts with b" "
+    output_padding: int = 0  # ids past the tokenizer's (a padded output layer): special, mass dropped
 
     @property
     def size(self) -> int:
@@ -98,6 +94,8 @@ class TeacherVocab:
         h = hashlib.sha256()
         h.update(f"{self.family}|{self.size}|{self.special_ids}|{self.end_of_text_ids}|".encode())
         h.update(f"{self.prefix_ids}|{self.adds_prefix_space}|".encode())
+        if self.adds_prefix_space:  # stores from before the space became context do not match
+            h.update(b"space-is-context|")
         for b in self.token_bytes:
             h.update(len(b).to_bytes(4, "little"))
             h.update(b)
@@ -105,6 +103,17 @@ class TeacherVocab:
 
     def bytes_of(self, ids) -> bytes:
         return b"".join(self.token_bytes[int(i)] for i in ids)
+
+    def padded_to(self, rows: int) -> TeacherVocab:
+        """This vocabulary extended to an output layer of ``rows`` rows (Qwen2.5 pads its layer
+        past the tokenizer's ids): the extra ids are specials, so their mass is dropped."""
+        extra = rows - self.size
+        return dataclasses.replace(
+            self,
+            token_bytes=self.token_bytes + (b"",) * extra,
+            special_ids=self.special_ids + tuple(range(self.size, rows)),
+            output_padding=self.output_padding + extra,
+        )
 
 
 def _piece_to_bytes_byte_level(piece: str, table: dict[str, int]) -> bytes:
@@ -236,8 +245,23 @@ def _prefix_ids(tokenizer, backend, special_by_name: dict[str, int]) -> list[int
 
 
 def _adds_prefix_space(spec: dict) -> bool:
-    text = json.dumps({k: spec.get(k) for k in ("normalizer", "pre_tokenizer")})
-    return '"Prepend"' in text or '"prepend_scheme": "always"' in text or '"add_prefix_space": true' in text
+    """SentencePiece's dummy prefix: a ``Prepend("▁")`` normalizer or a Metaspace pre-tokenizer
+    that prepends (``prepend_scheme`` "first"/"always", or the older ``add_prefix_space``)."""
+    prepends = any(n.get("type") == "Prepend" for n in spec_steps(spec.get("normalizer"), "normalizers"))
+    return prepends or any(
+        p.get("type") == "Metaspace" and (p.get("prepend_scheme") in ("first", "always") or p.get("add_prefix_space"))
+        for p in spec_steps(spec.get("pre_tokenizer"), "pretokenizers")
+    )
+
+
+def spec_steps(item: dict | None, key: str) -> list[dict]:
+    """The steps of a ``tokenizer.json`` normalizer (``key`` "normalizers") or pre-tokenizer
+    ("pretokenizers"), with Sequences flattened."""
+    if item is None:
+        return []
+    if item.get("type") == "Sequence":
+        return [step for sub in item[key] for step in spec_steps(sub, key)]
+    return [item]
 
 
 def split_gguf_path(source: str | Path, gguf_file: str | None) -> tuple[str, str | None]:

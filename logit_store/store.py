@@ -341,8 +341,7 @@ def _token_ids_of_layout(layout: StreamLayout, trie: VocabTrie) -> np.ndarray:
 
 
 def _text_bytes(layout: StreamLayout, vocab: TeacherVocab) -> int:
-    n = int(np.count_nonzero(layout.symbols < 256))
-    return n - 1 if vocab.adds_prefix_space and n > 0 else n
+    return int(np.count_nonzero(layout.symbols < 256))  # a dummy prefix space is context, not stream
 
 
 # ---------------------------------------------------------------- reader

@@ -19,10 +19,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
-from tokenizers.pre_tokenizers import ByteLevel
 from transformers import PreTrainedTokenizerFast
 
 from distill.alphabet import BOS, EOS, EOT, NUM_BYTES, PAD, SPECIAL_NAMES
+from distill.vocab import gpt2_unicode_to_byte
 
 
 def decode_bytes(ids: Iterable[int]) -> bytes:
@@ -30,26 +30,9 @@ def decode_bytes(ids: Iterable[int]) -> bytes:
     return bytes(int(i) for i in ids if 0 <= int(i) < NUM_BYTES)
 
 
-def _byte_vocabulary() -> dict[str, int]:
-    """GPT-2's printable character for each byte, mapped to the byte's value."""
-    vocab = {_gpt2_byte_char(value): value for value in range(NUM_BYTES)}
-    assert set(vocab) == set(ByteLevel.alphabet()), "byte vocabulary must be the ByteLevel alphabet"
-    return vocab
-
-
-def _gpt2_byte_char(value: int) -> str:
-    """GPT-2's byte→unicode table: printable Latin-1 bytes map to themselves, others to 256+n."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
-    printable += list(range(ord("®"), ord("ÿ") + 1))
-    if value in printable:
-        return chr(value)
-    offset = sum(1 for b in range(value) if b not in printable)
-    return chr(256 + offset)
-
-
 def build_backend() -> Tokenizer:
     """The ``tokenizers`` object: byte ids 0–255 and specials 256–259."""
-    tokenizer = Tokenizer(models.BPE(vocab=_byte_vocabulary(), merges=[]))
+    tokenizer = Tokenizer(models.BPE(vocab=gpt2_unicode_to_byte(), merges=[]))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.add_special_tokens([SPECIAL_NAMES[i] for i in (EOT, BOS, EOS, PAD)])

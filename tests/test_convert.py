@@ -22,8 +22,10 @@ def reference_distributions(vocab, token_ids, logits):
     """Brute force over the whole vocabulary: one {symbol: probability} per stream position.
 
     Written independently of the trie: prefix tests on Python byte strings, masses summed with
-    math.fsum, ids sharing a byte string summed together.
+    math.fsum, ids sharing a byte string summed together. With a dummy prefix space (a non-empty
+    document of a teacher that adds one) the first row is read given that space.
     """
+    context = dummy_prefix(vocab, token_ids)
     special = set(vocab.special_ids)
     end_of_text = set(vocab.end_of_text_ids)
     regular = [(vocab.token_bytes[i], i) for i in range(vocab.size) if i not in special]
@@ -33,15 +35,16 @@ def reference_distributions(vocab, token_ids, logits):
         row = logits[j].astype(np.float64)
         log_z = np.logaddexp.reduce(row[kept])
         q = np.exp(row - log_z)
-        groups = defaultdict(list)
-        for b, i in regular:
-            groups[b[0]].append(q[i])
-        groups[EOS] = [q[i] for i in end_of_text]
-        positions.append({s: math.fsum(v) for s, v in groups.items()})
+        if j > 0 or not context:
+            groups = defaultdict(list)
+            for b, i in regular:
+                groups[b[0]].append(q[i])
+            groups[EOS] = [q[i] for i in end_of_text]
+            positions.append({s: math.fsum(v) for s, v in groups.items()})
         if j == len(token_ids):
             break
         token = vocab.token_bytes[token_ids[j]]
-        for k in range(1, len(token) + 1):
+        for k in range(len(context) if j == 0 and context else 1, len(token) + 1):
             prefix = token[:k]
             groups = defaultdict(list)
             for b, i in regular:
@@ -53,14 +56,35 @@ def reference_distributions(vocab, token_ids, logits):
     return positions
 
 
-def teacher_log_likelihood(vocab, token_ids, logits) -> float:
-    """Σ_j log q_j(t_j) + log q_{m+1}(end-of-text), q renormalised over regular + end-of-text."""
+def dummy_prefix(vocab, token_ids) -> bytes:
+    """The space a SentencePiece teacher puts before a non-empty document (context, not text)."""
+    return b" " if vocab.adds_prefix_space and len(token_ids) else b""
+
+
+def reference_context_log_mass(vocab, token_ids, logits) -> float:
+    """log of the first row's mass on tokens starting with the dummy prefix space (0 without one)."""
+    if not dummy_prefix(vocab, token_ids):
+        return 0.0
     keep = np.ones(vocab.size, dtype=bool)
     keep[list(vocab.special_ids)] = False
+    starts = np.array([keep[i] and vocab.token_bytes[i][:1] == b" " for i in range(vocab.size)])
+    keep[list(vocab.end_of_text_ids)] = True
+    row = logits[0].astype(np.float64)
+    return float(np.logaddexp.reduce(row[starts]) - np.logaddexp.reduce(row[keep]))
+
+
+def teacher_log_likelihood(vocab, token_ids, logits) -> float:
+    """Σ_j log q_j(bytes(t_j)) + log q_{m+1}(end-of-text), q renormalised over regular +
+    end-of-text ids, and the mass of ids sharing a byte string (SentencePiece duplicates) summed."""
+    keep = np.ones(vocab.size, dtype=bool)
+    keep[list(vocab.special_ids)] = False
+    twins = defaultdict(list)
+    for i in np.flatnonzero(keep):
+        twins[vocab.token_bytes[i]].append(i)
     keep[list(vocab.end_of_text_ids)] = True
     logits = logits.astype(np.float64)
     log_z = np.logaddexp.reduce(np.where(keep, logits, -np.inf), axis=1)
-    total = sum(logits[j, t] - log_z[j] for j, t in enumerate(token_ids))
+    total = sum(np.logaddexp.reduce(logits[j, twins[vocab.token_bytes[t]]]) - log_z[j] for j, t in enumerate(token_ids))
     return total + np.logaddexp.reduce(logits[-1, list(vocab.end_of_text_ids)]) - log_z[-1]
 
 
@@ -199,3 +223,26 @@ def test_sorted_columns_equal_teacher_columns(llama3_encoder, llama3_converter, 
     ):
         np.testing.assert_allclose(dist.values, teacher.values, rtol=1e-12, atol=1e-300)
         np.testing.assert_allclose(dist.dropped_mass, teacher.dropped_mass, rtol=1e-12, atol=1e-300)
+
+
+def test_tokens_longer_than_any_fixed_buffer():
+    """Tokens of 1,500 and 3,000 bytes (past the kernels' former 1,023-byte path buffers)."""
+    from distill.convert import Converter
+    from distill.vocab import BYTE_LEVEL, TeacherVocab
+
+    long_tokens = (b"=" * 1500, b"=" * 3000, b"=" * 2999 + b"-")
+    vocab = TeacherVocab(
+        token_bytes=tuple(bytes([b]) for b in range(256)) + long_tokens + (b"",),
+        special_ids=(259,), end_of_text_ids=(259,), family=BYTE_LEVEL,
+    )  # fmt: skip
+    converter = Converter(vocab)
+    assert converter.trie.max_depth == 3000
+    ids = np.array([256, ord("x"), 257, 258, 256])
+    logits = random_logits(len(ids) + 1, vocab.size, seed=4)
+    logits[:, 256:259] += 8.0  # the long tokens carry real mass
+    dist = converter.convert_numba(ids, logits)
+    assert dist.layout.text_bytes() == vocab.bytes_of(ids)
+    assert_matches_reference(dist, reference_distributions(vocab, ids, logits))
+    assert dist.log_likelihood() == pytest.approx(teacher_log_likelihood(vocab, ids, logits), rel=1e-9)
+    on_torch = converter.convert_torch(ids, torch.from_numpy(logits))
+    np.testing.assert_allclose(on_torch.values, dist.values, rtol=1e-9, atol=1e-300)

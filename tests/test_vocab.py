@@ -14,7 +14,12 @@ from distill.errors import UserError
 from distill.trie import build_trie
 from distill.vocab import BYTE_FALLBACK, BYTE_LEVEL, gpt2_unicode_to_byte, load_teacher_vocab, vocab_from_tokenizer
 from tests.conftest import SAMPLE_DOCUMENTS, random_logits
-from tests.test_convert import assert_matches_reference, reference_distributions
+from tests.test_convert import (
+    assert_matches_reference,
+    reference_context_log_mass,
+    reference_distributions,
+    teacher_log_likelihood,
+)
 
 
 def test_gpt2_byte_table_is_a_bijection():
@@ -105,19 +110,14 @@ def test_sentencepiece_byte_fallback_sums_duplicates():
     encoder = DocumentEncoder(tok, vocab)
     data = "ab abc the Abé xyz😀".encode()
     ids = encoder.encode(data)
-    assert vocab.bytes_of(ids) == b" " + data  # the dummy prefix space is part of the stream
+    assert vocab.bytes_of(ids) == b" " + data  # the teacher reads the dummy prefix space
     logits = random_logits(len(ids) + 1, vocab.size, seed=2)
     dist = converter.convert_numba(ids, logits)
     assert_matches_reference(dist, reference_distributions(vocab, ids, logits))
-    # the identity holds with the masses of ids sharing a byte string added together
-    keep = np.ones(vocab.size, dtype=bool)
-    keep[list(vocab.dropped_ids)] = False
-    log_z = np.logaddexp.reduce(np.where(keep, logits, -np.inf), axis=1)
-    expected = np.logaddexp.reduce(logits[-1, list(vocab.end_of_text_ids)]) - log_z[-1]
-    for j, t in enumerate(ids):
-        twins = [i for i in vocab.regular_ids if vocab.token_bytes[i] == vocab.token_bytes[t]]
-        expected += np.logaddexp.reduce(logits[j, twins]) - log_z[j]
+    # the identity holds with the masses of ids sharing a byte string added together, given the space
+    expected = teacher_log_likelihood(vocab, ids, logits) - reference_context_log_mass(vocab, ids, logits)
     assert dist.log_likelihood() == pytest.approx(expected, rel=1e-9)
+    assert dist.layout.text_bytes() == data
     assert any(vocab.token_bytes[t] == b"A" for t in ids)
     # both ids of b"A" feed the one byte
     node = converter.trie.node_of_prefix(b"A")
