@@ -80,7 +80,6 @@ class Converter:
             np.arange(regular, regular + n_eot, dtype=np.int64),
             np.arange(regular + n_eot, self.vocab.size, dtype=np.int64),
         )
-        self._device_tables: dict = {}
 
     def column_tables(self, columns: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Where the regular ids (in byte-string order), the end-of-text ids and the dropped
@@ -112,24 +111,32 @@ class Converter:
         layout = self.layout(token_ids)
         values = np.empty(layout.num_values, dtype=np.float64)
         dropped = np.empty(len(token_ids) + 1, dtype=np.float64)
+        self.convert_rows_numba(layout, token_ids, logits, 0, values, dropped, columns)
+        return DocumentDistributions(layout, values, dropped)
+
+    def convert_rows_numba(self, layout, token_ids, logits, first_row, values, dropped, columns="teacher") -> None:
+        """Fill the document's ``values`` and ``dropped`` for teacher rows ``first_row ..
+        first_row + len(logits)`` (a row's positions depend on that row alone, so a document
+        can be converted in row chunks as its logits arrive)."""
+        stop = first_row + len(logits)
+        first_position = int(np.searchsorted(layout.position_row, first_row))
         t = self.trie
         order, end_of_text, dropped_ids = self.column_tables(columns)
         _convert_rows(
-            logits, token_ids, order, t.node_lo, t.node_hi, t.node_n_exact, t.node_parent,
-            t.child_offsets, t.child_nodes, t.token_node, end_of_text, dropped_ids,
-            layout.offsets, values, dropped,
+            logits, token_ids[first_row : min(stop, len(token_ids))], order, t.node_lo, t.node_hi, t.node_n_exact,
+            t.node_parent, t.child_offsets, t.child_nodes, t.token_node, end_of_text, dropped_ids,
+            layout.offsets[first_position:], values, dropped[first_row:stop],
         )  # fmt: skip
-        return DocumentDistributions(layout, values, dropped)
 
     def convert_torch(self, token_ids, logits, columns: str = "teacher") -> DocumentDistributions:
         """Device path: ``logits`` is a (m+1, V) torch tensor on any device; only the support
         values (not vocabulary-wide rows) are copied to the host."""
-        from distill.convert_torch import convert_on_device
+        from distill.convert_torch import torch_conversion
 
         token_ids = np.asarray(token_ids, dtype=np.int64)
         self._check_shapes(token_ids, tuple(logits.shape))
         layout = self.layout(token_ids)
-        values, dropped = convert_on_device(self, layout, logits, columns)
+        values, dropped = torch_conversion(self, logits.device, columns).convert_rows(layout, logits)
         return DocumentDistributions(layout, values, dropped)
 
     def convert(self, token_ids, logits, columns: str = "teacher") -> DocumentDistributions:
