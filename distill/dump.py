@@ -20,7 +20,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import Iterator
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -264,7 +264,8 @@ def run_dump(config: DumpConfig) -> DumpSummary:
                 summary.forward_seconds += time.perf_counter() - forward_start
             sink.close()
             for store in stores.values():
-                store.close()
+                with _store_errors(store):
+                    store.close()
         except BaseException:
             sink.abort()
             raise
@@ -388,6 +389,15 @@ def _pieces_within(pieces, c0: int, c1: int) -> list[tuple[PendingDocument, int,
     return out
 
 
+@contextmanager
+def _store_errors(store):
+    """A failing disk (full, read-only, over quota) is one line, not a traceback."""
+    try:
+        yield
+    except OSError as exc:
+        raise UserError(f"writing the store {store.directory} failed: {exc}") from None
+
+
 MAX_IN_FLIGHT = 2  # row chunks queued for the background thread
 
 
@@ -442,10 +452,8 @@ class _Sink:
     def _write(self, doc: PendingDocument) -> None:
         dist = DocumentDistributions(doc.layout, doc.values, doc.dropped)
         store = self.stores[doc.writer_id]
-        try:
+        with _store_errors(store):
             store.add_distributions(dist, key=doc.key, token_ids=doc.token_ids)
-        except OSError as exc:
-            raise UserError(f"writing the store {store.directory} failed: {exc}") from None
         s = self.summary
         s.documents += 1
         s.text_bytes += len(doc.data)
