@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-ROW_CHUNK = 32  # rows whose float64 copies are exponentiated at once
+ROW_CHUNKS = {"cuda": 512}  # rows whose float64 copies are exponentiated at once, by device type (else 32)
 MAX_ELEMENTS = 1 << 23  # in-token range elements gathered at once (bounds device memory)
 LARGEST = torch.finfo(torch.float64).max  # +inf logits are clamped here (−inf stays: probability 0)
 
@@ -67,6 +67,7 @@ class TorchConversion:
         trie = converter.trie
         order, end_of_text, dropped = converter.column_tables(columns)
         self.trie, self.device = trie, device
+        self.row_chunk = row_chunk(device)
         self.order = torch.from_numpy(order).to(device)
         self.end_of_text_ids = torch.from_numpy(end_of_text).to(device)
         self.dropped_ids = torch.from_numpy(dropped).to(device)
@@ -82,8 +83,8 @@ class TorchConversion:
         base = layout.offsets[p0]
         values = torch.empty(int(layout.offsets[p1] - base), dtype=torch.float64, device=self.device)
         dropped = torch.empty(rows, dtype=torch.float64, device=self.device)
-        for r0 in range(0, rows, ROW_CHUNK):
-            r1 = min(rows, r0 + ROW_CHUNK)
+        for r0 in range(0, rows, self.row_chunk):
+            r1 = min(rows, r0 + self.row_chunk)
             block = logits[r0:r1].to(torch.float64).clamp(max=LARGEST)
             root, dropped[r0:r1] = self._root(block)
             q0, q1 = np.searchsorted(layout.position_row, [first_row + r0, first_row + r1])
@@ -148,6 +149,10 @@ class TorchConversion:
             acc += int(size)
         if start < len(nodes):
             yield slice(start, len(nodes))
+
+
+def row_chunk(device: torch.device) -> int:
+    return ROW_CHUNKS.get(device.type, 32)
 
 
 def _finite(shift: torch.Tensor) -> torch.Tensor:

@@ -93,7 +93,8 @@ class DumpSummary:
     store_bytes: int = 0  # this writer's shards, documents of earlier runs included
     setup_seconds: float = 0.0  # loading the teacher, tokenizer and trie
     seconds: float = 0.0  # the pass itself, after setup
-    forward_seconds: float = 0.0
+    forward_seconds: float = 0.0  # the teacher's trunk and head
+    device_convert_seconds: float = 0.0  # the device path's conversion, between head chunks
     outside_forward_seconds: float = 0.0
     convert_write_seconds: float = 0.0  # conversion + encoding + writing, overlapped with the forward on CPU
 
@@ -214,28 +215,33 @@ def run_dump(config: DumpConfig) -> DumpSummary:
     from accelerate import PartialState
 
     _validate(config)
-    spec = corpus_spec(config)
-    check_source(spec)
+    check_source(corpus_spec(config))
     started = time.perf_counter()
     state = PartialState(cpu=config.device == "cpu" or not torch.cuda.is_available())
     if config.threads:
         torch.set_num_threads(config.threads)
-    workers = config.num_shards * state.num_processes
-    worker = config.shard_index * state.num_processes + state.process_index
-    num_writers = _store_writers(config, workers)
-    mine = writers_of(worker, workers, num_writers)
-    device = _device(config, state)
-    dtype = None if config.dtype == "auto" else DTYPES[config.dtype]
-    on_device = config.conversion == "torch" or (config.conversion == "auto" and device.type == "cuda")
-
     teacher = load_teacher(
         config.teacher,
         tokenizer_source=config.tokenizer,
         gguf_file=config.gguf_file,
-        device=device,
-        dtype=dtype,
+        device=_device(config, state),
+        dtype=None if config.dtype == "auto" else DTYPES[config.dtype],
         end_of_text=config.end_of_text,
     )
+    worker = config.shard_index * state.num_processes + state.process_index
+    return dump_with_teacher(config, teacher, worker, config.num_shards * state.num_processes, started)
+
+
+def dump_with_teacher(config: DumpConfig, teacher: Teacher, worker: int = 0, workers: int = 1, started: float | None = None) -> DumpSummary:
+    """The dump pass of worker ``worker`` of ``workers`` with a loaded teacher (the benchmarks
+    build random teachers in memory); ``started`` is when the setup began."""
+    _validate(config)
+    spec = corpus_spec(config)
+    started = time.perf_counter() if started is None else started
+    num_writers = _store_writers(config, workers)
+    mine = writers_of(worker, workers, num_writers)
+    device = teacher.device
+    on_device = config.conversion == "torch" or (config.conversion == "auto" and device.type == "cuda")
     converter = Converter(teacher.vocab)
     teacher.permute_output(converter.column_order)
     _check_memory(config, teacher, on_device)
@@ -253,15 +259,15 @@ def run_dump(config: DumpConfig) -> DumpSummary:
         counts = CorpusCounts()
         skip = {w: s.num_existing_documents for w, s in stores.items()}
         documents = _worker_documents(select_documents(spec, counts), num_writers, skip)
-        bar = tqdm(desc=f"dump[{worker}]", unit="tok", unit_scale=True, disable=not config.progress, position=state.process_index, dynamic_ncols=True)
+        bar = tqdm(desc=f"dump[{worker}]", unit="tok", unit_scale=True, disable=not config.progress, position=worker, dynamic_ncols=True)
         conversion = torch_conversion(converter, device, "sorted") if on_device else None
         sink = _Sink(stores, converter, conversion, summary, bar)
         try:
             for group in _groups(documents, encoder, converter, teacher, config):
                 sink.add(group)
-                forward_start = time.perf_counter()
+                forward_start, converted = time.perf_counter(), summary.device_convert_seconds
                 _run_teacher(teacher, group, config, sink, bar)
-                summary.forward_seconds += time.perf_counter() - forward_start
+                summary.forward_seconds += time.perf_counter() - forward_start - (summary.device_convert_seconds - converted)
             sink.close()
             for store in stores.values():
                 with _store_errors(store):
@@ -421,13 +427,15 @@ class _Sink:
         if self.conversion is None:
             self._submit(self._convert_numba, logits.numpy(), pieces)
             return
+        if logits.is_cuda:  # the forward's kernels are asynchronous: time the conversion alone
+            torch.cuda.synchronize(logits.device)
         start = time.perf_counter()
         for doc, first_row, a, b in pieces:
             values, dropped = self.conversion.convert_rows(doc.layout, logits[a:b], first_row)
             doc.values[doc.positions_of(first_row, b - a)] = values
             doc.dropped[first_row : first_row + b - a] = dropped
             doc.rows_left -= b - a
-        self.summary.convert_write_seconds += time.perf_counter() - start
+        self.summary.device_convert_seconds += time.perf_counter() - start
         self._submit(self._write_complete)
 
     def _submit(self, task, *args) -> None:

@@ -38,9 +38,9 @@ def memory_terms(teacher, *, batch_tokens: int, max_length: int, head_rows: int,
     heads = 1 if teacher.device.type == "cuda" else config.num_attention_heads  # CPU attention keeps its scores
     attention = batch_tokens * max_length * heads * dtype_bytes
     if device_conversion:
-        from distill.convert_torch import MAX_ELEMENTS, ROW_CHUNK
+        from distill.convert_torch import MAX_ELEMENTS, row_chunk
 
-        logits = head_rows * vocab * 4 + 4 * ROW_CHUNK * vocab * 8 + 5 * MAX_ELEMENTS * 8
+        logits = head_rows * vocab * 4 + 4 * row_chunk(teacher.device) * vocab * 8 + 5 * MAX_ELEMENTS * 8
     else:
         logits = LOGIT_CHUNKS_IN_FLIGHT * head_rows * vocab * 4
     return [

@@ -68,10 +68,13 @@ def teacher_token_nll(model, token_ids: np.ndarray, prefix: int, end_of_text, sp
     return nll
 
 
-@pytest.mark.parametrize("encoding, rel", [("float16", 1e-3), ("pow8", 2e-2)])
-def test_stream_nll_equals_teacher_token_nll(encoding, rel, teacher_dir, corpus_dir, tmp_path, capsys):
+@pytest.mark.parametrize("encoding, rel, conversion", [("float16", 1e-3, "numba"), ("pow8", 2e-2, "numba"), ("float16", 1e-3, "torch")])
+def test_stream_nll_equals_teacher_token_nll(encoding, rel, conversion, teacher_dir, corpus_dir, tmp_path, capsys):
+    """The brute-force check: every document's stream log-likelihood is the teacher's token
+    log-likelihood, computed window by window with the model itself; on both conversion paths
+    (``torch`` is the CUDA code path, run here on CPU tensors), with row chunks that cut windows."""
     out = tmp_path / "store"
-    assert cli_main(dump_args(teacher_dir, corpus_dir, out, "--encoding", encoding)) == 0
+    assert cli_main(dump_args(teacher_dir, corpus_dir, out, "--encoding", encoding, "--conversion", conversion, "--head-rows", "37")) == 0
     summary = capsys.readouterr().out
     assert "1 empty skipped" in summary and "teacher BPB" in summary
     store = LogitStore(out)
@@ -91,12 +94,14 @@ def test_stream_nll_equals_teacher_token_nll(encoding, rel, teacher_dir, corpus_
 
 
 @pytest.mark.slow
-def test_killed_dump_resumes_to_the_same_store(teacher_dir, tmp_path):
+@pytest.mark.parametrize("conversion", ["numba", "torch"])
+def test_killed_dump_resumes_to_the_same_store(conversion, teacher_dir, tmp_path):
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     for i in range(24):
         (corpus / f"doc{i:02d}.txt").write_bytes(f"Document {i}: ".encode() + b"lorem ipsum dolor sit amet " * (5 + i))
-    args = ["--max-length", "64", "--stride", "16", "--batch-tokens", "64", "--group-tokens", "64", "--docs-per-shard", "2", "--progress", "false"]
+    args = ["--max-length", "64", "--stride", "16", "--batch-tokens", "64", "--group-tokens", "64", "--docs-per-shard", "2",
+            "--conversion", conversion, "--progress", "false"]
     command = [sys.executable, "-m", "distill.cli", "dump", "--teacher", str(teacher_dir), "--corpus", str(corpus)]
 
     whole = tmp_path / "whole"
