@@ -156,6 +156,7 @@ def test_bad_inputs_fail_in_one_line(teacher_dir, corpus_dir, tmp_path, capsys, 
         "corpus not found": dump_args(teacher_dir, tmp_path / "missing.txt", out),
         "teacher not found": dump_args(tmp_path / "no-teacher", corpus_dir, out),
         "--stride must be": dump_args(teacher_dir, corpus_dir, out, "--stride", "64"),
+        "lower --head-rows": dump_args(teacher_dir, corpus_dir, out, "--head-rows", "100000000"),
     }
     bad_json = tmp_path / "bad.jsonl"
     bad_json.write_text('{"text": "fine"}\n{"body": "no text field"}\n')
