@@ -179,8 +179,10 @@ def test_teacher_tokenizer_mismatch_is_refused(tmp_path, corpus_dir, capsys, lla
 def test_rerun_with_other_settings_is_refused(teacher_dir, corpus_dir, tmp_path, capsys):
     out = tmp_path / "store"
     assert cli_main(dump_args(teacher_dir, corpus_dir, out, "--max-docs", "1")) == 0
-    code, err = run_cli(dump_args(teacher_dir, corpus_dir, out, "--max-docs", "1", "--max-length", "32"), capsys)
-    assert code == 2 and "settings" in err and err.startswith("bytedistill dump: error: ")
+    code, err = run_cli(dump_args(teacher_dir, corpus_dir, out, "--max-docs", "2", "--max-length", "32", "--encoding", "pow16"), capsys)
+    assert code == 2 and err.startswith("bytedistill dump: error: ")
+    for field in ("settings.max_length: store has 64, this run has 32", "settings.corpus.max_docs", "encoding"):
+        assert field in err, (field, err)  # every difference named, however long the line
     # the same command resumes (here: nothing left to do)
     assert cli_main(dump_args(teacher_dir, corpus_dir, out, "--max-docs", "1")) == 0
     out = capsys.readouterr().out
