@@ -35,7 +35,7 @@ class _Segments:
     lengths: np.ndarray
 
     @classmethod
-    def of(cls, trie) -> "_Segments":
+    def of(cls, trie) -> _Segments:
         n_children = np.diff(trie.child_offsets)
         count = n_children + (trie.node_n_exact > 0)
         offsets = np.concatenate([[0], np.cumsum(count)])

@@ -20,8 +20,8 @@ import sys
 import time
 from collections import deque
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -293,7 +293,7 @@ def _open_stores(config: DumpConfig, spec: CorpusSpec, teacher: Teacher, convert
         w: StoreWriter(
             config.output, teacher.vocab, encoding=config.encoding, teacher=teacher.name, settings=settings,
             corpus_hash=fingerprint, writer_id=w, docs_per_shard=config.docs_per_shard, trie=converter.trie,
-        )  # fmt: skip
+        )
         for w in mine
     }
 
@@ -342,7 +342,7 @@ def _groups(documents, encoder: DocumentEncoder, converter: Converter, teacher: 
         yield group
 
 
-def _run_teacher(teacher: Teacher, group: list[PendingDocument], config: DumpConfig, sink: "_Sink", bar) -> None:
+def _run_teacher(teacher: Teacher, group: list[PendingDocument], config: DumpConfig, sink: _Sink, bar) -> None:
     """Forward every window of the group, longest first, in padded batches."""
     prefix = teacher.context_prefix
     jobs = [(doc, k) for doc in group for k in range(len(doc.windows))]
@@ -362,7 +362,7 @@ def _length(job, prefix: list[int]) -> int:
     return doc.windows[k].input_length(len(prefix))
 
 
-def _forward_batch(teacher: Teacher, batch, prefix: list[int], sink: "_Sink", head_rows: int) -> int:
+def _forward_batch(teacher: Teacher, batch, prefix: list[int], sink: _Sink, head_rows: int) -> int:
     """Run one padded batch of windows through the trunk, then the head and the conversion in
     chunks of ``head_rows`` rows; return the rows computed."""
     width = max(_length(job, prefix) for job in batch)

@@ -14,7 +14,6 @@ import numpy as np
 from distill.errors import UserError
 from distill.vocab import TeacherVocab
 
-
 _ESCAPED = re.compile("[\udc80-\udcff]+")  # invalid bytes, as ``surrogateescape`` decodes them
 
 

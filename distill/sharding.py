@@ -45,7 +45,7 @@ class WriterLock:
             os.close(self._fd)
             raise UserError(f"another dump is writing writer {writer_id} of {directory}: wait for it or stop it first") from None
 
-    def __enter__(self) -> "WriterLock":
+    def __enter__(self) -> WriterLock:
         return self
 
     def __exit__(self, *exc) -> None:
