@@ -1,90 +1,132 @@
-"""Dump cost on a GPU: a randomly initialised Llama-3-8B-shaped teacher in bfloat16 on random token
-ids over the real Llama-3 vocabulary, timing the teacher forward against the conversion on the
-device plus the store (encoding + writing). Goal: conversion + store ≤ 5% of the total.
+"""``dump`` on a GPU: a randomly initialised Llama-3-8B-shaped teacher (bfloat16 trunk, float32
+head) over the real Llama-3 vocabulary distils KJV text with the batch settings of
+``examples/llama3_8b_gpu/dump.yaml``, through the dump itself (:func:`distill.dump.dump_with_teacher`).
 
-    python -m benchmarks.dump_gpu --shape 8b --device cuda      # on a lent GPU machine
-    python -m benchmarks.dump_gpu --shape tiny --device cpu     # smoke test anywhere
+Prints tokens/s, the share of the pass outside the teacher forward (the device conversion, the
+host copies and whatever the writing thread did not overlap; goal ≤ 5%), the peak GPU memory
+against the formula of :mod:`distill.dump_memory`, and the largest difference between the torch
+(device) and Numba (host) conversions of the same device logits, plus whether two device
+conversions of them are bit-identical. One prepared script, a few minutes on one H200:
 
-It uses the dump's own pieces (``Teacher.logits`` with the permuted output layer,
-``Converter.convert_torch(columns="sorted")``, ``StoreWriter``), one document per sequence.
+    python -m benchmarks.dump_gpu                                   # 8B shape on cuda
+    python -m benchmarks.dump_gpu --shape tiny --device cpu --tokens 3000 --max-length 256 --stride 64 \\
+        --batch-tokens 1024 --group-tokens 4096 --head-rows 256     # smoke test anywhere
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
+import yaml
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from benchmarks.common import llama3_tokenizer_json
-from distill.convert import Converter
+from benchmarks.common import kjv_chapters, llama3_tokenizer_json
+from distill import dump_memory
+from distill.dump import DumpConfig, dump_with_teacher
+from distill.encode import DocumentEncoder
 from distill.teacher import Teacher
 from distill.vocab import load_teacher_tokenizer, vocab_from_tokenizer
-from logit_store.store import StoreWriter
 
 SHAPES = {
     "8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8),
     "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2),
 }
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "llama3_8b_gpu" / "dump.yaml"
+BATCH_SETTINGS = ("max_length", "stride", "batch_tokens", "group_tokens", "head_rows", "encoding")
 
 
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+def random_teacher(shape: str, device: torch.device) -> Teacher:
+    tokenizer = load_teacher_tokenizer(str(llama3_tokenizer_json()))
+    vocab = vocab_from_tokenizer(tokenizer, name="llama3")
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    config = LlamaConfig(vocab_size=vocab.size, max_position_embeddings=8192, tie_word_embeddings=False, **SHAPES[shape])
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = LlamaForCausalLM(config).to(dtype).eval()
+    return Teacher(model, model.get_output_embeddings(), tokenizer, vocab, name=f"random-llama3-{shape}", device=device, dtype=dtype)
+
+
+def write_corpus(path: Path, text_bytes: int) -> None:
+    docs, total = [], 0
+    for _, text in kjv_chapters():
+        if total >= text_bytes:
+            break
+        docs.append(text)
+        total += len(text)
+    path.write_text("\n".join(json.dumps({"text": d.decode()}) for d in docs))
+
+
+def conversion_difference(teacher: Teacher, text: bytes, max_length: int) -> tuple[float, bool]:
+    """Max |torch − Numba| over the support values of one window's device logits, and whether
+    two device conversions of them are bit-identical."""
+    from distill.convert import Converter
+
+    converter = Converter(teacher.vocab)
+    ids = DocumentEncoder(teacher.tokenizer, teacher.vocab).encode(text)[: max_length - 1]
+    inputs = torch.tensor([teacher.context_prefix + ids.tolist()], device=teacher.device)
+    logits = teacher.logits(inputs, torch.ones_like(inputs), [np.arange(len(ids) + 1)])
+    on_device = converter.convert_torch(ids, logits, columns="sorted")
+    again = converter.convert_torch(ids, logits, columns="sorted")
+    on_host = converter.convert_numba(ids, logits.cpu().numpy(), columns="sorted")
+    return float(np.abs(on_device.values - on_host.values).max()), bool(np.array_equal(on_device.values, again.values))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     parser.add_argument("--shape", choices=list(SHAPES), default="8b", help="teacher shape")
     parser.add_argument("--device", default="cuda", help="torch device")
-    parser.add_argument("--batch", type=int, default=8, help="documents per forward batch")
-    parser.add_argument("--tokens", type=int, default=2048, help="tokens per document")
-    parser.add_argument("--batches", type=int, default=4, help="timed batches (one more is run as warm-up)")
+    parser.add_argument("--tokens", type=int, default=400_000, help="about this many teacher tokens of KJV text")
+    for name in BATCH_SETTINGS:
+        parser.add_argument(f"--{name.replace('_', '-')}", type=type(DumpConfig.__dataclass_fields__[name].default),
+                            help=f"override {name} of {EXAMPLE.name}")
     args = parser.parse_args()
+    example = yaml.safe_load(EXAMPLE.read_text())
+    settings = {k: getattr(args, k) if getattr(args, k) is not None else example[k] for k in BATCH_SETTINGS}
     device = torch.device(args.device)
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-
-    tokenizer = load_teacher_tokenizer(llama3_tokenizer_json())
-    vocab = vocab_from_tokenizer(tokenizer, name="llama3")
-    converter = Converter(vocab)
-    config = LlamaConfig(vocab_size=vocab.size, max_position_embeddings=8192, tie_word_embeddings=False, **SHAPES[args.shape])
-    with torch.device(device):
-        model = LlamaForCausalLM(config).to(dtype).eval()
-    teacher = Teacher(model, model.get_output_embeddings(), tokenizer, vocab, name=f"random-llama3-{args.shape}", device=device, dtype=dtype)
-    teacher.permute_output(converter.column_order)
-
-    rng = np.random.default_rng(0)
-    regular = vocab.regular_ids
-    forward = convert_store = 0.0
-    tokens = 0
-    with tempfile.TemporaryDirectory() as tmp, StoreWriter(tmp, vocab, teacher=teacher.name, trie=converter.trie) as writer:
-        for step in range(args.batches + 1):
-            ids = rng.choice(regular, size=(args.batch, args.tokens))
-            inputs = np.concatenate([np.full((args.batch, 1), vocab.prefix_ids[0]), ids], axis=1)
-            synchronize(device)
-            start = time.perf_counter()
-            rows = [np.arange(args.tokens + 1)] * args.batch
-            logits = teacher.logits(torch.from_numpy(inputs).to(device), torch.ones(inputs.shape, dtype=torch.long, device=device), rows)
-            synchronize(device)
-            middle = time.perf_counter()
-            for b in range(args.batch):
-                dist = converter.convert_torch(ids[b], logits[b * (args.tokens + 1) : (b + 1) * (args.tokens + 1)], columns="sorted")
-                writer.add_distributions(dist, token_ids=ids[b])
-            synchronize(device)
-            end = time.perf_counter()
-            if step > 0:  # the first batch warms up kernels and caches
-                forward += middle - start
-                convert_store += end - middle
-                tokens += args.batch * args.tokens
-    total = forward + convert_store
-    print(f"random Llama-3 {args.shape} teacher, {dtype}, {device}; {args.batches} batches of {args.batch} x {args.tokens} tokens")
-    print(f"{'teacher forward':<32}{forward:>9.2f} s")
-    print(f"{'conversion + store':<32}{convert_store:>9.2f} s")
-    print(f"{'tokens/s (both)':<32}{tokens / total:>11,.0f}")
-    print(f"share conversion + store = {convert_store / total:.1%} (goal <= 5%)")
+    teacher = random_teacher(args.shape, device)
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        write_corpus(tmp / "kjv.jsonl", 4 * args.tokens)
+        warm = DumpConfig(teacher=teacher.name, corpus=str(tmp / "kjv.jsonl"), output=str(tmp / "warm"), max_docs=2, progress=False, **settings)
+        dump_with_teacher(warm, teacher)  # compiles kernels, builds the device tables
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        start = time.perf_counter()
+        config = DumpConfig(teacher=teacher.name, corpus=str(tmp / "kjv.jsonl"), output=str(tmp / "store"), progress=False, **settings)
+        s = dump_with_teacher(config, teacher)
+        wall = time.perf_counter() - start
+        peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+    terms = dump_memory.memory_terms(teacher, batch_tokens=settings["batch_tokens"], max_length=settings["max_length"],
+                                     head_rows=settings["head_rows"], group_tokens=settings["group_tokens"],
+                                     device_conversion=device.type == "cuda")
+    formula = sum(t.bytes for t in terms if t.on_device)
+    difference, deterministic = conversion_difference(teacher, kjv_chapters()[0][1], settings["max_length"])
+    print(f"random Llama-3 {args.shape} teacher ({teacher.dtype} trunk, float32 head) on {device}; "
+          + ", ".join(f"{k} {v}" for k, v in settings.items()))
+    rows = [
+        ("documents", f"{s.documents:,}"),
+        ("teacher tokens", f"{s.tokens:,}"),
+        ("pass wall time", f"{s.seconds:.1f} s (with setup {wall:.1f} s)"),
+        ("  teacher forward (trunk + head)", f"{s.forward_seconds:.1f} s"),
+        ("  device conversion", f"{s.device_convert_seconds:.1f} s"),
+        ("  outside the forward", f"{s.outside_forward_seconds:.1f} s"),
+        ("tokens/s", f"{s.tokens / s.seconds:,.0f}"),
+        ("store bytes per text byte", f"{s.bytes_per_text_byte:.2f}"),
+        ("peak GPU memory", "n/a (not cuda)" if peak is None else f"{peak / 1e9:.2f} GB"),
+        ("formula (device terms)", f"{formula / 1e9:.2f} GB"),
+        ("max |torch - numba| value", f"{difference:.2e}"),
+        ("device conversion repeatable", "bit-identical" if deterministic else "DIFFERS"),
+    ]
+    for name, value in rows:
+        print(f"{name:<36}{value:>32}")
+    print(f"share outside the forward = {s.outside_forward_seconds / s.seconds:.1%} (goal <= 5%); "
+          f"{s.tokens / s.seconds:,.0f} tokens/s")
 
 
 if __name__ == "__main__":

@@ -88,7 +88,6 @@ class Converter:
             np.arange(regular, regular + n_eot, dtype=np.int64),
             np.arange(regular + n_eot, self.vocab.size, dtype=np.int64),
         )
-        self._device_tables: dict = {}
 
     def column_tables(self, columns: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Where the regular ids (in byte-string order), the end-of-text ids and the dropped
@@ -120,24 +119,34 @@ class Converter:
         layout = self.layout(token_ids)
         values = np.empty(layout.num_values, dtype=np.float64)
         dropped = np.empty(len(token_ids) + 1, dtype=np.float64)
+        context = self.convert_rows_numba(layout, token_ids, logits, 0, values, dropped, columns)
+        return DocumentDistributions(layout, values, dropped, context)
+
+    def convert_rows_numba(self, layout, token_ids, logits, first_row, values, dropped, columns="teacher") -> float:
+        """Fill the document's ``values`` and ``dropped`` for teacher rows ``first_row ..
+        first_row + len(logits)`` (a row's positions depend on that row alone, so a document
+        can be converted in row chunks as its logits arrive). Returns the context log mass of
+        row 0 when it is among these rows (see :attr:`DocumentDistributions.context_log_mass`), else 0."""
+        stop = first_row + len(logits)
+        first_position = int(np.searchsorted(layout.position_row, first_row))
         t = self.trie
         order, end_of_text, dropped_ids = self.column_tables(columns)
-        context = _convert_rows(
-            logits, token_ids, order, t.node_lo, t.node_hi, t.node_n_exact, t.node_parent,
-            t.child_offsets, t.child_nodes, t.token_node, end_of_text, dropped_ids,
-            layout.position_node, layout.offsets, values, dropped, np.empty(t.max_depth + 1, np.int64),
+        return _convert_rows(
+            logits, token_ids[first_row : min(stop, len(token_ids))], order, t.node_lo, t.node_hi, t.node_n_exact,
+            t.node_parent, t.child_offsets, t.child_nodes, t.token_node, end_of_text, dropped_ids,
+            layout.position_node[first_position:], layout.offsets[first_position:], values, dropped[first_row:stop],
+            np.empty(t.max_depth + 1, np.int64),
         )  # fmt: skip
-        return DocumentDistributions(layout, values, dropped, context)
 
     def convert_torch(self, token_ids, logits, columns: str = "teacher") -> DocumentDistributions:
         """Device path: ``logits`` is a (m+1, V) torch tensor on any device; only the support
         values (not vocabulary-wide rows) are copied to the host."""
-        from distill.convert_torch import convert_on_device
+        from distill.convert_torch import torch_conversion
 
         token_ids = np.asarray(token_ids, dtype=np.int64)
         self._check_shapes(token_ids, tuple(logits.shape))
         layout = self.layout(token_ids)
-        values, dropped = convert_on_device(self, layout, logits, columns)
+        values, dropped = torch_conversion(self, logits.device, columns).convert_rows(layout, logits)
         return DocumentDistributions(layout, values, dropped, self._context_log_mass_torch(layout, logits, columns))
 
     def _context_log_mass_torch(self, layout: StreamLayout, logits, columns: str) -> float:

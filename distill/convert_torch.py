@@ -1,125 +1,179 @@
-"""The conversion on a torch device (GPU next to the teacher's forward, or CPU).
+"""The conversion on a torch device (GPU next to the teacher's forward, or CPU for tests).
 
-Vocabulary-wide work stays on the device: the rows are gathered into byte-string order and
-exponentiated in float64, each stream position's range is summed per next symbol with
-``index_add_`` into a dense (positions × 259) buffer, and only the support values are copied to
-the host.
+Vocabulary-wide work stays on the device and every sum is a segment sum over a contiguous range
+of the sorted probabilities (``torch.segment_reduce``: one ordered sum per segment, so the result
+does not depend on thread scheduling, unlike ``index_add_``'s atomics on CUDA). Only the support
+values are copied to the host.
+
+A position inside a token is normalised relative to its own range's largest logit (the Numba path
+rescales when a range underflows; here it always does), so no range underflows to 0/0; a root
+row is shifted by its own maximum, and the dropped special mass by the maximum over every column.
+A range whose logits are all −inf (probability zero under the teacher) gets the uniform
+distribution over its support instead of NaN. Rows are independent: :meth:`TorchConversion.convert_rows`
+converts any run of a document's rows, which is how the dump streams row chunks.
 """
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from distill.alphabet import EOS, EOT
-
-SLOTS = EOS + 1  # dense slots per position: bytes, <eot> (256), unused <bos> (257), <eos> (258)
-MAX_ELEMENTS = 1 << 23  # range elements gathered at once (bounds device memory)
-
-
-@dataclass
-class DeviceTables:
-    order: torch.Tensor  # (R,) regular ids in byte-string order
-    first_byte: torch.Tensor  # (R,) first byte of each sorted string
-    byte_at: torch.Tensor  # (R, max_len + 1): byte k of sorted string i, EOT where it ends
-    end_of_text_ids: torch.Tensor
-    dropped_ids: torch.Tensor
+ROW_CHUNKS = {"cuda": 512}  # rows whose float64 copies are exponentiated at once, by device type (else 32)
+MAX_ELEMENTS = 1 << 23  # in-token range elements gathered at once (bounds device memory)
+LARGEST = torch.finfo(torch.float64).max  # +inf logits are clamped here (−inf stays: probability 0)
 
 
-def device_tables(converter, device: torch.device, columns: str = "teacher") -> DeviceTables:
-    key = f"{device}/{columns}"
-    if key not in converter._device_tables:
-        vocab, trie = converter.vocab, converter.trie
-        strings = [vocab.token_bytes[i] for i in trie.order]
-        max_len = max(len(s) for s in strings)
-        byte_at = np.full((len(strings), max_len + 1), EOT, dtype=np.int16)
-        for i, s in enumerate(strings):
-            byte_at[i, : len(s)] = np.frombuffer(s, dtype=np.uint8)
+@dataclass(frozen=True)
+class _Segments:
+    """Per trie node, the lengths of its support's ranges in support order (child ranges by byte,
+    then the exact-token range when the prefix is a token): ``lengths[offsets[n]:offsets[n+1]]``."""
+
+    offsets: np.ndarray
+    lengths: np.ndarray
+
+    @classmethod
+    def of(cls, trie) -> _Segments:
+        n_children = np.diff(trie.child_offsets)
+        count = n_children + (trie.node_n_exact > 0)
+        offsets = np.concatenate([[0], np.cumsum(count)])
+        lengths = np.empty(offsets[-1], dtype=np.int64)
+        parent = np.repeat(np.arange(trie.num_nodes), n_children)
+        kids = trie.child_nodes
+        lengths[offsets[parent] + np.arange(len(kids)) - trie.child_offsets[parent]] = trie.node_hi[kids] - trie.node_lo[kids]
+        exact = np.flatnonzero(trie.node_n_exact > 0)
+        lengths[offsets[exact] + n_children[exact]] = trie.node_n_exact[exact]
+        return cls(offsets, lengths)
+
+    def count(self, nodes: np.ndarray) -> np.ndarray:
+        return self.offsets[nodes + 1] - self.offsets[nodes]
+
+    def lengths_of(self, nodes: np.ndarray) -> np.ndarray:
+        return self.lengths[_ranges(self.offsets[nodes], self.count(nodes))]
+
+
+def _ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Concatenation of ``arange(s, s + c)`` for each start s and count c."""
+    before = np.cumsum(counts) - counts
+    return np.repeat(starts - before, counts) + np.arange(int(counts.sum()))
+
+
+class TorchConversion:
+    """The conversion tables of one converter on one device, for one column order."""
+
+    def __init__(self, converter, device: torch.device, columns: str):
+        trie = converter.trie
         order, end_of_text, dropped = converter.column_tables(columns)
-        converter._device_tables[key] = DeviceTables(
-            order=torch.from_numpy(order).to(device),
-            first_byte=torch.from_numpy(byte_at[:, 0].astype(np.int64)).to(device),
-            byte_at=torch.from_numpy(byte_at).to(device),
-            end_of_text_ids=torch.from_numpy(end_of_text).to(device),
-            dropped_ids=torch.from_numpy(dropped).to(device),
-        )
-    return converter._device_tables[key]
+        self.trie, self.device = trie, device
+        self.row_chunk = row_chunk(device)
+        self.order = torch.from_numpy(order).to(device)
+        self.end_of_text_ids = torch.from_numpy(end_of_text).to(device)
+        self.dropped_ids = torch.from_numpy(dropped).to(device)
+        self.segments = _Segments.of(trie)
+        self.root_lengths = torch.from_numpy(self.segments.lengths_of(np.array([0]))).to(device)
+
+    @torch.no_grad()
+    def convert_rows(self, layout, logits: torch.Tensor, first_row: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """Support values of the positions of teacher rows ``first_row .. first_row + len(logits)``
+        (a contiguous slice of the document's values) and those rows' dropped special mass."""
+        rows = logits.shape[0]
+        p0, p1 = np.searchsorted(layout.position_row, [first_row, first_row + rows])
+        base = layout.offsets[p0]
+        values = torch.empty(int(layout.offsets[p1] - base), dtype=torch.float64, device=self.device)
+        dropped = torch.empty(rows, dtype=torch.float64, device=self.device)
+        for r0 in range(0, rows, self.row_chunk):
+            r1 = min(rows, r0 + self.row_chunk)
+            block = logits[r0:r1].to(torch.float64).clamp(max=LARGEST)
+            root, dropped[r0:r1] = self._root(block)
+            q0, q1 = np.searchsorted(layout.position_row, [first_row + r0, first_row + r1])
+            node = layout.position_node[q0:q1]
+            is_root = torch.from_numpy(np.repeat(node == 0, np.diff(layout.offsets[q0 : q1 + 1]))).to(self.device)
+            part = values[layout.offsets[q0] - base : layout.offsets[q1] - base]
+            # one root position per row, except row 0 when it starts at the dummy prefix's node
+            root_rows = layout.position_row[q0:q1][node == 0] - first_row - r0
+            part[is_root] = root[torch.from_numpy(root_rows).to(self.device)].reshape(-1)
+            inner = np.flatnonzero(node != 0)
+            row_of = layout.position_row[q0:q1][inner] - first_row - r0
+            part[~is_root] = torch.cat([torch.zeros(0, dtype=torch.float64, device=self.device)] + [
+                self._inner(block, row_of[k], node[inner[k]]) for k in self._split_by_elements(node[inner])
+            ])
+        return values.cpu().numpy(), dropped.cpu().numpy()
+
+    def _root(self, block: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(rows, root support) values — first bytes, then end-of-text — and the dropped mass."""
+        regular = block.index_select(1, self.order)
+        eot = block.index_select(1, self.end_of_text_ids)
+        shift = _finite(torch.maximum(regular.amax(-1), eot.amax(-1)))
+        lengths = self.root_lengths.expand(len(block), -1)
+        masses = torch.segment_reduce(torch.exp(regular - shift[:, None]), "sum", lengths=lengths, axis=1)
+        masses = torch.cat([masses, torch.exp(eot - shift[:, None]).sum(-1, keepdim=True)], dim=1)
+        z = masses.sum(-1)
+        if len(self.dropped_ids):
+            others = block.index_select(1, self.dropped_ids)
+            top = torch.maximum(shift, _finite(others.amax(-1)))
+            other = torch.exp(others - top[:, None]).sum(-1)
+            kept = z * torch.exp(shift - top)
+            dropped = torch.where(kept + other > 0, other / (kept + other), 0.0)
+        else:
+            dropped = torch.zeros_like(z)
+        return _normalise(masses, z[:, None], masses.shape[1]), dropped
+
+    def _inner(self, block: torch.Tensor, rows: np.ndarray, nodes: np.ndarray) -> torch.Tensor:
+        """Values of in-token positions (their node and row within ``block``), in position order."""
+        t, device = self.trie, self.device
+        lo, size, n_exact = t.node_lo[nodes], t.node_hi[nodes] - t.node_lo[nodes], t.node_n_exact[nodes]
+        # each range read children first, then its exact tokens: the support order
+        within = _ranges(np.zeros_like(size), size)
+        index = np.repeat(lo, size) + (within + np.repeat(n_exact, size)) % np.repeat(size, size)
+        sizes = torch.from_numpy(size).to(device)
+        row = torch.from_numpy(np.repeat(rows, size)).to(device)
+        logits = block[row, self.order[torch.from_numpy(index).to(device)]]
+        peak = _finite(torch.segment_reduce(logits, "max", lengths=sizes, unsafe=True))
+        p = torch.exp(logits - torch.repeat_interleave(peak, sizes, output_size=len(index)))
+        counts = self.segments.count(nodes)
+        masses = torch.segment_reduce(p, "sum", lengths=torch.from_numpy(self.segments.lengths_of(nodes)).to(device), unsafe=True)
+        counts_t = torch.from_numpy(counts).to(device)
+        z = torch.segment_reduce(masses, "sum", lengths=counts_t, unsafe=True)
+        total = int(counts.sum())
+        return _normalise(masses, torch.repeat_interleave(z, counts_t, output_size=total),
+                          torch.repeat_interleave(counts_t, counts_t, output_size=total))
+
+    def _split_by_elements(self, nodes: np.ndarray):
+        """Index slices of consecutive positions whose ranges hold at most MAX_ELEMENTS elements."""
+        sizes = self.trie.node_hi[nodes] - self.trie.node_lo[nodes]
+        start, acc = 0, 0
+        for k, size in enumerate(sizes):
+            if acc + size > MAX_ELEMENTS and k > start:
+                yield slice(start, k)
+                start, acc = k, 0
+            acc += int(size)
+        if start < len(nodes):
+            yield slice(start, len(nodes))
 
 
-def _row_masses(block: torch.Tensor, t: DeviceTables):
-    """Sorted unnormalised probabilities p, end-of-text mass, dropped mass, normaliser z."""
-    gathered = block.index_select(1, t.order)
-    eot = block.index_select(1, t.end_of_text_ids)
-    shift = torch.maximum(gathered.amax(-1), eot.amax(-1)).unsqueeze(-1)
-    p = torch.exp(gathered - shift)
-    q_eot = torch.exp(eot - shift).sum(-1)
-    other = torch.exp(block.index_select(1, t.dropped_ids) - shift).sum(-1)
-    z = p.sum(-1) + q_eot
-    return p, q_eot, other / (z + other), z
+def row_chunk(device: torch.device) -> int:
+    return ROW_CHUNKS.get(device.type, 32)
 
 
-@torch.no_grad()
-def convert_on_device(converter, layout, logits: torch.Tensor, columns: str = "teacher", row_chunk: int = 32):
-    device = logits.device
-    t = device_tables(converter, device, columns)
-    trie = converter.trie
-    rows = logits.shape[0]
-    positions = layout.num_positions
-    dense = torch.zeros(positions, SLOTS, dtype=torch.float64, device=device)
-    dropped = torch.empty(rows, dtype=torch.float64, device=device)
-
-    node = layout.position_node
-    row_of = layout.position_row
-    root_positions = np.flatnonzero(node == 0)  # one per row, but none in the first row when it
-    root_rows = row_of[root_positions]  # starts at the dummy prefix space (an inner position)
-    inner = np.flatnonzero(node != 0)
-    lo, hi, depth = trie.node_lo[node], trie.node_hi[node], trie.node_depth[node]
-
-    for r0 in range(0, rows, row_chunk):
-        r1 = min(rows, r0 + row_chunk)
-        p, q_eot, dropped[r0:r1], z = _row_masses(logits[r0:r1].to(torch.float64), t)
-        root = torch.zeros(r1 - r0, SLOTS, dtype=torch.float64, device=device)
-        root.index_add_(1, t.first_byte, p)
-        root[:, EOS] = q_eot
-        here = (root_rows >= r0) & (root_rows < r1)
-        dense[torch.from_numpy(root_positions[here]).to(device)] = (root / z.unsqueeze(-1))[torch.from_numpy(root_rows[here] - r0).to(device)]
-        chunk = inner[(row_of[inner] >= r0) & (row_of[inner] < r1)]
-        for part in _split_by_elements(chunk, hi - lo):
-            _accumulate_ranges(dense, p, part, row_of[part] - r0, lo[part], hi[part], depth[part], t)
-        if len(chunk):
-            sel = torch.from_numpy(chunk).to(device)
-            dense[sel] /= dense[sel].sum(-1, keepdim=True)
-
-    support_position = np.repeat(np.arange(positions), np.diff(layout.offsets))
-    flat = torch.from_numpy(support_position * SLOTS + layout.support.astype(np.int64)).to(device)
-    values = dense.view(-1).index_select(0, flat)
-    return values.cpu().numpy(), dropped.cpu().numpy()
+def _finite(shift: torch.Tensor) -> torch.Tensor:
+    """A shift of −inf (every logit −inf) becomes 0, so exp(logit − shift) is 0, not NaN."""
+    return torch.where(torch.isfinite(shift), shift, torch.zeros_like(shift))
 
 
-def _split_by_elements(positions: np.ndarray, sizes: np.ndarray):
-    """Consecutive groups of positions whose ranges hold at most MAX_ELEMENTS elements together."""
-    start, acc = 0, 0
-    for k, pos in enumerate(positions):
-        acc += int(sizes[pos])
-        if acc > MAX_ELEMENTS and k > start:
-            yield positions[start:k]
-            start, acc = k, int(sizes[pos])
-    if start < len(positions):
-        yield positions[start:]
+def _normalise(masses: torch.Tensor, z: torch.Tensor, count) -> torch.Tensor:
+    """masses / z; the uniform distribution over the support where all of it had probability 0."""
+    return torch.where(z > 0, masses / torch.where(z > 0, z, 1.0), 1.0 / count)
 
 
-def _accumulate_ranges(dense, p, positions, rows, lo, hi, depth, t: DeviceTables) -> None:
-    """dense[pos, next symbol] += p[row, i] for every sorted index i in the position's range."""
-    device = p.device
-    counts = torch.from_numpy(hi - lo).to(device)
-    total = int(counts.sum())
-    starts = torch.cumsum(counts, 0) - counts
-    within = torch.arange(total, device=device) - torch.repeat_interleave(starts, counts, output_size=total)
-    index = torch.repeat_interleave(torch.from_numpy(lo).to(device), counts, output_size=total) + within
-    row = torch.repeat_interleave(torch.from_numpy(rows).to(device), counts, output_size=total)
-    level = torch.repeat_interleave(torch.from_numpy(depth).to(device), counts, output_size=total)
-    slot = t.byte_at[index, level].to(torch.int64)
-    target = torch.repeat_interleave(torch.from_numpy(positions).to(device), counts, output_size=total)
-    dense.view(-1).index_add_(0, target * SLOTS + slot, p[row, index])
+_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def torch_conversion(converter, device: torch.device, columns: str = "teacher") -> TorchConversion:
+    """The converter's tables on ``device`` (built once per converter, device and column order)."""
+    tables = _CACHE.setdefault(converter, {})
+    key = (str(device), columns)
+    if key not in tables:
+        tables[key] = TorchConversion(converter, device, columns)
+    return tables[key]

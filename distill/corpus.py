@@ -11,8 +11,10 @@ Sources (by what ``--corpus`` names):
 * anything else is handed to ``datasets.load_dataset`` as a dataset name, with ``split``,
   ``config`` and ``streaming``.
 
-Selection is applied on top: a deterministic held-out split by a hash of each key, ``max_docs``
-and ``max_bytes``. Empty documents are skipped and counted.
+A local document's key is its file's path relative to the corpus folder (or the file's name),
+with ``:line`` or ``#part``, so keys do not depend on where the corpus lies or how its path was
+spelled. Selection is applied on top: a deterministic held-out split by a hash of each
+document's content, ``max_docs`` and ``max_bytes``. Empty documents are skipped and counted.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import hashlib
 import io
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from distill.errors import UserError
@@ -50,7 +52,6 @@ class CorpusCounts:
     bytes: int = 0
     empty_skipped: int = 0
     heldout_skipped: int = 0
-    extra: dict = field(default_factory=dict)
 
 
 def _suffix(path: Path) -> str:
@@ -71,13 +72,13 @@ def corpus_files(source: Path) -> list[Path]:
     return files
 
 
-def _text_documents(path: Path, separator: str | None) -> Iterator[tuple[str, bytes]]:
+def _text_documents(path: Path, name: str, separator: str | None) -> Iterator[tuple[str, bytes]]:
     data = path.read_bytes()
     if separator is None:
-        yield str(path), data
+        yield name, data
         return
     for i, part in enumerate(data.split(separator.encode("utf-8"))):
-        yield f"{path}#{i}", part
+        yield f"{name}#{i}", part
 
 
 def _record_text(record: dict, text_field: str, where: str) -> bytes:
@@ -90,10 +91,15 @@ def _record_text(record: dict, text_field: str, where: str) -> bytes:
         return value
     if not isinstance(value, str):
         raise UserError(f"{where}: field {text_field!r} holds {type(value).__name__}, not text")
-    return value.encode("utf-8", errors="surrogateescape")
+    try:
+        return value.encode("utf-8")
+    except UnicodeEncodeError as exc:  # a lone surrogate such as "\ud800": valid JSON, not text
+        raise UserError(
+            f"{where}: field {text_field!r} holds a lone surrogate ({value[exc.start]!r} at character {exc.start}), which is not text"
+        ) from None
 
 
-def _jsonl_documents(path: Path, text_field: str) -> Iterator[tuple[str, bytes]]:
+def _jsonl_documents(path: Path, name: str, text_field: str) -> Iterator[tuple[str, bytes]]:
     if path.name.lower().endswith(".zst"):
         import zstandard
 
@@ -112,10 +118,10 @@ def _jsonl_documents(path: Path, text_field: str) -> Iterator[tuple[str, bytes]]
                 raise UserError(f"{where}: not valid JSON ({exc.msg if hasattr(exc, 'msg') else exc})") from None
             if not isinstance(record, dict):
                 raise UserError(f"{where}: a JSON line must be an object with a {text_field!r} field")
-            yield where, _record_text(record, text_field, where)
+            yield f"{name}:{number}", _record_text(record, text_field, where)
 
 
-def _parquet_documents(path: Path, text_field: str) -> Iterator[tuple[str, bytes]]:
+def _parquet_documents(path: Path, name: str, text_field: str) -> Iterator[tuple[str, bytes]]:
     import pyarrow.parquet as pq
 
     try:
@@ -127,7 +133,7 @@ def _parquet_documents(path: Path, text_field: str) -> Iterator[tuple[str, bytes
     row = 0
     for batch in table.iter_batches(columns=[text_field]):
         for value in batch.column(0).to_pylist():
-            yield f"{path}#{row}", _record_text({text_field: value}, text_field, f"{path}#{row}")
+            yield f"{name}#{row}", _record_text({text_field: value}, text_field, f"{path}#{row}")
             row += 1
 
 
@@ -144,9 +150,10 @@ def _dataset_documents(spec: CorpusSpec, from_disk: bool = False) -> Iterator[tu
             dataset = datasets.load_dataset(spec.source, spec.config, split=spec.split, streaming=spec.streaming)
     except Exception as exc:  # noqa: BLE001 - datasets raises many types for a bad source
         raise UserError(f"cannot load dataset {spec.source!r} (split {spec.split!r}): {str(exc).splitlines()[0]}") from None
+    name = Path(spec.source).name if from_disk else spec.source  # a key never holds a local path
     for i, record in enumerate(dataset):
         where = f"{spec.source}[{spec.split}][{i}]"
-        yield where, _record_text(record, spec.text_field, where)
+        yield f"{name}[{spec.split}][{i}]", _record_text(record, spec.text_field, where)
 
 
 def check_source(spec: CorpusSpec) -> None:
@@ -174,18 +181,24 @@ def raw_documents(spec: CorpusSpec) -> Iterator[tuple[str, bytes]]:
         yield from _dataset_documents(spec, from_disk=True)
         return
     for file in corpus_files(path):
-        suffix = _suffix(file)
+        suffix, name = _suffix(file), _file_key(file, path)
         if suffix in (".jsonl", ".jsonl.zst"):
-            yield from _jsonl_documents(file, spec.text_field)
+            yield from _jsonl_documents(file, name, spec.text_field)
         elif suffix == ".parquet":
-            yield from _parquet_documents(file, spec.text_field)
+            yield from _parquet_documents(file, name, spec.text_field)
         else:
-            yield from _text_documents(file, spec.separator)
+            yield from _text_documents(file, name, spec.separator)
 
 
-def in_heldout(key: str, fraction: float) -> bool:
-    """Deterministic: the same key always lands on the same side."""
-    digest = hashlib.sha256(key.encode("utf-8", errors="surrogateescape")).digest()
+def _file_key(file: Path, source: Path) -> str:
+    """A corpus file's name in document keys: relative to the corpus folder, never absolute."""
+    return file.relative_to(source).as_posix() if source.is_dir() else file.name
+
+
+def in_heldout(data: bytes, fraction: float) -> bool:
+    """Deterministic by content: the same document always lands on the same side, however its
+    corpus is named, moved or split into files."""
+    digest = hashlib.sha256(data).digest()
     return int.from_bytes(digest[:8], "little") / 2**64 < fraction
 
 
@@ -201,7 +214,7 @@ def select_documents(spec: CorpusSpec, counts: CorpusCounts | None = None) -> It
             return
         if spec.max_bytes is not None and counts.bytes >= spec.max_bytes:
             return
-        if spec.subset != "all" and in_heldout(key, spec.heldout_fraction) != (spec.subset == "heldout"):
+        if spec.subset != "all" and in_heldout(data, spec.heldout_fraction) != (spec.subset == "heldout"):
             counts.heldout_skipped += 1
             continue
         if not data:
@@ -227,7 +240,7 @@ def corpus_fingerprint(spec: CorpusSpec) -> str:
     if local_files:
         for file in corpus_files(path):
             size = file.stat().st_size
-            h.update(f"{file.relative_to(path) if path.is_dir() else file.name}|{size}|".encode())
+            h.update(f"{_file_key(file, path)}|{size}|".encode())
             with file.open("rb") as f:
                 h.update(f.read(1 << 20))
                 if size > 2 << 20:

@@ -1,31 +1,42 @@
 """``dump``: run a teacher over a corpus and write a logit store (one offline pass).
 
-Documents are read in a fixed order and dealt round-robin to the workers (``accelerate`` ranks ×
-``num_shards`` independent jobs); each worker writes its own shards, so the result opens as one
+Documents are read in a fixed order and dealt to the store's writers (a fixed number, recorded
+in the store: :mod:`distill.sharding`), which are dealt to the workers (``accelerate`` ranks ×
+``num_shards`` independent jobs); each writer writes its own shards, so the result opens as one
 store. A worker reads documents in groups; each group is tokenised, cut into teacher windows
-(:mod:`distill.windows`), batched by length and run through the teacher, whose output layer is
-permuted into the conversion's column order. On CUDA the conversion runs on the device next to the
-forward pass; on a CPU, the Numba conversion and the store writing run in a background thread
-while the teacher computes the next group. Rerunning the same command resumes.
+(:mod:`distill.windows`), batched by length and run through the teacher trunk. The LM head (in
+float32, permuted into the conversion's column order) and the conversion run in chunks of
+``head_rows`` rows, so logits never pile up (:mod:`distill.dump_memory`): on CUDA the torch
+conversion runs on the device right after the head; on a CPU the Numba conversion runs in a
+background thread while the teacher computes on. Only converted values wait for a document to be
+complete; complete documents are written in order by that thread. Rerunning the same command
+resumes, with any number of processes.
 """
 
 from __future__ import annotations
 
 import math
-import queue
-import threading
+import sys
 import time
+from collections import deque
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from distill import dump_memory
 from distill.convert import Converter, DocumentDistributions
+from distill.convert_torch import TorchConversion, torch_conversion
 from distill.corpus import CorpusCounts, CorpusSpec, check_source, corpus_fingerprint, select_documents
 from distill.encode import DocumentEncoder
 from distill.errors import UserError
+from distill.sharding import WriterLock, writer_of, writers_of
+from distill.stream import StreamLayout
 from distill.teacher import Teacher, load_teacher
 from distill.windows import Window, plan_windows
 from logit_store.encodings import DEFAULT_ENCODING
@@ -53,7 +64,10 @@ class DumpConfig:
     max_length: int = field(default=2048, metadata={"help": "teacher window length in tokens, its BOS included"})
     stride: int = field(default=512, metadata={"help": "overlap between windows: every prediction sees at least this many earlier tokens of its document (or all of them)"})
     batch_tokens: int = field(default=8192, metadata={"help": "padded tokens per teacher forward batch"})
-    group_tokens: int = field(default=32768, metadata={"help": "tokens read and ordered by length together (bounds memory)"})
+    group_tokens: int = field(default=32768, metadata={"help": "tokens read and ordered by length together (their converted values wait for their documents to be complete)"})
+    head_rows: int = field(default=1024, metadata={"help": "teacher rows whose float32 logits exist at once: the LM head and the conversion run in chunks of this many rows (the logits' memory, independent of batch, group and document size)"})
+    conversion: str = field(default="auto", metadata={"help": "auto: on the device next to the forward on CUDA, Numba in a background thread on CPU; torch: the device path on any device (as CUDA runs it)", "choices": ["auto", "numba", "torch"]})
+    writers: int | None = field(default=None, metadata={"help": "fixed number of store writers the documents are dealt to, recorded in the store (default: the store's own on resume, else processes × --num-shards); any number of processes up to it can resume"})
     device: str = field(default="auto", metadata={"help": "cpu, cuda, cuda:N or auto (the accelerate device)"})
     dtype: str = field(default="auto", metadata={"help": "teacher dtype: auto (bfloat16 on GPU, float32 on CPU), float32, bfloat16, float16", "choices": ["auto", "float32", "bfloat16", "float16"]})
     encoding: str = field(default=DEFAULT_ENCODING, metadata={"help": "value encoding of the store: pow8, log8, float16, pow12, pow16 (see logit_store/FORMAT.md)"})
@@ -76,11 +90,11 @@ class DumpSummary:
     dropped_mass_sum: float = 0.0
     teacher_rows: int = 0
     empty_skipped: int = 0
-    heldout_skipped: int = 0
     store_bytes: int = 0  # this writer's shards, documents of earlier runs included
     setup_seconds: float = 0.0  # loading the teacher, tokenizer and trie
     seconds: float = 0.0  # the pass itself, after setup
-    forward_seconds: float = 0.0
+    forward_seconds: float = 0.0  # the teacher's trunk and head
+    device_convert_seconds: float = 0.0  # the device path's conversion, between head chunks
     outside_forward_seconds: float = 0.0
     convert_write_seconds: float = 0.0  # conversion + encoding + writing, overlapped with the forward on CPU
 
@@ -117,12 +131,23 @@ class DumpSummary:
 
 @dataclass
 class PendingDocument:
+    """A document whose rows are being computed: its converted values fill in as they come."""
+
     index: int
     key: str
     data: bytes
     token_ids: np.ndarray
     windows: list[Window]
-    rows: list = field(default_factory=list)  # per window: the teacher rows it produced
+    writer_id: int
+    layout: StreamLayout
+    values: np.ndarray  # (S,) float64, filled row chunk by row chunk
+    dropped: np.ndarray  # (m+1,)
+    rows_left: int
+
+    def positions_of(self, first_row: int, rows: int) -> slice:
+        """Where rows ``first_row .. first_row + rows`` put their values."""
+        p0, p1 = np.searchsorted(self.layout.position_row, [first_row, first_row + rows])
+        return slice(int(self.layout.offsets[p0]), int(self.layout.offsets[p1]))
 
 
 def corpus_spec(config: DumpConfig) -> CorpusSpec:
@@ -140,8 +165,9 @@ def corpus_spec(config: DumpConfig) -> CorpusSpec:
     )
 
 
-def store_settings(config: DumpConfig, teacher: Teacher) -> dict:
-    """What determines the store's values: recorded in the manifest, compared on resume."""
+def store_settings(config: DumpConfig, teacher: Teacher, writers: int) -> dict:
+    """What determines the store's values and which writer holds which document: recorded in
+    the manifest, compared on resume."""
     return {
         "max_length": config.max_length,
         "stride": config.stride,
@@ -149,7 +175,7 @@ def store_settings(config: DumpConfig, teacher: Teacher) -> dict:
         "teacher_dtype": str(teacher.dtype).removeprefix("torch."),
         "end_of_text_ids": list(teacher.vocab.end_of_text_ids),
         "corpus": {k: v for k, v in asdict(corpus_spec(config)).items() if k != "source"},
-        "num_shards": config.num_shards,
+        "writers": writers,
     }
 
 
@@ -162,96 +188,152 @@ def _validate(config: DumpConfig) -> None:
         raise UserError(f"--shard-index must be in 0..{config.num_shards - 1}")
     if config.batch_tokens < config.max_length:
         raise UserError("--batch-tokens must be at least --max-length")
+    if config.head_rows < 1:
+        raise UserError("--head-rows must be at least 1")
+    if config.writers is not None and config.writers < 1:
+        raise UserError("--writers must be at least 1")
 
 
 def _device(config: DumpConfig, state) -> torch.device:
     return state.device if config.device == "auto" else torch.device(config.device)
 
 
+def _store_writers(config: DumpConfig, workers: int) -> int:
+    """The store's fixed writer count: given, recorded in an existing store, or the workers now."""
+    from logit_store.store import MANIFEST, read_manifest
+
+    if config.writers is not None:
+        return config.writers
+    if (Path(config.output) / MANIFEST).is_file():
+        recorded = read_manifest(Path(config.output)).get("settings", {}).get("writers")
+        if isinstance(recorded, int) and recorded > 0:
+            return recorded
+    return workers
+
+
 def run_dump(config: DumpConfig) -> DumpSummary:
     from accelerate import PartialState
 
-    from logit_store.store import StoreWriter
-
     _validate(config)
-    spec = corpus_spec(config)
-    check_source(spec)
+    check_source(corpus_spec(config))
     started = time.perf_counter()
     state = PartialState(cpu=config.device == "cpu" or not torch.cuda.is_available())
     if config.threads:
         torch.set_num_threads(config.threads)
-    workers = config.num_shards * state.num_processes
-    worker = config.shard_index * state.num_processes + state.process_index
-    device = _device(config, state)
-    dtype = None if config.dtype == "auto" else DTYPES[config.dtype]
-
     teacher = load_teacher(
         config.teacher,
         tokenizer_source=config.tokenizer,
         gguf_file=config.gguf_file,
-        device=device,
-        dtype=dtype,
+        device=_device(config, state),
+        dtype=None if config.dtype == "auto" else DTYPES[config.dtype],
         end_of_text=config.end_of_text,
     )
+    worker = config.shard_index * state.num_processes + state.process_index
+    return dump_with_teacher(config, teacher, worker, config.num_shards * state.num_processes, started)
+
+
+def dump_with_teacher(config: DumpConfig, teacher: Teacher, worker: int = 0, workers: int = 1, started: float | None = None) -> DumpSummary:
+    """The dump pass of worker ``worker`` of ``workers`` with a loaded teacher (the benchmarks
+    build random teachers in memory); ``started`` is when the setup began."""
+    _validate(config)
+    spec = corpus_spec(config)
+    started = time.perf_counter() if started is None else started
+    num_writers = _store_writers(config, workers)
+    mine = writers_of(worker, workers, num_writers)
+    device = teacher.device
+    on_device = config.conversion == "torch" or (config.conversion == "auto" and device.type == "cuda")
     converter = Converter(teacher.vocab)
     teacher.permute_output(converter.column_order)
+    _check_memory(config, teacher, on_device)
     encoder = DocumentEncoder(teacher.tokenizer, teacher.vocab)
-    writer = StoreWriter(
-        config.output,
-        teacher.vocab,
-        encoding=config.encoding,
-        teacher=teacher.name,
-        settings=store_settings(config, teacher),
-        corpus_hash=corpus_fingerprint(spec),
-        writer_id=worker,
-        docs_per_shard=config.docs_per_shard,
-        trie=converter.trie,
-    )
-    summary = DumpSummary(skipped_existing=writer.num_existing_documents, existing_text_bytes=writer.existing_text_bytes)
-    summary.setup_seconds = time.perf_counter() - started
-    started = time.perf_counter()
-    counts = CorpusCounts()
-    documents = _worker_documents(select_documents(spec, counts), worker, workers, writer.num_existing_documents)
-    bar = tqdm(desc=f"dump[{worker}]", unit="tok", unit_scale=True, disable=not config.progress, position=state.process_index, dynamic_ncols=True)
-    sink = _Sink(writer, converter, summary, bar, on_device=device.type == "cuda")
-    try:
-        for group in _groups(documents, encoder, teacher, config):
-            forward_start = time.perf_counter()
-            _run_teacher(teacher, group, config, sink, bar)
-            summary.forward_seconds += time.perf_counter() - forward_start
-        sink.close()
-        writer.close()
-    except BaseException:
-        sink.abort()
-        raise
-    finally:
-        bar.close()
-    summary.empty_skipped, summary.heldout_skipped = counts.empty_skipped, counts.heldout_skipped
-    summary.store_bytes = sum(p.stat().st_size for p in writer.directory.glob(f"shard-{worker:05d}-*"))
+    with ExitStack() as locks:
+        for w in mine:
+            locks.enter_context(WriterLock(Path(config.output), w))
+        stores = _open_stores(config, spec, teacher, converter, mine, num_writers)
+        summary = DumpSummary(
+            skipped_existing=sum(s.num_existing_documents for s in stores.values()),
+            existing_text_bytes=sum(s.existing_text_bytes for s in stores.values()),
+        )
+        summary.setup_seconds = time.perf_counter() - started
+        started = time.perf_counter()
+        counts = CorpusCounts()
+        skip = {w: s.num_existing_documents for w, s in stores.items()}
+        documents = _worker_documents(select_documents(spec, counts), num_writers, skip)
+        bar = tqdm(desc=f"dump[{worker}]", unit="tok", unit_scale=True, disable=not config.progress, position=worker, dynamic_ncols=True)
+        conversion = torch_conversion(converter, device, "sorted") if on_device else None
+        sink = _Sink(stores, converter, conversion, summary, bar)
+        try:
+            for group in _groups(documents, encoder, converter, teacher, config):
+                sink.add(group)
+                forward_start, converted = time.perf_counter(), summary.device_convert_seconds
+                _run_teacher(teacher, group, config, sink, bar)
+                summary.forward_seconds += time.perf_counter() - forward_start - (summary.device_convert_seconds - converted)
+            sink.close()
+            for store in stores.values():
+                with _store_errors(store):
+                    store.close()
+        except BaseException:
+            sink.abort()
+            raise
+        finally:
+            bar.close()
+    summary.empty_skipped = counts.empty_skipped
+    summary.store_bytes = sum(p.stat().st_size for w in mine for p in Path(config.output).glob(f"shard-{w:05d}-*.bds"))
     summary.seconds = time.perf_counter() - started
     summary.outside_forward_seconds = summary.seconds - summary.forward_seconds
     return summary
 
 
-def _worker_documents(documents, worker: int, workers: int, skip: int) -> Iterator[tuple[int, str, bytes]]:
-    """This worker's documents (every ``workers``-th), minus the first ``skip`` already stored."""
-    mine = 0
+def _open_stores(config: DumpConfig, spec: CorpusSpec, teacher: Teacher, converter: Converter, mine: list[int], num_writers: int) -> dict:
+    """This worker's store writers by writer id (each resumes its own shards)."""
+    from logit_store.store import StoreWriter
+
+    settings, fingerprint = store_settings(config, teacher, num_writers), corpus_fingerprint(spec)
+    return {
+        w: StoreWriter(
+            config.output, teacher.vocab, encoding=config.encoding, teacher=teacher.name, settings=settings,
+            corpus_hash=fingerprint, writer_id=w, docs_per_shard=config.docs_per_shard, trie=converter.trie,
+        )
+        for w in mine
+    }
+
+
+def _check_memory(config: DumpConfig, teacher: Teacher, on_device: bool) -> None:
+    """Print the peak-memory formula's terms; refuse settings that cannot fit the device."""
+    terms = dump_memory.memory_terms(
+        teacher, batch_tokens=config.batch_tokens, max_length=config.max_length, head_rows=config.head_rows,
+        group_tokens=config.group_tokens, device_conversion=on_device,
+    )  # fmt: skip
+    print(dump_memory.describe(terms, teacher.device), file=sys.stderr)
+    problem = dump_memory.over_budget(terms, teacher.device)
+    if problem:
+        raise UserError(problem)
+
+
+def _worker_documents(documents, writers: int, skip: dict[int, int]) -> Iterator[tuple[int, str, bytes, int]]:
+    """The documents of this worker's writers (``skip``'s keys), minus the first ``skip[w]`` of
+    each writer ``w``, which its shards already hold: ``(index, key, data, writer)``."""
+    seen = dict.fromkeys(skip, 0)
     for index, (key, data) in enumerate(documents):
-        if index % workers != worker:
+        writer = writer_of(index, writers)
+        if writer not in seen:
             continue
-        mine += 1
-        if mine > skip:
-            yield index, key, data
+        seen[writer] += 1
+        if seen[writer] > skip[writer]:
+            yield index, key, data, writer
 
 
-def _groups(documents, encoder: DocumentEncoder, teacher: Teacher, config: DumpConfig) -> Iterator[list[PendingDocument]]:
+def _groups(documents, encoder: DocumentEncoder, converter: Converter, teacher: Teacher, config: DumpConfig) -> Iterator[list[PendingDocument]]:
     prefix = len(teacher.context_prefix)
     group: list[PendingDocument] = []
     tokens = 0
-    for index, key, data in documents:
+    for index, key, data, writer in documents:
         ids = encoder.encode(data)
         windows = plan_windows(len(ids), prefix, config.max_length, config.stride)
-        group.append(PendingDocument(index, key, data, ids, windows))
+        layout = converter.layout(ids)
+        values = np.empty(layout.num_values, dtype=np.float64)
+        dropped = np.empty(len(ids) + 1, dtype=np.float64)
+        group.append(PendingDocument(index, key, data, ids, windows, writer, layout, values, dropped, len(ids) + 1))
         tokens += len(ids) + prefix
         if tokens >= config.group_tokens:
             yield group
@@ -260,24 +342,19 @@ def _groups(documents, encoder: DocumentEncoder, teacher: Teacher, config: DumpC
         yield group
 
 
-def _run_teacher(teacher: Teacher, group: list[PendingDocument], config: DumpConfig, sink: "_Sink", bar) -> None:
-    """Forward every window of the group, longest first, in padded batches; hand documents over
-    to the sink in document order once all their rows are there."""
+def _run_teacher(teacher: Teacher, group: list[PendingDocument], config: DumpConfig, sink: _Sink, bar) -> None:
+    """Forward every window of the group, longest first, in padded batches."""
     prefix = teacher.context_prefix
     jobs = [(doc, k) for doc in group for k in range(len(doc.windows))]
-    for doc in group:
-        doc.rows = [None] * len(doc.windows)
     jobs.sort(key=lambda job: -job[0].windows[job[1]].input_length(len(prefix)))
     batch: list = []
     for doc, k in jobs:
         if batch and (len(batch) + 1) * _length(batch[0], prefix) > config.batch_tokens:
-            bar.update(_forward_batch(teacher, batch, prefix))
+            bar.update(_forward_batch(teacher, batch, prefix, sink, config.head_rows))
             batch = []
         batch.append((doc, k))
     if batch:
-        bar.update(_forward_batch(teacher, batch, prefix))
-    for doc in group:
-        sink.put(doc)
+        bar.update(_forward_batch(teacher, batch, prefix, sink, config.head_rows))
 
 
 def _length(job, prefix: list[int]) -> int:
@@ -285,67 +362,106 @@ def _length(job, prefix: list[int]) -> int:
     return doc.windows[k].input_length(len(prefix))
 
 
-def _forward_batch(teacher: Teacher, batch, prefix: list[int]) -> int:
-    """Run one padded batch of windows; store each window's rows; return the rows computed."""
+def _forward_batch(teacher: Teacher, batch, prefix: list[int], sink: _Sink, head_rows: int) -> int:
+    """Run one padded batch of windows through the trunk, then the head and the conversion in
+    chunks of ``head_rows`` rows; return the rows computed."""
     width = max(_length(job, prefix) for job in batch)
     input_ids = np.zeros((len(batch), width), dtype=np.int64)
     mask = np.zeros((len(batch), width), dtype=np.int64)
-    rows = []
+    rows, pieces, start = [], [], 0
     for b, (doc, k) in enumerate(batch):
         w = doc.windows[k]
         seq = np.concatenate([np.asarray(prefix, dtype=np.int64), doc.token_ids[w.token_start : w.token_stop]])
         input_ids[b, : len(seq)] = seq
         mask[b, : len(seq)] = 1
         rows.append(w.output_positions(len(prefix)))
+        pieces.append((doc, w.row_start, start, start + len(rows[-1])))
+        start += len(rows[-1])
     device = teacher.device
-    logits = teacher.logits(torch.from_numpy(input_ids).to(device), torch.from_numpy(mask).to(device), rows)
-    start = 0
-    for (doc, k), r in zip(batch, rows):
-        part = logits[start : start + len(r)]
-        start += len(r)
-        doc.rows[k] = part if device.type == "cuda" else part.numpy()
+    hidden = teacher.hidden_rows(torch.from_numpy(input_ids).to(device), torch.from_numpy(mask).to(device), rows)
+    for c0 in range(0, start, head_rows):
+        c1 = min(start, c0 + head_rows)
+        sink.convert(teacher.head_logits(hidden[c0:c1]), _pieces_within(pieces, c0, c1))
     return start
 
 
+def _pieces_within(pieces, c0: int, c1: int) -> list[tuple[PendingDocument, int, int, int]]:
+    """The parts of ``(doc, first row, start, stop)`` pieces inside rows ``c0..c1``, relative to ``c0``."""
+    out = []
+    for doc, first_row, a, b in pieces:
+        lo, hi = max(a, c0), min(b, c1)
+        if lo < hi:
+            out.append((doc, first_row + lo - a, lo - c0, hi - c0))
+    return out
+
+
+@contextmanager
+def _store_errors(store):
+    """A failing disk (full, read-only, over quota) is one line, not a traceback."""
+    try:
+        yield
+    except OSError as exc:
+        raise UserError(f"writing the store {store.directory} failed: {exc}") from None
+
+
+MAX_IN_FLIGHT = 2  # row chunks queued for the background thread
+
+
 class _Sink:
-    """Converts finished documents and writes them in order, on a background thread on CPU
-    (Numba releases the GIL) or right after the forward on CUDA (the torch path, on device)."""
+    """Converts row chunks and writes complete documents in corpus order. One background thread
+    (an executor, at most MAX_IN_FLIGHT tasks queued) runs the Numba conversion (it releases the
+    GIL) and all store writing; on the device path the main thread converts on the device right
+    after the head. A failure in the thread surfaces at the main thread's next hand-over."""
 
-    def __init__(self, writer, converter: Converter, summary: DumpSummary, bar, on_device: bool):
-        self.writer, self.converter, self.summary, self.bar = writer, converter, summary, bar
-        self.on_device = on_device
-        self.queue: queue.Queue = queue.Queue(maxsize=2)
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._work, daemon=True)
-        self.thread.start()
+    def __init__(self, stores: dict, converter: Converter, conversion: TorchConversion | None, summary: DumpSummary, bar):
+        self.stores, self.converter, self.conversion = stores, converter, conversion
+        self.summary, self.bar = summary, bar
+        self.pending: deque[PendingDocument] = deque()  # corpus order, not yet written
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dump-writer")
+        self.in_flight: deque[Future] = deque()
 
-    def put(self, doc: PendingDocument) -> None:
-        if self.error:
-            raise self.error
-        if self.on_device:
-            start = time.perf_counter()
-            logits = torch.cat(doc.rows)
-            item = (doc, self.converter.convert_torch(doc.token_ids, logits, columns="sorted"))
-            self.summary.convert_write_seconds += time.perf_counter() - start
-        else:
-            item = (doc, None)
-        self.queue.put(item)
+    def add(self, group: list[PendingDocument]) -> None:
+        self.pending.extend(group)
 
-    def _work(self) -> None:
-        try:
-            while (item := self.queue.get()) is not None:
-                doc, dist = item
-                start = time.perf_counter()
-                if dist is None:
-                    rows = np.concatenate(doc.rows) if len(doc.rows) > 1 else doc.rows[0]
-                    dist = self.converter.convert_numba(doc.token_ids, rows, columns="sorted")
-                self._write(doc, dist)
-                self.summary.convert_write_seconds += time.perf_counter() - start
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread
-            self.error = exc
+    def convert(self, logits: torch.Tensor, pieces) -> None:
+        if self.conversion is None:
+            self._submit(self._convert_numba, logits.numpy(), pieces)
+            return
+        if logits.is_cuda:  # the forward's kernels are asynchronous: time the conversion alone
+            torch.cuda.synchronize(logits.device)
+        start = time.perf_counter()
+        for doc, first_row, a, b in pieces:
+            values, dropped = self.conversion.convert_rows(doc.layout, logits[a:b], first_row)
+            doc.values[doc.positions_of(first_row, b - a)] = values
+            doc.dropped[first_row : first_row + b - a] = dropped
+            doc.rows_left -= b - a
+        self.summary.device_convert_seconds += time.perf_counter() - start
+        self._submit(self._write_complete)
 
-    def _write(self, doc: PendingDocument, dist: DocumentDistributions) -> None:
-        self.writer.add_distributions(dist, key=doc.key)
+    def _submit(self, task, *args) -> None:
+        while self.in_flight and (self.in_flight[0].done() or len(self.in_flight) >= MAX_IN_FLIGHT):
+            self.in_flight.popleft().result()
+        self.in_flight.append(self.executor.submit(task, *args))
+
+    def _convert_numba(self, logits: np.ndarray, pieces) -> None:
+        start = time.perf_counter()
+        for doc, first_row, a, b in pieces:
+            self.converter.convert_rows_numba(doc.layout, doc.token_ids, logits[a:b], first_row, doc.values, doc.dropped, "sorted")
+            doc.rows_left -= b - a
+        self.summary.convert_write_seconds += time.perf_counter() - start
+        self._write_complete()
+
+    def _write_complete(self) -> None:
+        start = time.perf_counter()
+        while self.pending and self.pending[0].rows_left == 0:
+            self._write(self.pending.popleft())
+        self.summary.convert_write_seconds += time.perf_counter() - start
+
+    def _write(self, doc: PendingDocument) -> None:
+        dist = DocumentDistributions(doc.layout, doc.values, doc.dropped)
+        store = self.stores[doc.writer_id]
+        with _store_errors(store):
+            store.add_distributions(dist, key=doc.key, token_ids=doc.token_ids)
         s = self.summary
         s.documents += 1
         s.text_bytes += len(doc.data)
@@ -358,13 +474,11 @@ class _Sink:
         self.bar.set_postfix(docs=s.documents, bytes_s=f"{s.text_bytes / elapsed:,.0f}")
 
     def close(self) -> None:
-        self.queue.put(None)
-        self.thread.join()
-        if self.error:
-            raise self.error
+        while self.in_flight:
+            self.in_flight.popleft().result()
+        self.executor.shutdown()
+        if self.pending:
+            raise RuntimeError(f"{len(self.pending)} documents were never completed")
 
     def abort(self) -> None:
-        try:
-            self.queue.put_nowait(None)
-        except queue.Full:
-            pass
+        self.executor.shutdown(wait=True, cancel_futures=True)

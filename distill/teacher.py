@@ -39,21 +39,31 @@ class Teacher:
         return list(self.vocab.prefix_ids) or [self.vocab.end_of_text_ids[0]]
 
     def permute_output(self, column_order: np.ndarray) -> None:
-        """Make :meth:`logits` emit columns in ``column_order`` (the conversion's sorted order)."""
-        self.head = permuted_head(self.model.get_output_embeddings(), column_order)
+        """Make :meth:`head_logits` emit columns in ``column_order`` (the conversion's sorted
+        order), from a float32 copy of the output layer (the trunk may run in bfloat16: logits
+        rounded to bf16 would be off by ~0.06 nats at |logit| ≈ 25)."""
+        self.head = permuted_head(self.model.get_output_embeddings(), column_order, dtype=torch.float32)
 
     @torch.no_grad()
-    def logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, rows: list[np.ndarray]):
-        """Float32 logits (in the head's column order) at positions ``rows[b]`` of each sequence ``b``."""
+    def hidden_rows(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, rows: list[np.ndarray]) -> torch.Tensor:
+        """The trunk's last hidden states at positions ``rows[b]`` of each sequence ``b``, stacked."""
         hidden = self.model.base_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
         batch_index = np.concatenate([np.full(len(r), b) for b, r in enumerate(rows)])
         position_index = np.concatenate(rows)
-        picked = hidden[torch.from_numpy(batch_index).to(hidden.device), torch.from_numpy(position_index).to(hidden.device)]
-        logits = self.head(picked).float()
+        return hidden[torch.from_numpy(batch_index).to(hidden.device), torch.from_numpy(position_index).to(hidden.device)]
+
+    @torch.no_grad()
+    def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Float32 logits (in the head's column order) of hidden-state rows."""
+        logits = self.head(hidden.to(self.head.weight.dtype)).float()
         softcap = getattr(self.model.config, "final_logit_softcapping", None)
         if softcap:
             logits = torch.tanh(logits / softcap) * softcap
         return logits
+
+    def logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, rows: list[np.ndarray]) -> torch.Tensor:
+        """Float32 logits at positions ``rows[b]`` of each sequence ``b`` (all rows at once)."""
+        return self.head_logits(self.hidden_rows(input_ids, attention_mask, rows))
 
 
 def default_dtype(device: torch.device) -> torch.dtype:
@@ -109,11 +119,11 @@ def fit_output_layer(vocab: TeacherVocab, rows: int) -> TeacherVocab:
     return vocab.padded_to(rows)
 
 
-def permuted_head(head: torch.nn.Linear, column_order: np.ndarray) -> torch.nn.Linear:
-    """A copy of the output layer whose row i is the old row ``column_order[i]``."""
+def permuted_head(head: torch.nn.Linear, column_order: np.ndarray, dtype: torch.dtype | None = None) -> torch.nn.Linear:
+    """A copy of the output layer (in ``dtype``, default its own) whose row i is the old row ``column_order[i]``."""
     index = torch.from_numpy(np.asarray(column_order)).to(head.weight.device)
     out = torch.nn.Linear(head.in_features, head.out_features, bias=head.bias is not None)
-    out = out.to(device=head.weight.device, dtype=head.weight.dtype)
+    out = out.to(device=head.weight.device, dtype=dtype or head.weight.dtype)
     with torch.no_grad():
         out.weight.copy_(head.weight.index_select(0, index))
         if head.bias is not None:

@@ -118,6 +118,14 @@ def _write_atomic(path: Path, data: bytes, unique: str) -> None:
     os.replace(tmp, path)
 
 
+def _differences(name: str, stored, new) -> str:
+    """Every differing leaf field of two manifest values, named by its dotted path."""
+    if isinstance(stored, dict) and isinstance(new, dict):
+        keys = sorted(k for k in stored.keys() | new.keys() if stored.get(k) != new.get(k))
+        return "; ".join(_differences(f"{name}.{k}", stored.get(k), new.get(k)) for k in keys)
+    return f"{name}: store has {stored!r}, this run has {new!r}"
+
+
 # ---------------------------------------------------------------- writer
 
 
@@ -198,9 +206,7 @@ class StoreWriter:
             existing = read_manifest(self.directory)
             differ = [k for k in IDENTITY_FIELDS if existing.get(k) != self.manifest.get(k)]
             if differ:
-                detail = "; ".join(f"{k}: store has {existing.get(k)!r}, writer has {self.manifest.get(k)!r}" for k in differ)
-                if len(detail) > 400:
-                    detail = detail[:400] + "…"
+                detail = "; ".join(_differences(k, existing.get(k), self.manifest.get(k)) for k in differ)
                 raise UserError(f"{self.directory} holds a different store ({', '.join(differ)} differ): {detail}")
             vocab_path = self.directory / VOCAB_FILE
             if not vocab_path.is_file():

@@ -192,10 +192,43 @@ def test_extreme_logits_stay_finite(llama3_encoder, llama3_converter, llama3_voc
     sums = np.add.reduceat(dist.values, dist.layout.offsets[:-1])
     np.testing.assert_allclose(sums, 1.0, atol=1e-12)
     on_torch = llama3_converter.convert_torch(ids, torch.from_numpy(logits))
-    # the in-token conditionals of an underflowed row are not representable on the device path
-    # (it rescales per row only); the numba path rescales per range
-    finite = np.isfinite(on_torch.values)
-    np.testing.assert_allclose(on_torch.values[finite], dist.values[finite], rtol=1e-9, atol=1e-300)
+    np.testing.assert_allclose(on_torch.values, dist.values, rtol=1e-9, atol=1e-300)
+
+
+def test_torch_path_extreme_rows(llama3_encoder, llama3_converter, llama3_vocab):
+    """Ranges 1e-30 below the row max, −inf entries, a whole range at −inf, huge and +inf logits:
+    never NaN/Inf, every position sums to one, and the finite cases equal a float64 reference."""
+    ids = llama3_encoder.encode(b"zebra crossing the antidisestablishmentarian road")
+    rows = len(ids) + 1
+    logits = random_logits(rows, llama3_vocab.size, seed=21)
+    logits[0, 11] = 80.0  # row 0: every other token ~1e-30 below the max and less
+    logits[1, ::7] = -np.inf  # −inf entries
+    logits[2] = -np.inf  # a whole row at −inf: the uniform distribution, not NaN
+    logits[3, 11] = 3e38  # huge
+    logits[4, 11] = np.inf
+    logits[5, llama3_vocab.dropped_ids[0]] = 1e4  # a special token overwhelms the row
+    on_torch = llama3_converter.convert_torch(ids, torch.from_numpy(logits))
+    assert np.all(np.isfinite(on_torch.values)) and np.all(np.isfinite(on_torch.dropped_mass))
+    sums = np.add.reduceat(on_torch.values, on_torch.layout.offsets[:-1])
+    np.testing.assert_allclose(sums, 1.0, atol=1e-12)
+    assert on_torch.dropped_mass[5] == 1.0 and on_torch.dropped_mass[2] == 0.0
+    numba_rows = llama3_converter.convert_numba(ids, np.tile(logits[:2], ((rows + 1) // 2, 1))[:rows])
+    keep = np.repeat(on_torch.layout.position_row < 2, np.diff(on_torch.layout.offsets))
+    np.testing.assert_allclose(on_torch.values[keep], numba_rows.values[keep], rtol=1e-9, atol=1e-300)
+
+
+def test_torch_path_is_deterministic_and_chunkable(llama3_encoder, llama3_converter, llama3_vocab):
+    """The same rows convert bit-identically, whole or as row chunks of any split."""
+    from distill.convert_torch import torch_conversion
+
+    ids = llama3_encoder.encode(SAMPLE_DOCUMENTS["english"])
+    logits = torch.from_numpy(random_logits(len(ids) + 1, llama3_vocab.size, seed=17))
+    whole = llama3_converter.convert_torch(ids, logits)
+    conversion = torch_conversion(llama3_converter, logits.device)
+    pieces = [conversion.convert_rows(whole.layout, logits[a:b], a) for a, b in ((0, 5), (5, 6), (6, len(ids) + 1))]
+    np.testing.assert_array_equal(np.concatenate([v for v, _ in pieces]), whole.values)
+    np.testing.assert_array_equal(np.concatenate([d for _, d in pieces]), whole.dropped_mass)
+    np.testing.assert_array_equal(llama3_converter.convert_torch(ids, logits).values, whole.values)
 
 
 @settings(max_examples=25, deadline=None)

@@ -68,10 +68,13 @@ def teacher_token_nll(model, token_ids: np.ndarray, prefix: int, end_of_text, sp
     return nll
 
 
-@pytest.mark.parametrize("encoding, rel", [("float16", 1e-3), ("pow8", 2e-2)])
-def test_stream_nll_equals_teacher_token_nll(encoding, rel, teacher_dir, corpus_dir, tmp_path, capsys):
+@pytest.mark.parametrize("encoding, rel, conversion", [("float16", 1e-3, "numba"), ("pow8", 2e-2, "numba"), ("float16", 1e-3, "torch")])
+def test_stream_nll_equals_teacher_token_nll(encoding, rel, conversion, teacher_dir, corpus_dir, tmp_path, capsys):
+    """The brute-force check: every document's stream log-likelihood is the teacher's token
+    log-likelihood, computed window by window with the model itself; on both conversion paths
+    (``torch`` is the CUDA code path, run here on CPU tensors), with row chunks that cut windows."""
     out = tmp_path / "store"
-    assert cli_main(dump_args(teacher_dir, corpus_dir, out, "--encoding", encoding)) == 0
+    assert cli_main(dump_args(teacher_dir, corpus_dir, out, "--encoding", encoding, "--conversion", conversion, "--head-rows", "37")) == 0
     summary = capsys.readouterr().out
     assert "1 empty skipped" in summary and "teacher BPB" in summary
     store = LogitStore(out)
@@ -91,12 +94,14 @@ def test_stream_nll_equals_teacher_token_nll(encoding, rel, teacher_dir, corpus_
 
 
 @pytest.mark.slow
-def test_killed_dump_resumes_to_the_same_store(teacher_dir, tmp_path):
+@pytest.mark.parametrize("conversion", ["numba", "torch"])
+def test_killed_dump_resumes_to_the_same_store(conversion, teacher_dir, tmp_path):
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     for i in range(24):
         (corpus / f"doc{i:02d}.txt").write_bytes(f"Document {i}: ".encode() + b"lorem ipsum dolor sit amet " * (5 + i))
-    args = ["--max-length", "64", "--stride", "16", "--batch-tokens", "64", "--group-tokens", "64", "--docs-per-shard", "2", "--progress", "false"]
+    args = ["--max-length", "64", "--stride", "16", "--batch-tokens", "64", "--group-tokens", "64", "--docs-per-shard", "2",
+            "--conversion", conversion, "--progress", "false"]
     command = [sys.executable, "-m", "distill.cli", "dump", "--teacher", str(teacher_dir), "--corpus", str(corpus)]
 
     whole = tmp_path / "whole"
@@ -151,6 +156,7 @@ def test_bad_inputs_fail_in_one_line(teacher_dir, corpus_dir, tmp_path, capsys, 
         "corpus not found": dump_args(teacher_dir, tmp_path / "missing.txt", out),
         "teacher not found": dump_args(tmp_path / "no-teacher", corpus_dir, out),
         "--stride must be": dump_args(teacher_dir, corpus_dir, out, "--stride", "64"),
+        "lower --head-rows": dump_args(teacher_dir, corpus_dir, out, "--head-rows", "100000000"),
     }
     bad_json = tmp_path / "bad.jsonl"
     bad_json.write_text('{"text": "fine"}\n{"body": "no text field"}\n')
@@ -173,8 +179,10 @@ def test_teacher_tokenizer_mismatch_is_refused(tmp_path, corpus_dir, capsys, lla
 def test_rerun_with_other_settings_is_refused(teacher_dir, corpus_dir, tmp_path, capsys):
     out = tmp_path / "store"
     assert cli_main(dump_args(teacher_dir, corpus_dir, out, "--max-docs", "1")) == 0
-    code, err = run_cli(dump_args(teacher_dir, corpus_dir, out, "--max-docs", "1", "--max-length", "32"), capsys)
-    assert code == 2 and "settings" in err and err.startswith("bytedistill dump: error: ")
+    code, err = run_cli(dump_args(teacher_dir, corpus_dir, out, "--max-docs", "2", "--max-length", "32", "--encoding", "pow16"), capsys)
+    assert code == 2 and err.startswith("bytedistill dump: error: ")
+    for field in ("settings.max_length: store has 64, this run has 32", "settings.corpus.max_docs", "encoding"):
+        assert field in err, (field, err)  # every difference named, however long the line
     # the same command resumes (here: nothing left to do)
     assert cli_main(dump_args(teacher_dir, corpus_dir, out, "--max-docs", "1")) == 0
     out = capsys.readouterr().out
@@ -209,3 +217,144 @@ def test_corpus_fingerprint_follows_content_not_location(corpus_dir, tmp_path, m
     assert corpus_fingerprint(CorpusSpec("moved", max_docs=2)) != original
     (moved / "genesis.txt").write_bytes(b"another text")
     assert corpus_fingerprint(CorpusSpec("moved")) != original
+
+
+def test_utf8_runs_exact_and_linear():
+    from distill.encode import utf8_runs
+
+    def reference(data: bytes) -> list[tuple[bool, bytes]]:  # byte by byte: the longest valid prefix
+        runs, pos = [], 0
+        while pos < len(data):
+            for size in (4, 3, 2, 1):
+                try:
+                    data[pos : pos + size].decode("utf-8")
+                    valid = len(data[pos : pos + size]) == size
+                except UnicodeDecodeError:
+                    valid = False
+                if valid:
+                    break
+            step = size if valid else 1
+            if runs and runs[-1][0] == valid:
+                runs[-1] = (valid, runs[-1][1] + data[pos : pos + step])
+            else:
+                runs.append((valid, data[pos : pos + step]))
+            pos += step
+        return runs
+
+    rng = np.random.default_rng(0)
+    samples = [b"", "plain ascii and 🙂 text".encode(), b"\xff\xfe", b"ok \xc3( \xed\xa0\x80 surrogate bytes \xf4\x90\x80\x80"]
+    samples += [rng.integers(0, 256, int(n), dtype=np.uint8).tobytes() for n in rng.integers(1, 200, 50)]
+    for data in samples:
+        assert utf8_runs(data) == reference(data), data
+    big = rng.integers(0, 256, 2_000_000, dtype=np.uint8).tobytes()
+    start = time.perf_counter()
+    runs = utf8_runs(big)
+    assert time.perf_counter() - start < 5.0
+    assert b"".join(run for _, run in runs) == big
+
+
+def test_lone_surrogate_in_jsonl_is_one_line(teacher_dir, tmp_path, capsys):
+    corpus = tmp_path / "s.jsonl"
+    corpus.write_text('{"text": "fine"}\n{"text": "a\\ud800b"}\n')
+    code, err = run_cli(dump_args(teacher_dir, corpus, tmp_path / "out"), capsys)
+    assert code == 2 and err.startswith("bytedistill dump: error: ") and "s.jsonl:2" in err and "surrogate" in err, err
+
+
+def test_split_follows_content_not_path_spelling(teacher_dir, tmp_path, monkeypatch):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    texts = {f"d{i}.txt": f"document number {i} says {'hello ' * i}".encode() for i in range(8)}
+    for name, data in texts.items():
+        (corpus / name).write_bytes(data)
+    monkeypatch.chdir(tmp_path)
+    split = ["--heldout-fraction", "0.5"]
+    assert cli_main(dump_args(teacher_dir, "corpus", tmp_path / "train", "--subset", "train", *split)) == 0
+    assert cli_main(dump_args(teacher_dir, corpus.resolve(), tmp_path / "held", "--subset", "heldout", *split)) == 0
+    sides = []
+    for name in ("train", "held"):
+        store = LogitStore(tmp_path / name)
+        sides.append({store.document(i).key: store.document(i).layout.text_bytes() for i in range(len(store))})
+    train, held = sides
+    assert train and held and not set(train) & set(held)
+    assert {**train, **held} == texts  # keys are the names inside the corpus, never absolute paths
+
+
+def test_writer_failure_ends_the_dump_in_one_line(teacher_dir, tmp_path):
+    """A full disk, simulated by a file-size limit the shard outgrows: exit 2, one line, promptly."""
+    import resource
+
+    corpus = tmp_path / "big.txt"
+    rng = np.random.default_rng(0)  # text that neither the values nor zstd can squeeze below the limit
+    corpus.write_bytes(bytes(rng.choice(list(b"abcdefghij klmnopqrstuvwxyz"), 12_000).astype(np.uint8)))
+
+    def limit_file_size():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writes past the limit fail with EFBIG
+        resource.setrlimit(resource.RLIMIT_FSIZE, (600_000, 600_000))
+
+    command = [sys.executable, "-m", "distill.cli", *dump_args(teacher_dir, corpus, tmp_path / "out")]
+    proc = subprocess.run(command, preexec_fn=limit_file_size, check=False, capture_output=True, text=True, timeout=300)
+    last = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 2 and last.startswith("bytedistill dump: error: writing the store"), proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+
+
+def test_second_dump_on_the_same_writer_is_refused(teacher_dir, corpus_dir, tmp_path, capsys):
+    from distill.sharding import WriterLock
+
+    out = tmp_path / "store"
+    with WriterLock(out, 0):
+        code, err = run_cli(dump_args(teacher_dir, corpus_dir, out), capsys)
+    assert code == 2 and "another dump is writing writer 0" in err
+    assert cli_main(dump_args(teacher_dir, corpus_dir, out)) == 0  # released: the dump runs
+
+
+def _store_documents(directory) -> list[tuple[str, bytes]]:
+    store = LogitStore(directory)
+    return [(store.document(i).key, store.document(i).layout.text_bytes()) for i in range(len(store))]
+
+
+@pytest.mark.slow
+def test_killed_two_process_dump_resumes_with_one_or_three(teacher_dir, tmp_path):
+    """Documents belong to fixed writers, not to processes: 2 jobs killed mid-run, resumed by 1
+    job or by 3, hold every document exactly once — the same store as one uninterrupted run."""
+    import shutil
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i in range(30):
+        (corpus / f"doc{i:02d}.txt").write_bytes(f"Document {i}: ".encode() + b"lorem ipsum dolor sit amet " * (5 + i))
+    args = ["--max-length", "64", "--stride", "16", "--batch-tokens", "64", "--group-tokens", "64",
+            "--docs-per-shard", "1", "--writers", "6", "--progress", "false"]
+
+    def command(output, jobs, index):
+        return [sys.executable, "-m", "distill.cli", "dump", "--teacher", str(teacher_dir), "--corpus", str(corpus),
+                "--output", str(output), "--num-shards", str(jobs), "--shard-index", str(index), *args]
+
+    def run_jobs(output, jobs):
+        procs = [subprocess.Popen(command(output, jobs, k), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for k in range(jobs)]
+        for proc in procs:
+            assert proc.wait(timeout=600) == 0, proc.stderr.read()[-2000:]
+
+    whole = tmp_path / "whole"
+    run_jobs(whole, 1)
+    killed = tmp_path / "killed"
+    procs = [subprocess.Popen(command(killed, 2, k), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for k in range(2)]
+    deadline = time.time() + 300
+    while len(list(killed.glob("shard-*.bds"))) < 6 and time.time() < deadline and all(p.poll() is None for p in procs):
+        time.sleep(0.05)
+    assert all(p.poll() is None for p in procs), "a job finished before it could be killed"
+    for proc in procs:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert 0 < len(list(killed.glob("shard-*.bds"))) < 30
+    again = tmp_path / "again"
+    shutil.copytree(killed, again)
+    run_jobs(killed, 1)
+    run_jobs(again, 3)
+    expected = _store_documents(whole)
+    assert sorted(text for _, text in expected) == sorted((corpus / f"doc{i:02d}.txt").read_bytes() for i in range(30))
+    for resumed in (killed, again):
+        assert _store_documents(resumed) == expected
+        assert store_content_hash(resumed) == store_content_hash(whole)
+    refused = subprocess.run(command(whole, 7, 0), check=False, capture_output=True, text=True)
+    assert refused.returncode == 2 and "6 writers but 7 workers" in refused.stderr.strip().splitlines()[-1]
