@@ -12,7 +12,8 @@ from safetensors.torch import load_file
 from distill.config import add_config_arguments, config_from_args
 from distill.errors import UserError
 from students.synthetic import SYNTHETIC_SOURCE
-from students.trainer import TrainConfig, latest_checkpoint, learning_rate, train
+from students.checkpoints import latest_checkpoint
+from students.trainer import TrainConfig, learning_rate, train
 from tests.launch import cpu_launch
 
 TINY = dict(
@@ -60,9 +61,9 @@ def test_training_lowers_kl_and_writes_metrics(tmp_path):
 def test_baseline_trains_without_teacher_probabilities(tmp_path):
     seen = []
 
-    def build(paths, seq_len, **kwargs):
+    def build(paths, seq_len, batch_size, **kwargs):
         seen.append(kwargs["with_teacher"])
-        return SYNTHETIC_SOURCE.build(paths, seq_len, **kwargs)
+        return SYNTHETIC_SOURCE.build(paths, seq_len, batch_size, **kwargs)
 
     source = type(SYNTHETIC_SOURCE)(build=build, describe=SYNTHETIC_SOURCE.describe)
     result = train(_config(tmp_path, alpha=0.0, max_train_bytes=200), source)
