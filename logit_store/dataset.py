@@ -7,12 +7,14 @@ target is the next symbol of the document; the position whose input is ``<eos>``
 (target ``<pad>``, masked), and so do padding positions at the end of the last window. Every
 target position of every document is thus in exactly one window once per epoch.
 
-Splits. Each epoch deals whole chunks to the G = ``world_size`` × workers splits (split
-g = rank × workers + worker): in the epoch's order (with ``shuffle`` a permutation seeded by
-``seed + epoch``, and the documents of each chunk shuffled too), each chunk goes to the split with
-the fewest symbols so far. So every chunk is decompressed once per epoch in total, whatever G,
-and split sizes differ by less than one chunk. (A store with fewer chunks than splits has its
-chunks cut into equal parts first, the one case that reads a chunk more than once.)
+Splits (G = ``world_size`` × workers of them; split g = rank × workers + worker). With
+``shuffle`` (training) each epoch deals whole chunks: in an order seeded by ``seed + epoch`` (the
+documents of each chunk shuffled too), each chunk goes to the split with the fewest symbols so
+far. So every chunk is decompressed once per epoch in total, whatever G, and split sizes differ by
+less than one chunk. (A store with fewer chunks than splits has its chunks cut into equal parts
+first, the one case that reads a chunk more than once.) Without ``shuffle`` (evaluation) the
+stream of all documents in store order is cut into windows once and each split takes a contiguous
+range of them: the windows, and so every position's context, are the same for any G.
 
 Batches and position. A split's windows are grouped into batches of ``batch_size`` (its last
 batch may be smaller). The ``DataLoader`` of :meth:`SplitBatches.loader` returns them round by
@@ -27,6 +29,8 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterator
+from dataclasses import dataclass
+from itertools import islice
 
 import numpy as np
 import torch
@@ -141,6 +145,15 @@ def _stack(windows: list[dict[str, np.ndarray]]) -> dict[str, torch.Tensor]:
     return {key: torch.from_numpy(np.stack([w[key] for w in windows])) for key in windows[0]}
 
 
+@dataclass
+class Split:
+    """What one split reads in an epoch: the windows of ``documents``' stream from symbol ``offset`` on."""
+
+    documents: np.ndarray
+    offset: int
+    num_windows: int
+
+
 class PackedStreamDataset(SplitBatches):
     """Batches of fixed-length windows of symbols (and the teacher's distributions) from logit stores.
 
@@ -179,7 +192,7 @@ class PackedStreamDataset(SplitBatches):
         if max_symbols > 0:
             self.symbols = self.symbols[: int(np.searchsorted(np.cumsum(self.symbols), max_symbols)) + 1]
         self.pieces = _pieces(self.store.chunk_spans(), len(self.symbols), self.num_splits)
-        self._plan: tuple[int, list[np.ndarray]] | None = None
+        self._plan: tuple[int, list[Split]] | None = None
 
     def order_settings(self) -> dict:
         sizes = np.array([len(piece) for piece in self.pieces], dtype=np.int64)
@@ -187,35 +200,46 @@ class PackedStreamDataset(SplitBatches):
         return {**super().order_settings(), "seq_len": self.seq_len, "shuffle": self.shuffle, "seed": self.seed,
                 "documents": layout}  # fmt: skip
 
-    def split_documents(self, split: int) -> np.ndarray:
-        """Document indices of ``split`` in the current epoch, in reading order."""
+    def split(self, g: int) -> Split:
+        """Split ``g`` in the current epoch."""
         if self._plan is None or self._plan[0] != self.epoch:
-            self._plan = (self.epoch, self._deal())
-        return self._plan[1][split]
+            self._plan = (self.epoch, self._deal_chunks() if self.shuffle else self._deal_windows())
+        return self._plan[1][g]
 
-    def _deal(self) -> list[np.ndarray]:
+    def split_documents(self, g: int) -> np.ndarray:
+        """Document indices of split ``g`` in the current epoch, in reading order."""
+        return self.split(g).documents
+
+    def _deal_chunks(self) -> list[Split]:
         rng = np.random.default_rng(self.seed + self.epoch)
-        order = rng.permutation(len(self.pieces)) if self.shuffle else range(len(self.pieces))
         loads = np.zeros(self.num_splits, dtype=np.int64)
         members: list[list[np.ndarray]] = [[] for _ in range(self.num_splits)]
-        for p in order:
-            documents = rng.permutation(self.pieces[p]) if self.shuffle else self.pieces[p]
-            split = int(np.argmin(loads))
-            members[split].append(documents)
-            loads[split] += int(self.symbols[documents].sum())
-        return [np.concatenate(m) if m else np.zeros(0, np.int64) for m in members]
+        for p in rng.permutation(len(self.pieces)):
+            documents = rng.permutation(self.pieces[p])
+            g = int(np.argmin(loads))
+            members[g].append(documents)
+            loads[g] += int(self.symbols[documents].sum())
+        splits = [np.concatenate(m) if m else np.zeros(0, np.int64) for m in members]
+        return [Split(documents, 0, -(-int(load) // self.seq_len)) for documents, load in zip(splits, loads)]
+
+    def _deal_windows(self) -> list[Split]:
+        documents = np.arange(len(self.symbols))
+        total = -(-int(self.symbols.sum()) // self.seq_len)
+        bounds = [total * g // self.num_splits for g in range(self.num_splits + 1)]
+        return [Split(documents, start * self.seq_len, end - start) for start, end in zip(bounds, bounds[1:])]
 
     def num_windows(self, split: int) -> int:
-        return -(-int(self.symbols[self.split_documents(split)].sum()) // self.seq_len)
+        return self.split(split).num_windows
 
     def windows(self, split: int, start: int) -> Iterator[dict[str, np.ndarray]]:
-        documents = self.split_documents(split)
+        plan = self.split(split)
+        documents = plan.documents
         ends = np.cumsum(self.symbols[documents])
-        skip = start * self.seq_len
+        skip = plan.offset + start * self.seq_len
         first = int(np.searchsorted(ends, skip, side="right"))
-        offset = skip - (int(ends[first - 1]) if first else 0)
         streams = (self._stream(int(i)) for i in documents[first:])
-        return _pack(_drop_first(streams, offset), self.seq_len)
+        skip -= int(ends[first - 1]) if first else 0
+        return islice(_pack(_drop_first(streams, skip), self.seq_len), max(0, plan.num_windows - start))
 
     def _stream(self, i: int) -> dict[str, np.ndarray]:
         """Inputs, targets, mask (and teacher rows) of document ``i``'s stream."""

@@ -77,7 +77,7 @@ def test_whole_chunks_every_position_once_one_read_per_chunk(store, monkeypatch,
 
 def test_fewer_chunks_than_splits_still_covers_everything(store):
     splits = 4 * len(store.chunk_spans())
-    dataset = PackedStreamDataset(store, 16, world_size=splits, rank=0, shuffle=False)
+    dataset = PackedStreamDataset(store, 16, world_size=splits, rank=0)
     documents = np.concatenate([dataset.split_documents(g) for g in range(splits)])
     assert sorted(documents.tolist()) == list(range(len(store)))
     assert sum(len(dataset.split_documents(g)) > 0 for g in range(splits)) > len(store.chunk_spans())
@@ -108,14 +108,22 @@ def test_real_workers_and_seeking_match_an_uninterrupted_epoch(store):
                 np.testing.assert_array_equal(a[key], b[key])
 
 
-def test_evaluation_subset_and_order_do_not_depend_on_world_size(store):
+def test_evaluation_windows_do_not_depend_on_world_size(store):
     limit = store.stats()["positions"] // 3
-    one = PackedStreamDataset(store, 16, 2, shuffle=False, max_symbols=limit)
+    one = PackedStreamDataset(store, 16, 2, shuffle=False, max_symbols=limit, teacher_dtype="float32")
     kept = len(one.symbols)
     assert one.symbols[: kept - 1].sum() < limit <= one.symbols.sum() and kept < len(store)
-    two = [PackedStreamDataset(store, 16, 2, shuffle=False, max_symbols=limit, rank=r, world_size=2) for r in range(2)]
-    documents = np.concatenate([d.split_documents(d.rank) for d in two])
-    assert sorted(documents.tolist()) == list(range(kept))
+    expected = np.concatenate([batch["input_ids"].numpy().reshape(-1) for batch in one])
+    np.testing.assert_array_equal(expected[: one.symbols.sum()], _streams(store, range(kept)))
+    for world, workers in [(2, 1), (3, 2)]:
+        parts = []
+        for rank in range(world):
+            dataset = PackedStreamDataset(
+                store, 16, 2, shuffle=False, max_symbols=limit, rank=rank, world_size=world, num_workers=workers
+            )
+            for worker in range(workers):
+                parts.extend(w["input_ids"] for w in dataset.windows(rank * workers + worker, 0))
+        np.testing.assert_array_equal(np.concatenate(parts), expected)  # the same windows, dealt in ranges
 
 
 def test_epochs_reshuffle_and_ce_only_reads_no_values(store_dir, store, llama3_converter):
