@@ -84,6 +84,8 @@ def load_checkpoint(accelerator, path: Path, data_order: dict) -> tuple[TrainerS
 
     Refuses a checkpoint whose data order settings differ from ``data_order``, naming them.
     """
+    if not (path / DATA_ORDER).is_file():
+        raise UserError(f"cannot resume {path}: it has no {DATA_ORDER} (written by an older version); start a new run")
     saved = json.loads((path / DATA_ORDER).read_text(encoding="utf-8"))
     changed = [key for key in sorted(set(saved) | set(data_order)) if saved.get(key) != data_order.get(key)]
     if changed:
