@@ -123,6 +123,8 @@ class SplitBatches(IterableDataset):
 
     def __iter__(self):
         info = get_worker_info()
+        if (info.num_workers if info is not None else 0) != self.num_workers:
+            raise RuntimeError(f"iterate with {self.num_workers} DataLoader workers (use .loader()), not {info and info.num_workers}")
         worker_id = info.id if info is not None else 0
         given, due = self.seek()
         worker = (worker_id + due) % self.workers
