@@ -60,8 +60,9 @@ def kjv_documents():
             yield f"{key}:{first + 1}", "\n".join(verses[first : first + VERSES_PER_DOCUMENT])
 
 
-def positions_per_second(store: Path, seq_len: int, batch_size: int, num_workers: int, epochs: int = 2) -> float:
-    """Target positions per second a DataLoader over the store dataset delivers (teacher rows included)."""
+def positions_per_second(store: Path, seq_len: int, batch_size: int, num_workers: int, epochs: int = 6) -> float:
+    """Target positions per second a DataLoader over the store dataset delivers (teacher rows included;
+    workers start afresh each epoch, as in training)."""
     from logit_store.dataset import PackedStreamDataset
 
     dataset = PackedStreamDataset(store, seq_len, batch_size, num_workers=num_workers, seed=0)
