@@ -43,7 +43,7 @@ from logit_store.store import as_store, densify
 
 # what padding positions hold, per field of a window
 FILL = {"input_ids": PAD, "target_ids": PAD, "loss_mask": False, "target_probs": 0.0}
-TEACHER_DTYPES = {"float16": np.float16, "float32": np.float32}
+TEACHER_DTYPES = {"float16": torch.float16, "float32": torch.float32}  # teacher rows as batches hold them
 
 
 class SplitBatches(IterableDataset):
@@ -53,7 +53,9 @@ class SplitBatches(IterableDataset):
     (:meth:`num_windows`) and yields them from a given one on (:meth:`windows`).
     """
 
-    def __init__(self, batch_size: int, rank: int, world_size: int, num_workers: int):
+    def __init__(self, batch_size: int, rank: int, world_size: int, num_workers: int, teacher_dtype: str = "float32"):
+        if teacher_dtype not in TEACHER_DTYPES:
+            raise UserError(f"teacher_dtype must be one of {sorted(TEACHER_DTYPES)}, got {teacher_dtype!r}")
         if batch_size < 1:
             raise UserError(f"batch_size must be at least 1, got {batch_size}")
         if not 0 <= rank < world_size:
@@ -61,6 +63,7 @@ class SplitBatches(IterableDataset):
         if num_workers < 0:
             raise UserError(f"num_workers must be at least 0, got {num_workers}")
         self.batch_size, self.rank, self.world_size, self.num_workers = batch_size, rank, world_size, num_workers
+        self.teacher_dtype = TEACHER_DTYPES[teacher_dtype]
         self.epoch, self.batches = 0, 0
 
     # -- what a subclass provides
@@ -129,22 +132,23 @@ class SplitBatches(IterableDataset):
         given, due = self.seek()
         worker = (worker_id + due) % self.workers
         windows = self.windows(self.rank * self.workers + worker, int(given[worker]) * self.batch_size)
-        return _batched(windows, self.batch_size)
+        return self._batched(windows)
 
+    def _batched(self, windows: Iterator[dict[str, np.ndarray]]) -> Iterator[dict[str, torch.Tensor]]:
+        batch: list[dict[str, np.ndarray]] = []
+        for window in windows:
+            batch.append(window)
+            if len(batch) == self.batch_size:
+                yield self._stack(batch)
+                batch = []
+        if batch:
+            yield self._stack(batch)
 
-def _batched(windows: Iterator[dict[str, np.ndarray]], batch_size: int) -> Iterator[dict[str, torch.Tensor]]:
-    batch: list[dict[str, np.ndarray]] = []
-    for window in windows:
-        batch.append(window)
-        if len(batch) == batch_size:
-            yield _stack(batch)
-            batch = []
-    if batch:
-        yield _stack(batch)
-
-
-def _stack(windows: list[dict[str, np.ndarray]]) -> dict[str, torch.Tensor]:
-    return {key: torch.from_numpy(np.stack([w[key] for w in windows])) for key in windows[0]}
+    def _stack(self, windows: list[dict[str, np.ndarray]]) -> dict[str, torch.Tensor]:
+        batch = {key: torch.from_numpy(np.stack([w[key] for w in windows])) for key in windows[0]}
+        if "target_probs" in batch:  # torch converts to float16 many times faster than numpy
+            batch["target_probs"] = batch["target_probs"].to(self.teacher_dtype)
+        return batch
 
 
 @dataclass
@@ -181,14 +185,11 @@ class PackedStreamDataset(SplitBatches):
         num_workers: int = 0,
         max_symbols: int = 0,
     ):
-        super().__init__(batch_size, rank, world_size, num_workers)
+        super().__init__(batch_size, rank, world_size, num_workers, teacher_dtype)
         if seq_len < 1:
             raise UserError(f"seq_len must be at least 1, got {seq_len}")
-        if teacher_dtype not in TEACHER_DTYPES:
-            raise UserError(f"teacher_dtype must be one of {sorted(TEACHER_DTYPES)}, got {teacher_dtype!r}")
         self.store = as_store(stores)
         self.seq_len, self.with_teacher, self.shuffle, self.seed = int(seq_len), with_teacher, shuffle, int(seed)
-        self.teacher_dtype = TEACHER_DTYPES[teacher_dtype]
         self.trie = self.store.trie  # built once, shipped to workers
         self.symbols = self.store.document_positions() + 1  # a stream has one symbol more than targets
         if max_symbols > 0:
@@ -248,7 +249,7 @@ class PackedStreamDataset(SplitBatches):
         if self.with_teacher:
             doc = self.store.document(i)
             layout = doc.layout
-            probs = np.zeros((layout.num_positions + 1, ALPHABET_SIZE), dtype=self.teacher_dtype)
+            probs = np.zeros((layout.num_positions + 1, ALPHABET_SIZE), dtype=np.float32)
             densify(layout, doc.values, probs[:-1])
         else:
             layout = stream_layout(self.trie, self.store.document_tokens(i))

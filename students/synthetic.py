@@ -51,9 +51,8 @@ class BigramStreamDataset(SplitBatches):
         max_symbols: int = 0,
         num_sequences: int = 32,
     ):
-        super().__init__(batch_size, rank, world_size, num_workers)
+        super().__init__(batch_size, rank, world_size, num_workers, teacher_dtype)
         self.seq_len, self.with_teacher, self.shuffle, self.seed = seq_len, with_teacher, shuffle, seed
-        self.teacher_dtype = getattr(torch, teacher_dtype)
         self.num_sequences = min(num_sequences, -(-max_symbols // seq_len)) if max_symbols > 0 else num_sequences
         self.sample_seed = zlib.crc32("|".join(map(str, paths)).encode())
         self.teacher = bigram_teacher()
@@ -85,7 +84,7 @@ class BigramStreamDataset(SplitBatches):
         target[-1] = PAD  # one padded position, like the end of a pack
         item = {"input_ids": stream[:-1], "target_ids": target, "loss_mask": target != PAD}
         if self.with_teacher:
-            item["target_probs"] = self.teacher[stream[:-1]].to(self.teacher_dtype)
+            item["target_probs"] = self.teacher[stream[:-1]]
         return {key: value.numpy() for key, value in item.items()}
 
 
