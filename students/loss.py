@@ -1,4 +1,4 @@
-"""The distillation loss (DESIGN.md §4).
+"""The distillation loss (docs/DESIGN.md, "Students and the loss").
 
 Per target position::
 
