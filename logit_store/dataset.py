@@ -1,137 +1,315 @@
-"""Training sequences packed from a logit store, as a torch ``IterableDataset``.
+"""Training batches from logit stores: a torch ``IterableDataset`` that deals whole chunks and
+resumes by seeking.
 
-Each document's stream ``<bos> … <eot> <eos>`` is appended to one long stream per split; the
-stream is cut into consecutive windows of ``seq_len`` inputs. At input position t the target is
-the next symbol of the document; the position whose input is ``<eos>`` predicts nothing
+Stream. Each document's stream ``<bos> … <eot> <eos>`` is appended to one long stream per
+split; the stream is cut into consecutive windows of ``seq_len`` inputs. At input position t the
+target is the next symbol of the document; the position whose input is ``<eos>`` predicts nothing
 (target ``<pad>``, masked), and so do padding positions at the end of the last window. Every
 target position of every document is thus in exactly one window once per epoch.
 
-Documents are split among ``world_size`` ranks × DataLoader workers round-robin over the epoch's
-document order (split g = rank × num_workers + worker takes documents order[g::G]), so splits never
-overlap and have nearly equal sizes. With ``shuffle`` the order is a block shuffle (chunks shuffled,
-then documents within each chunk) seeded by ``seed + epoch``.
+Splits (G = ``world_size`` × workers of them; split g = rank × workers + worker). With
+``shuffle`` (training) each epoch deals whole chunks: in an order seeded by ``seed + epoch`` (the
+documents of each chunk shuffled too), each chunk goes to the split with the fewest symbols so
+far. So every chunk is decompressed once per epoch in total, whatever G, and split sizes differ by
+less than one chunk. (A store with fewer chunks than splits has its chunks cut into equal parts
+first, the one case that reads a chunk more than once.) Without ``shuffle`` (evaluation) the
+stream of all documents in store order is cut into windows once and each split takes a contiguous
+range of them: the windows, and so every position's context, are the same for any G.
+
+Batches and position. A split's windows are grouped into batches of ``batch_size`` (its last
+batch may be smaller). The ``DataLoader`` of :meth:`SplitBatches.loader` returns them round by
+round: batch r of each worker in worker order, skipping workers that have run out. The number of
+batches each split holds follows from the store's index, so a position (epoch, batches consumed)
+says where every split stands; :meth:`SplitBatches.set_position` makes the next iteration start
+there: each split decodes from the window it is due, and the workers are rotated so that the
+batch due next comes first. Resuming costs one chunk per split, at step 10 as at step 100,000.
 """
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from itertools import islice
+
 import numpy as np
 import torch
-from torch.utils.data import IterableDataset, get_worker_info
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from distill.alphabet import ALPHABET_SIZE, EOS, PAD
 from distill.errors import UserError
 from distill.stream import stream_layout
 from logit_store.store import as_store, densify
 
+# what padding positions hold, per field of a window
+FILL = {"input_ids": PAD, "target_ids": PAD, "loss_mask": False, "target_probs": 0.0}
+TEACHER_DTYPES = {"float16": torch.float16, "float32": torch.float32}  # teacher rows as batches hold them
 
-class PackedStreamDataset(IterableDataset):
-    """Fixed-length sequences of symbols (and the teacher's distributions) from logit stores.
 
-    Yields dicts of tensors: ``input_ids`` (T,) int64, ``target_ids`` (T,) int64 (``<pad>``
-    where there is none), ``loss_mask`` (T,) bool, and with ``with_teacher`` ``target_probs``
-    (T, 260) float32 (zeros where masked). ``with_teacher=False`` reads only token ids.
+class SplitBatches(IterableDataset):
+    """Batches of windows from ``world_size`` × workers splits, resumable at any batch.
+
+    A subclass says, for the current epoch, how many windows a split holds
+    (:meth:`num_windows`) and yields them from a given one on (:meth:`windows`).
+    """
+
+    def __init__(self, batch_size: int, rank: int, world_size: int, num_workers: int, teacher_dtype: str = "float32"):
+        if teacher_dtype not in TEACHER_DTYPES:
+            raise UserError(f"teacher_dtype must be one of {sorted(TEACHER_DTYPES)}, got {teacher_dtype!r}")
+        if batch_size < 1:
+            raise UserError(f"batch_size must be at least 1, got {batch_size}")
+        if not 0 <= rank < world_size:
+            raise UserError(f"rank {rank} is not in 0..{world_size - 1}")
+        if num_workers < 0:
+            raise UserError(f"num_workers must be at least 0, got {num_workers}")
+        self.batch_size, self.rank, self.world_size, self.num_workers = batch_size, rank, world_size, num_workers
+        self.teacher_dtype = TEACHER_DTYPES[teacher_dtype]
+        self.epoch, self.batches = 0, 0
+
+    # -- what a subclass provides
+    def num_windows(self, split: int) -> int:
+        raise NotImplementedError
+
+    def windows(self, split: int, start: int) -> Iterator[dict[str, np.ndarray]]:
+        raise NotImplementedError
+
+    def order_settings(self) -> dict:
+        """Everything that decides which batch comes when (compared on resume)."""
+        return {"batch_size": self.batch_size, "world_size": self.world_size, "num_workers": self.num_workers}
+
+    # -- splits and position
+    @property
+    def workers(self) -> int:
+        return max(1, self.num_workers)
+
+    @property
+    def num_splits(self) -> int:
+        return self.world_size * self.workers
+
+    def set_epoch(self, epoch: int) -> None:
+        self.set_position(epoch, 0)
+
+    def set_position(self, epoch: int, batches: int) -> None:
+        """Start the next iteration in ``epoch`` after its first ``batches`` batches (of this rank)."""
+        self.epoch, self.batches = int(epoch), 0
+        if not 0 <= batches <= self.num_batches():
+            raise UserError(f"cannot resume: epoch {epoch} has {self.num_batches()} batches, not {batches}")
+        self.batches = int(batches)
+
+    def batch_counts(self) -> np.ndarray:
+        """Batches of each of this rank's workers in the current epoch (from the index)."""
+        splits = range(self.rank * self.workers, (self.rank + 1) * self.workers)
+        windows = np.array([self.num_windows(g) for g in splits], dtype=np.int64)
+        return -(-windows // self.batch_size)
+
+    def num_batches(self) -> int:
+        return int(self.batch_counts().sum())
+
+    def seek(self) -> tuple[np.ndarray, int]:
+        """(batches each worker has given, the worker due next) after ``self.batches`` batches."""
+        counts, n = self.batch_counts(), self.batches
+        if n == int(counts.sum()):
+            return counts, 0
+        # the last full round R: Σ min(counts, R) <= n
+        low, high = 0, int(counts.max())
+        while low < high:
+            mid = (low + high + 1) // 2
+            low, high = (mid, high) if int(np.minimum(counts, mid).sum()) <= n else (low, mid - 1)
+        given = np.minimum(counts, low)
+        still = np.flatnonzero(counts > low)
+        extra = n - int(given.sum())
+        given[still[:extra]] += 1
+        return given, int(still[extra])
+
+    def loader(self) -> DataLoader:
+        return DataLoader(self, batch_size=None, num_workers=self.num_workers)
+
+    def __iter__(self):
+        info = get_worker_info()
+        if (info.num_workers if info is not None else 0) != self.num_workers:
+            raise RuntimeError(f"iterate with {self.num_workers} DataLoader workers (use .loader()), not {info and info.num_workers}")
+        worker_id = info.id if info is not None else 0
+        given, due = self.seek()
+        worker = (worker_id + due) % self.workers
+        windows = self.windows(self.rank * self.workers + worker, int(given[worker]) * self.batch_size)
+        return self._batched(windows)
+
+    def _batched(self, windows: Iterator[dict[str, np.ndarray]]) -> Iterator[dict[str, torch.Tensor]]:
+        batch: list[dict[str, np.ndarray]] = []
+        for window in windows:
+            batch.append(window)
+            if len(batch) == self.batch_size:
+                yield self._stack(batch)
+                batch = []
+        if batch:
+            yield self._stack(batch)
+
+    def _stack(self, windows: list[dict[str, np.ndarray]]) -> dict[str, torch.Tensor]:
+        batch = {key: torch.from_numpy(np.stack([w[key] for w in windows])) for key in windows[0]}
+        if "target_probs" in batch:  # torch converts to float16 many times faster than numpy
+            batch["target_probs"] = batch["target_probs"].to(self.teacher_dtype)
+        return batch
+
+
+@dataclass
+class Split:
+    """What one split reads in an epoch: the windows of ``documents``' stream from symbol ``offset`` on."""
+
+    documents: np.ndarray
+    offset: int
+    num_windows: int
+
+
+class PackedStreamDataset(SplitBatches):
+    """Batches of fixed-length windows of symbols (and the teacher's distributions) from logit stores.
+
+    Yields dicts of tensors: ``input_ids`` (B, T) int64, ``target_ids`` (B, T) int64 (``<pad>``
+    where there is none), ``loss_mask`` (B, T) bool, and with ``with_teacher`` ``target_probs``
+    (B, T, 260) in ``teacher_dtype`` (zeros where masked); ``with_teacher=False`` reads only
+    token ids. ``max_symbols`` > 0 keeps only the documents, in store order, up to the first whose
+    stream reaches that many symbols in total (the same subset for any number of processes).
     """
 
     def __init__(
         self,
         stores,
         seq_len: int,
+        batch_size: int = 1,
         *,
         with_teacher: bool = True,
+        teacher_dtype: str = "float16",
         shuffle: bool = True,
         seed: int = 0,
         rank: int = 0,
         world_size: int = 1,
+        num_workers: int = 0,
+        max_symbols: int = 0,
     ):
+        super().__init__(batch_size, rank, world_size, num_workers, teacher_dtype)
         if seq_len < 1:
             raise UserError(f"seq_len must be at least 1, got {seq_len}")
-        if not 0 <= rank < world_size:
-            raise UserError(f"rank {rank} is not in 0..{world_size - 1}")
         self.store = as_store(stores)
-        self.seq_len = int(seq_len)
-        self.with_teacher = with_teacher
-        self.shuffle = shuffle
-        self.seed = int(seed)
-        self.rank = int(rank)
-        self.world_size = int(world_size)
-        self.epoch = 0
+        self.seq_len, self.with_teacher, self.shuffle, self.seed = int(seq_len), with_teacher, shuffle, int(seed)
         self.trie = self.store.trie  # built once, shipped to workers
+        self.symbols = self.store.document_positions() + 1  # a stream has one symbol more than targets
+        if max_symbols > 0:
+            self.symbols = self.symbols[: int(np.searchsorted(np.cumsum(self.symbols), max_symbols)) + 1]
+        self.pieces = _pieces(self.store.chunk_spans(), len(self.symbols), self.num_splits)
+        self._plan: tuple[int, list[Split]] | None = None
 
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = int(epoch)
+    def order_settings(self) -> dict:
+        sizes = np.array([len(piece) for piece in self.pieces], dtype=np.int64)
+        layout = hashlib.sha256(self.symbols.tobytes() + sizes.tobytes()).hexdigest()
+        return {**super().order_settings(), "seq_len": self.seq_len, "shuffle": self.shuffle, "seed": self.seed,
+                "documents": layout}  # fmt: skip
 
-    def split_documents(self, worker: int = 0, num_workers: int = 1) -> np.ndarray:
-        """Document indices of this rank's ``worker`` in this epoch, in reading order."""
-        order = self.store.document_order(self.shuffle, self.seed + self.epoch)
-        splits = self.world_size * num_workers
-        return order[self.rank * num_workers + worker :: splits]
+    def split(self, g: int) -> Split:
+        """Split ``g`` in the current epoch."""
+        if self._plan is None or self._plan[0] != self.epoch:
+            self._plan = (self.epoch, self._deal_chunks() if self.shuffle else self._deal_windows())
+        return self._plan[1][g]
 
-    def num_positions(self, worker: int = 0, num_workers: int = 1) -> int:
-        """Target positions of one split (from the index; nothing decoded)."""
-        return int(self.store.document_positions()[self.split_documents(worker, num_workers)].sum())
+    def split_documents(self, g: int) -> np.ndarray:
+        """Document indices of split ``g`` in the current epoch, in reading order."""
+        return self.split(g).documents
 
-    def __iter__(self):
-        info = get_worker_info()
-        worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        return self._windows(self.split_documents(worker, num_workers))
+    def _deal_chunks(self) -> list[Split]:
+        rng = np.random.default_rng(self.seed + self.epoch)
+        loads = np.zeros(self.num_splits, dtype=np.int64)
+        members: list[list[np.ndarray]] = [[] for _ in range(self.num_splits)]
+        for p in rng.permutation(len(self.pieces)):
+            documents = rng.permutation(self.pieces[p])
+            g = int(np.argmin(loads))
+            members[g].append(documents)
+            loads[g] += int(self.symbols[documents].sum())
+        splits = [np.concatenate(m) if m else np.zeros(0, np.int64) for m in members]
+        return [Split(documents, 0, -(-int(load) // self.seq_len)) for documents, load in zip(splits, loads)]
 
-    def _windows(self, documents: np.ndarray):
-        T = self.seq_len
-        inputs, targets, masks, probs = [], [], [], []
-        buffered = 0
-        for i in documents:
-            i = int(i)
-            if self.with_teacher:
-                doc = self.store.document(i)
-                layout = doc.layout
-                dense = np.zeros((layout.num_positions + 1, ALPHABET_SIZE), dtype=np.float32)
-                densify(layout, doc.values, dense[:-1])
-                probs.append(dense)
-            else:
-                layout = stream_layout(self.trie, self.store.document_tokens(i))
-            symbols = layout.symbols.astype(np.int64)
-            target = np.empty_like(symbols)
-            target[:-1] = symbols[1:]
-            target[-1] = PAD
-            mask = np.ones(len(symbols), dtype=bool)
-            mask[-1] = False
-            assert symbols[-1] == EOS
-            inputs.append(symbols)
-            targets.append(target)
-            masks.append(mask)
-            buffered += len(symbols)
-            while buffered >= T:
-                yield self._emit(inputs, targets, masks, probs, T)
-                buffered -= T
-        if buffered:
-            yield self._emit(inputs, targets, masks, probs, buffered)
+    def _deal_windows(self) -> list[Split]:
+        documents = np.arange(len(self.symbols))
+        total = -(-int(self.symbols.sum()) // self.seq_len)
+        bounds = [total * g // self.num_splits for g in range(self.num_splits + 1)]
+        return [Split(documents, start * self.seq_len, end - start) for start, end in zip(bounds, bounds[1:])]
 
-    def _emit(self, inputs, targets, masks, probs, n):
-        """Take the first n buffered positions (padding to seq_len) and leave the rest."""
-        T = self.seq_len
-        out = {
-            "input_ids": _take(inputs, n, T, PAD),
-            "target_ids": _take(targets, n, T, PAD),
-            "loss_mask": _take(masks, n, T, False),
+    def num_windows(self, split: int) -> int:
+        return self.split(split).num_windows
+
+    def windows(self, split: int, start: int) -> Iterator[dict[str, np.ndarray]]:
+        plan = self.split(split)
+        documents = plan.documents
+        ends = np.cumsum(self.symbols[documents])
+        skip = plan.offset + start * self.seq_len
+        first = int(np.searchsorted(ends, skip, side="right"))
+        streams = (self._stream(int(i)) for i in documents[first:])
+        skip -= int(ends[first - 1]) if first else 0
+        return islice(_pack(_drop_first(streams, skip), self.seq_len), max(0, plan.num_windows - start))
+
+    def _stream(self, i: int) -> dict[str, np.ndarray]:
+        """Inputs, targets, mask (and teacher rows) of document ``i``'s stream."""
+        if self.with_teacher:
+            doc = self.store.document(i)
+            layout = doc.layout
+            probs = np.zeros((layout.num_positions + 1, ALPHABET_SIZE), dtype=np.float32)
+            densify(layout, doc.values, probs[:-1])
+        else:
+            layout = stream_layout(self.trie, self.store.document_tokens(i))
+        symbols = layout.symbols.astype(np.int64)
+        assert symbols[-1] == EOS
+        stream = {
+            "input_ids": symbols,
+            "target_ids": np.append(symbols[1:], PAD),
+            "loss_mask": np.arange(len(symbols)) < len(symbols) - 1,
         }
         if self.with_teacher:
-            out["target_probs"] = _take(probs, n, T, 0.0)
-        return {k: torch.from_numpy(v) for k, v in out.items()}
+            stream["target_probs"] = probs
+        return stream
 
 
-def _take(parts: list[np.ndarray], n: int, total: int, fill) -> np.ndarray:
-    """Pop the first n rows of the concatenation of ``parts`` (in place) into a ``total``-row array."""
-    first = parts[0]
-    out = np.empty((total,) + first.shape[1:], dtype=first.dtype)
-    out[n:] = fill
+def _pieces(spans: list[tuple[int, int]], num_documents: int, num_splits: int) -> list[np.ndarray]:
+    """Document indices of each chunk (below ``num_documents``); cut into equal parts if there are
+    fewer chunks than splits."""
+    chunks = [np.arange(first, min(first + count, num_documents)) for first, count in spans if first < num_documents]
+    parts = -(-num_splits // len(chunks)) if 0 < len(chunks) < num_splits else 1
+    return [part for chunk in chunks for part in np.array_split(chunk, parts) if len(part)]
+
+
+def _drop_first(streams: Iterator[dict[str, np.ndarray]], offset: int) -> Iterator[dict[str, np.ndarray]]:
+    for stream in streams:
+        if offset:
+            stream = {key: value[offset:] for key, value in stream.items()}
+            offset = 0
+        yield stream
+
+
+def _pack(streams: Iterator[dict[str, np.ndarray]], seq_len: int) -> Iterator[dict[str, np.ndarray]]:
+    """Cut the concatenated streams into windows of ``seq_len`` rows, padding the last."""
+    buffered: list[dict[str, np.ndarray]] = []
+    rows = 0
+    for stream in streams:
+        buffered.append(stream)
+        rows += len(stream["input_ids"])
+        while rows >= seq_len:
+            yield _take(buffered, seq_len, seq_len)
+            rows -= seq_len
+    if rows:
+        yield _take(buffered, rows, seq_len)
+
+
+def _take(buffered: list[dict[str, np.ndarray]], n: int, total: int) -> dict[str, np.ndarray]:
+    """Pop the first ``n`` rows of the buffered streams (in place) into a ``total``-row window."""
+    window = {}
+    for key, first in buffered[0].items():
+        window[key] = np.empty((total,) + first.shape[1:], dtype=first.dtype)
+        window[key][n:] = FILL[key]
     at = 0
     while at < n:
-        part = parts[0]
-        k = min(len(part), n - at)
-        out[at : at + k] = part[:k]
+        stream = buffered[0]
+        k = min(len(stream["input_ids"]), n - at)
+        for key, value in stream.items():
+            window[key][at : at + k] = value[:k]
         at += k
-        if k == len(part):
-            parts.pop(0)
+        if k == len(stream["input_ids"]):
+            buffered.pop(0)
         else:
-            parts[0] = part[k:]
-    return out
+            buffered[0] = {key: value[k:] for key, value in stream.items()}
+    return window

@@ -510,6 +510,14 @@ class LogitStore(_StoreBase):
         parts = [s.docs["chunk"].astype(np.int64) + self._chunk_start[k] for k, s in enumerate(self.shards)]
         return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
+    def chunk_spans(self) -> list[tuple[int, int]]:
+        """(first global document index, number of documents) of every chunk, in document order."""
+        return [
+            (start + int(chunk["first_doc"]), int(chunk["num_docs"]))
+            for shard, start in zip(self.shards, self._shard_start.tolist())
+            for chunk in shard.chunks
+        ]
+
     def document_positions(self) -> np.ndarray:
         parts = [s.docs["positions"].astype(np.int64) for s in self.shards]
         return np.concatenate(parts) if parts else np.zeros(0, np.int64)
@@ -597,6 +605,9 @@ class MultiStore(_StoreBase):
             parts.append(chunks + offset)
             offset += int(s._chunk_start[-1])
         return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+    def chunk_spans(self) -> list[tuple[int, int]]:
+        return [(int(start) + first, count) for s, start in zip(self.stores, self._start) for first, count in s.chunk_spans()]
 
     def document_positions(self) -> np.ndarray:
         return np.concatenate([s.document_positions() for s in self.stores])

@@ -20,7 +20,7 @@ from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 from distill.alphabet import BOS, EOS, PAD
 from distill.errors import UserError
 from students.tokenizer import build_tokenizer
-from students.trainer import latest_checkpoint
+from students.checkpoints import latest_checkpoint
 
 
 def resolve_checkpoint(path: Path) -> Path:

@@ -1,23 +1,24 @@
-"""Train a byte student on logit stores (issue 5).
+"""Train a byte student on logit stores.
 
 One loop for one CPU, one GPU or many (``accelerate launch``: DDP, or FSDP via an accelerate
-config). Each rank reads its own slice of the packed streams (the dataset takes ``rank`` and
-``world_size``; the loader is not re-sharded by accelerate). Optimiser: AdamW; learning rate:
-linear warm-up times a cosine decay to ``min_lr`` over the run's progress (steps or training
-bytes, whichever limit is nearer), computed from the step and byte counters so that a resumed run
-needs no scheduler state.
+config); ``train`` reads top to bottom: start (or resume) a run, then train steps, evaluations
+and checkpoints until a limit, then finish. Each rank reads its own splits of the stores
+(:mod:`logit_store.dataset`; the loader is not re-sharded by accelerate). Optimiser: AdamW;
+learning rate: linear warm-up times a cosine decay to ``min_lr`` over the run's progress (steps or
+training bytes, whichever limit is nearer), computed from the step and byte counters so that a
+resumed run needs no scheduler state. With ``mixed_precision`` the forward runs under autocast;
+the loss is computed in float32.
 
 Output directory::
 
     metrics.jsonl                 one line per evaluation (step, train_bytes, student_bpb, ...)
     run_info.json                 config, teacher/data description, bytes, latest evaluation
     logs/                         TensorBoard (and wandb when asked for)
-    checkpoints/step-00001000/    accelerate state (model.safetensors, optimizer, RNG),
-                                  config.json, data_position_rank*.json, run_info.json,
-                                  trainer_state.json (written last: marks the checkpoint complete)
+    checkpoints/step-00001000/    see :mod:`students.checkpoints`
 
 A resumed run (``resume="latest"`` or a checkpoint path) restores weights, optimiser, RNG and
-every rank's data position (epoch, batches consumed), and continues exactly as if never stopped.
+every rank's data position and seeks there (:mod:`students.data`), so it continues exactly as if
+never stopped; evaluation records after the checkpoint's step are dropped from metrics.jsonl.
 """
 
 from __future__ import annotations
@@ -25,19 +26,28 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import shutil
 import time
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, IterableDataset
 
-from distill.alphabet import NUM_BYTES
 from distill.errors import UserError
-from students.loss import distill_loss, kl_per_position
+from logit_store.dataset import SplitBatches
+from students.checkpoints import (
+    TrainerState,
+    checkpoint_dir,
+    keep_metrics_until,
+    load_checkpoint,
+    prune_checkpoints,
+    resolve_resume,
+    save_checkpoint,
+    write_json,
+)
+from students.data import STORE_SOURCE, BatchStream, DataSource, to_device, utf8_bytes
+from students.evaluation import EvalMetrics, evaluate
+from students.loss import distill_loss
 from students.model import PRESETS, build_student, count_parameters, student_config
 
 
@@ -59,7 +69,7 @@ class TrainConfig:
     seq_len: int = field(default=512, metadata={"help": "symbols per training sequence"})
     batch_size: int = field(default=16, metadata={"help": "sequences per micro-batch per process"})
     grad_accum: int = field(default=1, metadata={"help": "micro-batches per optimizer step"})
-    num_workers: int = field(default=0, metadata={"help": "data loader worker processes"})
+    num_workers: int = field(default=0, metadata={"help": "data loader worker processes per process (decode the store in parallel)"})
     # optimisation
     lr: float = field(default=1e-3, metadata={"help": "peak learning rate"})
     min_lr: float = field(default=1e-4, metadata={"help": "learning rate at the end of the cosine decay"})
@@ -77,7 +87,10 @@ class TrainConfig:
     temperature: float = field(default=1.0, metadata={"help": "distillation temperature"})
     # evaluation, checkpoints, logs
     eval_every: int = field(default=500, metadata={"help": "evaluate every N steps (0: only at start and end)"})
-    eval_bytes: int = field(default=1_000_000, metadata={"help": "UTF-8 bytes of the held-out store per evaluation (0: all)"})
+    eval_bytes: int = field(
+        default=1_000_000,
+        metadata={"help": "evaluate on the held-out documents, in store order, until their streams reach about this many symbols (0: all)"},
+    )
     checkpoint_every: int = field(default=1000, metadata={"help": "save a checkpoint every N steps (0: only at the end)"})
     keep_checkpoints: int = field(default=3, metadata={"help": "keep only the newest N checkpoints (0: keep all)"})
     log_every: int = field(default=10, metadata={"help": "log training loss every N steps"})
@@ -105,84 +118,6 @@ class TrainConfig:
                 raise UserError(f"train: --{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
 
 
-# ---------------------------------------------------------------------------------------- data
-
-
-@dataclass
-class DataSource:
-    """Where batches come from: the logit stores by default; tests plug in synthetic data.
-
-    ``build(paths, seq_len, *, with_teacher, shuffle, seed, rank, world_size)`` returns an
-    IterableDataset with ``set_epoch`` yielding dicts of ``input_ids``, ``target_ids``,
-    ``loss_mask`` and (with a teacher) ``target_probs``; ``describe(paths)`` returns what the
-    model card says about the teacher and data.
-    """
-
-    build: Callable[..., IterableDataset]
-    describe: Callable[[list[str]], dict[str, Any]]
-
-
-def _store_dataset(paths: list[str], seq_len: int, **kwargs: Any) -> IterableDataset:
-    from logit_store.dataset import PackedStreamDataset
-
-    return PackedStreamDataset([Path(p) for p in paths], seq_len, **kwargs)
-
-
-def _describe_stores(paths: list[str]) -> dict[str, Any]:
-    """Teacher and data as recorded in the stores' manifests (for run_info.json and the model card)."""
-    from logit_store.store import read_manifest
-
-    manifest = read_manifest(Path(paths[0]))
-    return {
-        "teacher": manifest.get("teacher") or "unknown",
-        "corpus": ", ".join(Path(p).name for p in paths),
-        "corpus_hash": manifest.get("corpus_hash"),
-        "encoding": manifest.get("encoding"),
-    }
-
-
-STORE_SOURCE = DataSource(build=_store_dataset, describe=_describe_stores)
-
-
-class BatchStream:
-    """Endless micro-batches over epochs, remembering (epoch, batches consumed in the epoch)."""
-
-    def __init__(self, dataset: IterableDataset, batch_size: int, num_workers: int, epoch: int = 0, batches: int = 0):
-        self.dataset, self.batch_size, self.num_workers = dataset, batch_size, num_workers
-        self.epoch, self.batches = epoch, batches
-        self._iterator: Iterator | None = None
-
-    def _start_epoch(self) -> None:
-        self.dataset.set_epoch(self.epoch)
-        loader = DataLoader(self.dataset, batch_size=self.batch_size, num_workers=self.num_workers)
-        self._iterator = iter(loader)
-        for _ in range(self.batches):  # resume: skip what this epoch already gave
-            if next(self._iterator, None) is None:
-                raise UserError(f"cannot resume: epoch {self.epoch} has fewer than {self.batches} batches")
-
-    def __next__(self) -> dict[str, torch.Tensor]:
-        for _ in range(2):
-            if self._iterator is None:
-                self._start_epoch()
-            batch = next(self._iterator, None)
-            if batch is not None:
-                self.batches += 1
-                return batch
-            self._iterator, self.epoch, self.batches = None, self.epoch + 1, 0
-        raise UserError("the training stores yield no batch (are they empty?)")
-
-    def position(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "batches": self.batches}
-
-
-def utf8_bytes(batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Target positions that are real bytes: the BPB denominator and the training-bytes counter."""
-    return (batch["loss_mask"].bool() & (batch["target_ids"] < NUM_BYTES)).sum()
-
-
-# ---------------------------------------------------------------------------------- schedule
-
-
 def learning_rate(config: TrainConfig, step: int, progress: float) -> float:
     """Linear warm-up over ``warmup_steps`` times a cosine from ``lr`` to ``min_lr`` over progress 0..1."""
     warmup = min(1.0, step / config.warmup_steps) if config.warmup_steps > 0 else 1.0
@@ -200,128 +135,33 @@ def progress(config: TrainConfig, step: int, train_bytes: int) -> float:
     return max(fractions) if fractions else 1.0
 
 
-def _optimizer(model: torch.nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
-    decay = [p for p in model.parameters() if p.ndim >= 2]
-    no_decay = [p for p in model.parameters() if p.ndim < 2]
-    groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=config.lr, betas=(0.9, 0.95), eps=1e-8)
+@dataclass
+class Run:
+    """What a training session holds between its steps."""
 
+    config: TrainConfig
+    accelerator: Any
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    stream: BatchStream
+    eval_set: SplitBatches | None
+    data: dict[str, Any]  # teacher and data, as the stores describe them
+    state: TrainerState
+    bar: Any  # tqdm
+    losses: dict[int, float] = field(default_factory=dict)  # step -> this process's mean loss
+    window: tuple[float, int] = (0.0, 0)  # throughput window: start time, bytes since
 
-# -------------------------------------------------------------------------------- evaluation
+    @property
+    def output_dir(self) -> Path:
+        return Path(self.config.output_dir)
 
 
 @dataclass
-class EvalMetrics:
-    student_bpb: float
-    teacher_bpb: float
-    kl_per_byte: float  # KL(teacher ‖ student) summed over the stream, in bits per UTF-8 byte
-    eval_bytes: int
+class StepStats:
+    """One optimizer step: its learning rate and mean losses over its micro-batches (this process)."""
 
-
-@torch.no_grad()
-def evaluate(model, accelerator, dataset: IterableDataset, batch_size: int, max_bytes: int = 0) -> EvalMetrics:
-    """Student and teacher BPB and KL per byte on a held-out stream (docs/DESIGN.md, "Evaluation").
-
-    All ranks step together and stop when any runs out or ``max_bytes`` is reached.
-    """
-    was_training = model.training
-    model.eval()
-    sums = torch.zeros(4, dtype=torch.float64, device=accelerator.device)  # student nll, teacher nll, kl, bytes
-    batches = iter(DataLoader(dataset, batch_size=batch_size))
-    while True:
-        batch = next(batches, None)
-        have = torch.tensor([1.0 if batch is not None else 0.0], device=accelerator.device)
-        if accelerator.gather(have).min() == 0:
-            break
-        batch = {k: v.to(accelerator.device) for k, v in batch.items()}
-        logprobs = torch.log_softmax(model(input_ids=batch["input_ids"], use_cache=False).logits.float(), -1)
-        mask = batch["loss_mask"].bool()
-        targets = batch["target_ids"].long().unsqueeze(-1)
-        probs = batch["target_probs"].float()
-        student_nll = -logprobs.gather(-1, targets).squeeze(-1)
-        teacher_nll = -probs.gather(-1, targets).squeeze(-1).double().log()
-        kl = kl_per_position(probs, logprobs)
-        local = torch.stack(
-            [student_nll[mask].double().sum(), teacher_nll[mask].sum(), kl[mask].double().sum(), utf8_bytes(batch).double()]
-        )
-        sums += accelerator.reduce(local, reduction="sum")
-        if max_bytes and sums[3] >= max_bytes:
-            break
-    model.train(was_training)
-    student, teacher, kl_sum, n_bytes = sums.tolist()
-    if n_bytes == 0:
-        raise UserError("the evaluation store yields no UTF-8 bytes")
-    scale = math.log(2) * n_bytes
-    return EvalMetrics(student / scale, teacher / scale, kl_sum / scale, int(n_bytes))
-
-
-# ------------------------------------------------------------------------------- checkpoints
-
-
-@dataclass
-class TrainerState:
-    step: int = 0
-    train_bytes: int = 0
-    last_eval: dict[str, Any] | None = None
-
-
-def checkpoint_dir(output_dir: Path, step: int) -> Path:
-    return output_dir / "checkpoints" / f"step-{step:08d}"
-
-
-def latest_checkpoint(output_dir: Path) -> Path | None:
-    """The newest complete checkpoint (one with trainer_state.json) under ``output_dir``."""
-    complete = sorted((output_dir / "checkpoints").glob("step-*/trainer_state.json"))
-    return complete[-1].parent if complete else None
-
-
-def _resolve_resume(config: TrainConfig) -> Path | None:
-    if config.resume is None:
-        return None
-    if config.resume == "latest":
-        return latest_checkpoint(Path(config.output_dir))
-    path = Path(config.resume)
-    if not (path / "trainer_state.json").is_file():
-        raise UserError(f"cannot resume: {path} is not a complete checkpoint (no trainer_state.json)")
-    return path
-
-
-def _write_json(path: Path, data: Any) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    tmp.replace(path)
-
-
-def save_checkpoint(accelerator, model, path: Path, state: TrainerState, stream: BatchStream, run_info: dict) -> None:
-    """Everything needed to continue exactly; trainer_state.json goes last."""
-    accelerator.save_state(str(path), safe_serialization=True)
-    _write_json(path / f"data_position_rank{accelerator.process_index}.json", stream.position())
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        accelerator.unwrap_model(model).config.to_json_file(path / "config.json")
-        _write_json(path / "run_info.json", run_info)
-        _write_json(path / "trainer_state.json", dataclasses.asdict(state))
-    accelerator.wait_for_everyone()
-
-
-def _prune_checkpoints(output_dir: Path, keep: int) -> None:
-    if keep <= 0:
-        return
-    complete = sorted(p.parent for p in (output_dir / "checkpoints").glob("step-*/trainer_state.json"))
-    for old in complete[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
-
-
-def load_checkpoint(accelerator, path: Path) -> tuple[TrainerState, dict[str, int]]:
-    accelerator.load_state(str(path))
-    state = TrainerState(**json.loads((path / "trainer_state.json").read_text(encoding="utf-8")))
-    position_file = path / f"data_position_rank{accelerator.process_index}.json"
-    if not position_file.is_file():
-        raise UserError(f"cannot resume: {position_file} is missing (was the run started with another number of processes?)")
-    return state, json.loads(position_file.read_text(encoding="utf-8"))
-
-
-# ------------------------------------------------------------------------------------ the run
+    lr: float
+    losses: dict[str, torch.Tensor]  # total, kl, ce
 
 
 @dataclass
@@ -331,6 +171,165 @@ class TrainResult:
     losses: dict[int, float]  # optimizer step -> this process's mean loss, for the steps of this session
     last_eval: dict[str, Any] | None
     checkpoint: Path | None
+
+
+def train(config: TrainConfig, source: DataSource = STORE_SOURCE) -> TrainResult:
+    """Train (or resume) a student as ``config`` says; returns where it ended."""
+    run, resumed = start_run(config, source)
+    if not resumed:
+        evaluate_and_record(run)
+    last_checkpoint = None
+    while not _done(config, run.state):
+        stats = train_step(run)
+        step = run.state.step
+        if step % config.log_every == 0:
+            log_training(run, stats)
+        if config.eval_every and step % config.eval_every == 0:
+            evaluate_and_record(run)
+        if config.checkpoint_every and step % config.checkpoint_every == 0:
+            last_checkpoint = save(run)
+        if config.stop_at_step is not None and step >= config.stop_at_step and not _done(config, run.state):
+            break
+    if _done(config, run.state) and (run.state.last_eval is None or run.state.last_eval["step"] != run.state.step):
+        evaluate_and_record(run)
+    if last_checkpoint != checkpoint_dir(run.output_dir, run.state.step):
+        last_checkpoint = save(run)
+    return finish(run, last_checkpoint)
+
+
+def start_run(config: TrainConfig, source: DataSource) -> tuple[Run, bool]:
+    """Accelerator, model, optimiser and data, restored from a checkpoint when resuming."""
+    from accelerate.utils import set_seed
+    from tqdm.auto import tqdm
+
+    output_dir = Path(config.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    accelerator = _accelerator(config, Path(config.log_dir) if config.log_dir else output_dir / "logs")
+    set_seed(config.seed)
+    model, optimizer = accelerator.prepare(*_model_and_optimizer(config))
+    common = dict(rank=accelerator.process_index, world_size=accelerator.num_processes, num_workers=config.num_workers)
+    train_set = source.build(
+        config.train_stores, config.seq_len, config.batch_size,
+        with_teacher=config.alpha > 0, teacher_dtype="float16", shuffle=True, seed=config.seed, max_symbols=0, **common,
+    )  # fmt: skip
+    eval_set = None
+    if config.eval_store is not None:
+        eval_set = source.build(
+            [config.eval_store], config.seq_len, config.batch_size,
+            with_teacher=True, teacher_dtype="float32", shuffle=False, seed=0, max_symbols=config.eval_bytes, **common,
+        )  # fmt: skip
+    state, position = TrainerState(), {"epoch": 0, "batches": 0}
+    resume_from = resolve_resume(config.resume, output_dir)
+    if resume_from is not None:
+        state, position = load_checkpoint(accelerator, resume_from, train_set.order_settings())
+        if accelerator.is_main_process:
+            keep_metrics_until(output_dir / "metrics.jsonl", state.step)
+    accelerator.init_trackers("bytedistill", config=_hparams(config))
+    bar = tqdm(
+        total=config.max_steps, initial=state.step, disable=not (config.progress and accelerator.is_main_process),
+        unit="step", dynamic_ncols=True,
+    )  # fmt: skip
+    run = Run(
+        config, accelerator, model, optimizer, BatchStream(train_set, **position), eval_set,
+        source.describe(config.train_stores), state, bar, window=(time.perf_counter(), 0),
+    )  # fmt: skip
+    model.train()
+    return run, resume_from is not None
+
+
+def train_step(run: Run) -> StepStats:
+    """One optimizer step over ``grad_accum`` micro-batches; advances the step and byte counters."""
+    config, accelerator, model, optimizer, state = run.config, run.accelerator, run.model, run.optimizer, run.state
+    lr = learning_rate(config, state.step + 1, progress(config, state.step, state.train_bytes))
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    sums = {name: torch.zeros((), device=accelerator.device) for name in ("total", "kl", "ce")}
+    step_bytes = torch.zeros((), dtype=torch.int64, device=accelerator.device)
+    for _ in range(config.grad_accum):
+        batch = to_device(next(run.stream), accelerator.device)
+        with accelerator.accumulate(model):
+            logits = model(input_ids=batch["input_ids"], use_cache=False).logits
+            out = distill_loss(
+                logits, batch["target_ids"], batch["loss_mask"], batch.get("target_probs"),
+                alpha=config.alpha, temperature=config.temperature,
+            )  # fmt: skip
+            accelerator.backward(out.total)
+            if accelerator.sync_gradients and config.grad_clip > 0:
+                accelerator.clip_grad_norm_(model.parameters(), config.grad_clip)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        for name in sums:
+            sums[name] += getattr(out, name).detach()
+        step_bytes += utf8_bytes(batch)
+    added = int(accelerator.reduce(step_bytes, reduction="sum"))
+    state.step += 1
+    state.train_bytes += added
+    run.window = (run.window[0], run.window[1] + added)
+    losses = {name: value / config.grad_accum for name, value in sums.items()}
+    run.losses[state.step] = float(losses["total"])
+    run.bar.update(1)
+    return StepStats(lr, losses)
+
+
+def log_training(run: Run, stats: StepStats) -> None:
+    """Losses (mean over processes), learning rate and throughput since the last log."""
+    mean = run.accelerator.reduce(stats.losses, reduction="mean")
+    start, window_bytes = run.window
+    rate = window_bytes / max(time.perf_counter() - start, 1e-9)
+    run.window = (time.perf_counter(), 0)
+    values = {"train/loss": float(mean["total"]), "train/ce": float(mean["ce"]), "train/lr": stats.lr,
+              "train/bytes": run.state.train_bytes, "train/bytes_per_s": rate}  # fmt: skip
+    if run.config.alpha > 0:
+        values["train/kl"] = float(mean["kl"])
+    run.accelerator.log(values, step=run.state.step)
+    run.bar.set_postfix(loss=f"{float(mean['total']):.4f}", bytes_s=f"{rate:,.0f}")
+
+
+def evaluate_and_record(run: Run) -> EvalMetrics | None:
+    """Evaluate on the held-out store (if any); log, append to metrics.jsonl, remember as last_eval."""
+    if run.eval_set is None:
+        return None
+    metrics = evaluate(run.model, run.accelerator, run.eval_set, run.config.seq_len)
+    state = run.state
+    state.last_eval = {"step": state.step, "train_bytes": state.train_bytes, **dataclasses.asdict(metrics)}
+    run.accelerator.log({f"eval/{k}": v for k, v in dataclasses.asdict(metrics).items()}, step=state.step)
+    if run.accelerator.is_main_process:
+        with (run.output_dir / "metrics.jsonl").open("a", encoding="utf-8") as f:
+            f.write(json.dumps(state.last_eval) + "\n")
+        run.bar.write(
+            f"eval step {state.step}: student {metrics.student_bpb:.4f} bpb, teacher {metrics.teacher_bpb:.4f} bpb, "
+            f"KL {metrics.kl_per_byte:.4f} bits/byte"
+        )
+    return metrics
+
+
+def save(run: Run) -> Path:
+    """A checkpoint of the current step; older ones beyond ``keep_checkpoints`` are removed."""
+    path = checkpoint_dir(run.output_dir, run.state.step)
+    save_checkpoint(
+        run.accelerator, run.model, path, run.state, run.stream.position(), run.stream.dataset.order_settings(), run_info(run)
+    )
+    if run.accelerator.is_main_process:
+        prune_checkpoints(run.output_dir, run.config.keep_checkpoints)
+    return path
+
+
+def finish(run: Run, last_checkpoint: Path) -> TrainResult:
+    if run.accelerator.is_main_process:
+        write_json(run.output_dir / "run_info.json", {**run_info(run), "checkpoint": str(last_checkpoint)})
+    run.bar.close()
+    run.accelerator.end_training()
+    state = run.state
+    return TrainResult(state.step, state.train_bytes, run.losses, state.last_eval, last_checkpoint)
+
+
+def run_info(run: Run) -> dict[str, Any]:
+    return {
+        "config": dataclasses.asdict(run.config),
+        "data": run.data,
+        "parameters": count_parameters(run.accelerator.unwrap_model(run.model)),
+        **dataclasses.asdict(run.state),
+    }
 
 
 def _accelerator(config: TrainConfig, log_dir: Path):
@@ -352,13 +351,10 @@ def _accelerator(config: TrainConfig, log_dir: Path):
 
 def _hparams(config: TrainConfig) -> dict[str, Any]:
     """The config in the scalar types TensorBoard's hparams accept."""
-    out = {}
-    for key, value in dataclasses.asdict(config).items():
-        out[key] = value if isinstance(value, (int, float, str, bool)) else json.dumps(value)
-    return out
+    return {k: v if isinstance(v, (int, float, str, bool)) else json.dumps(v) for k, v in dataclasses.asdict(config).items()}
 
 
-def _model(config: TrainConfig):
+def _model_and_optimizer(config: TrainConfig) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     model_config = student_config(
         config.preset,
         hidden_size=config.hidden_size,
@@ -369,7 +365,11 @@ def _model(config: TrainConfig):
         max_positions=config.max_positions or config.seq_len,
         rope_theta=config.rope_theta,
     )
-    return build_student(model_config, seed=config.seed)
+    model = build_student(model_config, seed=config.seed)
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.ndim < 2]
+    groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return model, torch.optim.AdamW(groups, lr=config.lr, betas=(0.9, 0.95), eps=1e-8)
 
 
 def _done(config: TrainConfig, state: TrainerState) -> bool:
@@ -377,131 +377,3 @@ def _done(config: TrainConfig, state: TrainerState) -> bool:
         (config.max_steps and state.step >= config.max_steps)
         or (config.max_train_bytes and state.train_bytes >= config.max_train_bytes)
     )
-
-
-def _append_metrics(path: Path, record: dict[str, Any]) -> None:
-    with path.open("a", encoding="utf-8") as f:
-        f.write(json.dumps(record) + "\n")
-
-
-def train(config: TrainConfig, source: DataSource = STORE_SOURCE) -> TrainResult:
-    """Train (or resume) a student as ``config`` says; returns where it ended."""
-    from accelerate.utils import set_seed
-    from tqdm.auto import tqdm
-
-    output_dir = Path(config.output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    log_dir = Path(config.log_dir) if config.log_dir else output_dir / "logs"
-    accelerator = _accelerator(config, log_dir)
-    set_seed(config.seed)
-    model = _model(config)
-    optimizer = _optimizer(model, config)
-    model, optimizer = accelerator.prepare(model, optimizer)
-    rank, world = accelerator.process_index, accelerator.num_processes
-    with_teacher = config.alpha > 0
-
-    state, position = TrainerState(), {"epoch": 0, "batches": 0}
-    resume_from = _resolve_resume(config)
-    if resume_from is not None:
-        state, position = load_checkpoint(accelerator, resume_from)
-    dataset = source.build(
-        config.train_stores, config.seq_len, with_teacher=with_teacher, shuffle=True, seed=config.seed, rank=rank, world_size=world
-    )
-    stream = BatchStream(dataset, config.batch_size, config.num_workers, **position)
-
-    def run_info() -> dict[str, Any]:
-        return {
-            "config": dataclasses.asdict(config),
-            "data": source.describe(config.train_stores),
-            "parameters": count_parameters(accelerator.unwrap_model(model)),
-            **dataclasses.asdict(state),
-        }
-
-    def run_eval() -> None:
-        if config.eval_store is None:
-            return
-        eval_set = source.build(
-            [config.eval_store], config.seq_len, with_teacher=True, shuffle=False, seed=0, rank=rank, world_size=world
-        )
-        metrics = evaluate(model, accelerator, eval_set, config.batch_size, config.eval_bytes)
-        state.last_eval = {"step": state.step, "train_bytes": state.train_bytes, **dataclasses.asdict(metrics)}
-        accelerator.log({f"eval/{k}": v for k, v in dataclasses.asdict(metrics).items()}, step=state.step)
-        if accelerator.is_main_process:
-            _append_metrics(output_dir / "metrics.jsonl", state.last_eval)
-            bar.write(
-                f"eval step {state.step}: student {metrics.student_bpb:.4f} bpb, teacher {metrics.teacher_bpb:.4f} bpb, "
-                f"KL {metrics.kl_per_byte:.4f} bits/byte"
-            )
-
-    def checkpoint() -> Path:
-        path = checkpoint_dir(output_dir, state.step)
-        save_checkpoint(accelerator, model, path, state, stream, run_info())
-        if accelerator.is_main_process:
-            _prune_checkpoints(output_dir, config.keep_checkpoints)
-        return path
-
-    accelerator.init_trackers("bytedistill", config=_hparams(config))
-    bar = tqdm(
-        total=config.max_steps, initial=state.step, disable=not (config.progress and accelerator.is_main_process),
-        unit="step", dynamic_ncols=True,
-    )
-    if resume_from is None:
-        run_eval()
-    losses: dict[int, float] = {}
-    last_checkpoint, stopped_early = None, False
-    window_start, window_bytes = time.perf_counter(), 0
-    model.train()
-    while not _done(config, state):
-        state.step += 1
-        lr = learning_rate(config, state.step, progress(config, state.step - 1, state.train_bytes))
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        sums = torch.zeros(4, device=accelerator.device)  # total, kl, ce, bytes
-        for _ in range(config.grad_accum):
-            batch = {k: v.to(accelerator.device) for k, v in next(stream).items()}
-            with accelerator.accumulate(model):
-                logits = model(input_ids=batch["input_ids"], use_cache=False).logits
-                out = distill_loss(
-                    logits, batch["target_ids"], batch["loss_mask"], batch.get("target_probs"),
-                    alpha=config.alpha, temperature=config.temperature,
-                )
-                accelerator.backward(out.total)
-                if accelerator.sync_gradients and config.grad_clip > 0:
-                    accelerator.clip_grad_norm_(model.parameters(), config.grad_clip)
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-            sums += torch.stack([out.total.detach(), out.kl.detach(), out.ce.detach(), utf8_bytes(batch).float()])
-        step_bytes = int(accelerator.reduce(sums[3:4].clone(), reduction="sum").item())
-        state.train_bytes += step_bytes
-        window_bytes += step_bytes
-        mean = sums[:3] / config.grad_accum
-        losses[state.step] = float(mean[0])
-        bar.update(1)
-
-        if state.step % config.log_every == 0:
-            mean = accelerator.reduce(mean, reduction="mean")
-            rate = window_bytes / max(time.perf_counter() - window_start, 1e-9)
-            window_start, window_bytes = time.perf_counter(), 0
-            values = {"train/loss": float(mean[0]), "train/ce": float(mean[2]), "train/lr": lr,
-                      "train/bytes": state.train_bytes, "train/bytes_per_s": rate}
-            if with_teacher:
-                values["train/kl"] = float(mean[1])
-            accelerator.log(values, step=state.step)
-            bar.set_postfix(loss=f"{float(mean[0]):.4f}", bytes_s=f"{rate:,.0f}")
-        if config.eval_every and state.step % config.eval_every == 0:
-            run_eval()
-        if config.checkpoint_every and state.step % config.checkpoint_every == 0:
-            last_checkpoint = checkpoint()
-        if config.stop_at_step is not None and state.step >= config.stop_at_step and not _done(config, state):
-            stopped_early = True
-            break
-
-    if not stopped_early and (state.last_eval is None or state.last_eval["step"] != state.step):
-        run_eval()
-    if last_checkpoint is None or last_checkpoint != checkpoint_dir(output_dir, state.step):
-        last_checkpoint = checkpoint()
-    if accelerator.is_main_process:
-        _write_json(output_dir / "run_info.json", {**run_info(), "checkpoint": str(last_checkpoint)})
-    bar.close()
-    accelerator.end_training()
-    return TrainResult(state.step, state.train_bytes, losses, state.last_eval, last_checkpoint)

@@ -1,5 +1,5 @@
-"""The logit store (issue 3): encodings, writer/reader round trips, resume, corruption, the
-packed training dataset and the inspect/verify commands, on the real Llama-3 vocabulary."""
+"""The logit store (issue 3): encodings, writer/reader round trips, resume, corruption and the
+inspect/verify commands, on the real Llama-3 vocabulary (the training dataset: test_dataset.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import shutil
 import numpy as np
 import pytest
 
-from distill.alphabet import ALPHABET_SIZE, BOS, EOS, PAD
+from distill.alphabet import ALPHABET_SIZE
 from distill.cli import main as cli_main
 from distill.convert import Converter
 from distill.encode import DocumentEncoder
@@ -27,7 +27,6 @@ from logit_store import (
     store_content_hash,
 )
 from logit_store.cli import verify_store
-from logit_store.dataset import PackedStreamDataset
 
 TEXTS = [
     "In the beginning God created the heaven and the earth.".encode(),
@@ -149,75 +148,6 @@ def test_random_access_equals_iteration(default_store, llama3, documents):
     assert stats["text_bytes"] == sum(len(t) for t in TEXTS)
     assert stats["positions"] == sum(d.layout.num_positions for _, d, _ in documents)
     assert stats["tokens"] == sum(len(ids) for ids, _, _ in documents)
-
-
-def _dataset_windows(dataset, num_workers):
-    import torch
-
-    loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=num_workers)
-    return [{k: v.numpy() for k, v in batch.items()} for batch in loader]
-
-
-def test_dataset_covers_every_position_once(default_store, llama3, documents):
-    store = open_store(default_store, llama3)
-    seq_len, world, workers = 16, 2, 2
-    total = store.stats()["positions"]
-    assigned = []
-    masked = 0
-    for rank in range(world):
-        dataset = PackedStreamDataset(store, seq_len, shuffle=True, seed=7, rank=rank, world_size=world)
-        dataset.set_epoch(1)
-        direct = []
-        for worker in range(workers):
-            split = dataset.split_documents(worker, workers)
-            assigned.extend(split.tolist())
-            windows = list(dataset._windows(split))
-            direct.extend(windows)
-            # the windows are exactly this split's documents' streams, packed and padded
-            stream = np.concatenate([store.document(int(i)).layout.symbols for i in split]) if len(split) else []
-            inputs = np.concatenate([w["input_ids"].numpy() for w in windows]) if windows else np.zeros(0)
-            np.testing.assert_array_equal(inputs[: len(stream)], stream)
-            assert np.all(inputs[len(stream) :] == PAD) and len(inputs) - len(stream) < seq_len
-        got = _dataset_windows(dataset, workers)  # real DataLoader workers: the same windows
-        assert sorted(w["input_ids"].tobytes() for w in got) == sorted(w["input_ids"].numpy().tobytes() for w in direct)
-        for w in got:
-            assert w["input_ids"].shape == (seq_len,) and w["target_probs"].shape == (seq_len, ALPHABET_SIZE)
-            mask = w["loss_mask"]
-            masked += int(mask.sum())
-            assert not mask[w["input_ids"] == EOS].any() and not mask[w["input_ids"] == PAD].any()
-            assert np.all(w["target_ids"][~mask] == PAD)
-            probs = w["target_probs"]
-            np.testing.assert_allclose(probs[mask].sum(1), 1.0, atol=1e-5)
-            assert np.all(probs[~mask] == 0)
-            # the target symbol is in the teacher's support
-            assert np.all(probs[mask, w["target_ids"][mask]] > 0)
-            bos = w["input_ids"] == BOS
-            assert np.all(mask[bos])
-    assert sorted(assigned) == list(range(len(documents)))  # disjoint and complete
-    assert masked == total
-
-
-def test_dataset_epochs_and_ce_only(default_store, llama3):
-    store = open_store(default_store, llama3)
-    dataset = PackedStreamDataset(store, 32, shuffle=True, seed=0)
-    orders = set()
-    for epoch in range(4):
-        dataset.set_epoch(epoch)
-        orders.add(tuple(dataset.split_documents()))
-    assert len(orders) > 1
-    dataset.set_epoch(2)
-    again = PackedStreamDataset(store, 32, shuffle=True, seed=0)
-    again.set_epoch(2)
-    assert tuple(dataset.split_documents()) == tuple(again.split_documents())
-
-    ce_only = PackedStreamDataset(store, 32, with_teacher=False, shuffle=False)
-    ce_only.store.encoding = None  # decoding values would now fail: CE-only must not decode
-    with_teacher = PackedStreamDataset(open_store(default_store, llama3), 32, shuffle=False)
-    a, b = list(ce_only), list(with_teacher)
-    assert len(a) == len(b) and "target_probs" not in a[0]
-    for x, y in zip(a, b):
-        for key in ("input_ids", "target_ids", "loss_mask"):
-            assert (x[key] == y[key]).all()
 
 
 def test_resume_after_crash_matches_uninterrupted(tmp_path, llama3, documents):

@@ -106,3 +106,16 @@ def test_baseline_needs_no_teacher_and_distillation_does():
     assert out.total.item() == out.ce.item() and math.isnan(out.kl.item())
     with pytest.raises(UserError, match="teacher probabilities"):
         distill_loss(logits, targets, mask, None, alpha=0.5)
+
+
+def test_half_precision_logits_give_a_float32_loss():
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(2, 5, ALPHABET_SIZE, generator=g)
+    probs = torch.softmax(torch.randn(2, 5, ALPHABET_SIZE, generator=g), -1)
+    targets = torch.randint(0, 256, (2, 5), generator=g)
+    mask = torch.ones(2, 5, dtype=torch.bool)
+    exact = distill_loss(logits.bfloat16().float(), targets, mask, probs, alpha=0.9)
+    mixed = distill_loss(logits.bfloat16(), targets, mask, probs.half(), alpha=0.9)
+    assert mixed.total.dtype == mixed.kl.dtype == mixed.ce.dtype == torch.float32
+    assert mixed.ce.item() == exact.ce.item()  # the bf16 logits are widened before the softmax
+    assert mixed.kl.item() == pytest.approx(exact.kl.item(), rel=1e-3)  # float16 teacher rows

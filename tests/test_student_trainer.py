@@ -1,6 +1,9 @@
-"""The trainer on a synthetic bigram teacher (students.synthetic): no logit store needed."""
+"""The trainer: on a synthetic bigram teacher (students.synthetic) for the loop's logic, and on
+real logit stores for data loading with workers, resume, several processes and mixed precision."""
 
+import dataclasses
 import json
+import shutil
 import subprocess
 import textwrap
 from pathlib import Path
@@ -12,8 +15,10 @@ from safetensors.torch import load_file
 from distill.config import parse_config
 from distill.errors import UserError
 from students.synthetic import SYNTHETIC_SOURCE
-from students.trainer import TrainConfig, latest_checkpoint, learning_rate, train
+from students.checkpoints import checkpoint_dir, latest_checkpoint
+from students.trainer import TrainConfig, learning_rate, train
 from tests.launch import cpu_launch
+from tests.stores import random_texts, write_random_store
 
 TINY = dict(
     preset="tiny", hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64,
@@ -60,9 +65,9 @@ def test_training_lowers_kl_and_writes_metrics(tmp_path):
 def test_baseline_trains_without_teacher_probabilities(tmp_path):
     seen = []
 
-    def build(paths, seq_len, **kwargs):
+    def build(paths, seq_len, batch_size, **kwargs):
         seen.append(kwargs["with_teacher"])
-        return SYNTHETIC_SOURCE.build(paths, seq_len, **kwargs)
+        return SYNTHETIC_SOURCE.build(paths, seq_len, batch_size, **kwargs)
 
     source = type(SYNTHETIC_SOURCE)(build=build, describe=SYNTHETIC_SOURCE.describe)
     result = train(_config(tmp_path, alpha=0.0, max_train_bytes=200), source)
@@ -105,3 +110,90 @@ def test_two_process_cpu_accelerate_launch(tmp_path):
     assert {"data_position_rank0.json", "data_position_rank1.json", "model.safetensors"} <= {p.name for p in final.iterdir()}
     assert (final / "random_states_1.pkl").is_file()  # really two ranks
     assert json.loads((final / "trainer_state.json").read_text())["train_bytes"] > 0
+
+
+# ------------------------------------------------------------------------------ on real stores
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory, llama3_vocab, llama3_converter, llama3_encoder):
+    root = tmp_path_factory.mktemp("stores")
+    helpers = (llama3_vocab, llama3_converter, llama3_encoder)
+    train_store = write_random_store(root / "train", *helpers, random_texts(40, seed=1))
+    eval_store = write_random_store(root / "eval", *helpers, random_texts(9, seed=2), seed=9)
+    return str(train_store), str(eval_store)
+
+
+def _store_config(out: Path, stores, **overrides) -> TrainConfig:
+    values = dict(
+        TINY, train_stores=[stores[0]], eval_store=stores[1], output_dir=str(out), seq_len=64, batch_size=4,
+        grad_accum=4, num_workers=2, max_steps=8, eval_every=4, eval_bytes=0, checkpoint_every=3,
+    )  # fmt: skip
+    values.update(overrides)
+    return TrainConfig(**values)
+
+
+def _metrics(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_store_run_with_workers_killed_and_resumed_equals_uninterrupted(tmp_path, stores):
+    full = train(_store_config(tmp_path / "full", stores))
+    first = train(_store_config(tmp_path / "parts", stores, stop_at_step=5))
+    assert first.step == 5 and [m["step"] for m in _metrics(tmp_path / "parts")] == [0, 4]
+    # killed while writing the step-5 checkpoint: step 3's is the latest, step 4's evaluation is on record
+    shutil.rmtree(checkpoint_dir(tmp_path / "parts", 5))
+    with pytest.raises(UserError, match="batch_size: checkpoint 4, now 2"):
+        train(_store_config(tmp_path / "parts", stores, resume="latest", batch_size=2))
+    second = train(_store_config(tmp_path / "parts", stores, resume="latest"))
+    assert sorted(second.losses) == list(range(4, 9))  # 28 batches an epoch: step 7 crosses into epoch 1
+    for step in second.losses:
+        assert second.losses[step] == pytest.approx(full.losses[step], abs=1e-6), step
+    assert second.train_bytes == full.train_bytes
+    assert json.loads((second.checkpoint / "data_position_rank0.json").read_text()) == {"epoch": 1, "batches": 4}
+    resumed, uninterrupted = _metrics(tmp_path / "parts"), _metrics(tmp_path / "full")
+    assert [m["step"] for m in resumed] == [m["step"] for m in uninterrupted] == [0, 4, 8]
+    for a, b in zip(resumed, uninterrupted):
+        assert a["student_bpb"] == pytest.approx(b["student_bpb"], abs=1e-6)
+
+
+@pytest.fixture
+def reset_accelerate():
+    """accelerate keeps one process-wide state, fixed by the first Accelerator; a test that changes
+    the mixed precision clears it (a real run is one process with one precision)."""
+    from accelerate.state import AcceleratorState
+
+    def reset() -> None:
+        AcceleratorState._reset_state(reset_partial_state=True)
+
+    reset()
+    yield reset
+    reset()
+
+
+def test_bf16_autocast_trains_with_float32_loss(tmp_path, stores, reset_accelerate):
+    common = dict(max_steps=4, grad_accum=1, eval_every=0, num_workers=0, checkpoint_every=0, eval_store=None)
+    exact = train(_store_config(tmp_path / "fp32", stores, **common))
+    reset_accelerate()
+    mixed = train(_store_config(tmp_path / "bf16", stores, mixed_precision="bf16", **common))
+    for step, loss in mixed.losses.items():
+        assert loss == pytest.approx(exact.losses[step], rel=0.05)
+    assert any(mixed.losses[s] != exact.losses[s] for s in mixed.losses)  # the forward really ran in bf16
+
+
+@pytest.mark.slow
+def test_evaluation_is_the_same_with_one_and_two_processes(tmp_path, stores):
+    flags = dict(max_steps=1, checkpoint_every=0, num_workers=0, batch_size=3)
+    train(_store_config(tmp_path / "one", stores, **flags))
+    config = _store_config(tmp_path / "two", stores, **flags)
+    args = [f"--{k.replace('_', '-')}={v}" for k, v in dataclasses.asdict(config).items() if v is not None and k != "train_stores"]
+    launch, env = cpu_launch(2)
+    cmd = launch + ["-m", "students.train_cli", "--train-stores", stores[0], *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (latest_checkpoint(tmp_path / "two") / "data_position_rank1.json").is_file()  # really two ranks
+    one, two = _metrics(tmp_path / "one")[0], _metrics(tmp_path / "two")[0]
+    assert one["eval_bytes"] == two["eval_bytes"] > 0
+    for key in ("student_bpb", "teacher_bpb", "kl_per_byte"):
+        assert two[key] == pytest.approx(one[key], abs=1e-6), key

@@ -1,0 +1,88 @@
+"""Where the trainer's batches come from, and where in them it stands.
+
+A :class:`DataSource` builds a :class:`logit_store.dataset.SplitBatches` (the logit stores by
+default, tests plug in :mod:`students.synthetic`); :class:`BatchStream` turns it into endless
+micro-batches over epochs and remembers the position (epoch, batches consumed in the epoch) that
+a checkpoint saves and a resumed run seeks to.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from distill.alphabet import NUM_BYTES
+from distill.errors import UserError
+from logit_store.dataset import SplitBatches
+
+
+@dataclass
+class DataSource:
+    """``build(paths, seq_len, batch_size, *, with_teacher, teacher_dtype, shuffle, seed, rank,
+    world_size, num_workers, max_symbols)`` returns a :class:`SplitBatches`; ``describe(paths)``
+    returns what the model card says about the teacher and data."""
+
+    build: Callable[..., SplitBatches]
+    describe: Callable[[list[str]], dict[str, Any]]
+
+
+def _store_dataset(paths: list[str], seq_len: int, batch_size: int, **kwargs: Any) -> SplitBatches:
+    from logit_store.dataset import PackedStreamDataset
+
+    return PackedStreamDataset([Path(p) for p in paths], seq_len, batch_size, **kwargs)
+
+
+def _describe_stores(paths: list[str]) -> dict[str, Any]:
+    """Teacher and data as recorded in the stores' manifests (for run_info.json and the model card)."""
+    from logit_store.store import read_manifest
+
+    manifest = read_manifest(Path(paths[0]))
+    return {
+        "teacher": manifest.get("teacher") or "unknown",
+        "corpus": ", ".join(Path(p).name for p in paths),
+        "corpus_hash": manifest.get("corpus_hash"),
+        "encoding": manifest.get("encoding"),
+    }
+
+
+STORE_SOURCE = DataSource(build=_store_dataset, describe=_describe_stores)
+
+
+class BatchStream:
+    """Endless micro-batches over epochs, starting at (epoch, batches consumed in the epoch)."""
+
+    def __init__(self, dataset: SplitBatches, epoch: int = 0, batches: int = 0):
+        self.dataset, self.epoch, self.batches = dataset, epoch, batches
+        self._iterator: Iterator | None = None
+
+    def __next__(self) -> dict[str, torch.Tensor]:
+        for _ in range(2):
+            if self._iterator is None:
+                self.dataset.set_position(self.epoch, self.batches)
+                self._iterator = iter(self.dataset.loader())
+            batch = next(self._iterator, None)
+            if batch is not None:
+                self.batches += 1
+                return batch
+            self._iterator, self.epoch, self.batches = None, self.epoch + 1, 0
+        raise UserError("the training stores yield no batch for this process (are they empty?)")
+
+    def position(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "batches": self.batches}
+
+
+def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    """The batch on ``device``; teacher rows travel in their compact dtype and widen there."""
+    moved = {key: value.to(device, non_blocking=True) for key, value in batch.items()}
+    if "target_probs" in moved:
+        moved["target_probs"] = moved["target_probs"].float()
+    return moved
+
+
+def utf8_bytes(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Target positions that are real bytes: the BPB denominator and the training-bytes counter."""
+    return (batch["loss_mask"].bool() & (batch["target_ids"] < NUM_BYTES)).sum()

@@ -1,0 +1,80 @@
+"""Held-out evaluation: student and teacher bits per byte, and the KL between them.
+
+Bits per byte (BPB) = total NLL of the stream in nats / (ln 2 × UTF-8 bytes), counting every
+symbol's NLL (``<eot>``, ``<eos>`` included) but only real bytes in the denominator
+(docs/DESIGN.md, "Evaluation"). The teacher's BPB is its NLL of the same targets from
+the stored distributions; the KL is KL(teacher ‖ student) summed over the stream, per byte.
+
+Exact for any number of processes: each rank reads its own splits of the held-out store (each
+position in exactly one), ranks with fewer batches run fully masked ones so that all run the same
+number of forward passes, and the sums are added once at the end.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from distill.alphabet import ALPHABET_SIZE, PAD
+from distill.errors import UserError
+from logit_store.dataset import SplitBatches
+from students.data import to_device, utf8_bytes
+from students.loss import kl_per_position
+
+
+@dataclass
+class EvalMetrics:
+    student_bpb: float
+    teacher_bpb: float
+    kl_per_byte: float  # KL(teacher ‖ student) summed over the stream, in bits per UTF-8 byte
+    eval_bytes: int
+
+
+@torch.no_grad()
+def evaluate(model, accelerator, dataset: SplitBatches, seq_len: int) -> EvalMetrics:
+    """Student and teacher BPB and KL per byte over every position of ``dataset``."""
+    was_training = model.training
+    model.eval()
+    device = accelerator.device
+    rounds = int(accelerator.reduce(torch.tensor(dataset.num_batches(), device=device), reduction="max"))
+    sums = {name: torch.zeros((), dtype=torch.float64, device=device) for name in ("student", "teacher", "kl", "bytes")}
+    batches = iter(dataset.loader())
+    for _ in range(rounds):
+        batch = to_device(next(batches, None) or masked_batch(seq_len), device)
+        for name, value in _batch_sums(model, batch).items():
+            sums[name] += value
+    model.train(was_training)
+    totals = {name: float(value) for name, value in accelerator.reduce(sums, reduction="sum").items()}
+    if totals["bytes"] == 0:
+        raise UserError("the evaluation store yields no UTF-8 bytes")
+    scale = math.log(2) * totals["bytes"]
+    return EvalMetrics(totals["student"] / scale, totals["teacher"] / scale, totals["kl"] / scale, int(totals["bytes"]))
+
+
+def _batch_sums(model, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Student NLL, teacher NLL, KL (nats) and UTF-8 bytes over the batch's target positions."""
+    logprobs = torch.log_softmax(model(input_ids=batch["input_ids"], use_cache=False).logits.float(), -1)
+    mask = batch["loss_mask"].bool()
+    targets = batch["target_ids"].long().unsqueeze(-1)
+    probs = batch["target_probs"]
+    student_nll = -logprobs.gather(-1, targets).squeeze(-1)
+    teacher_nll = -probs.gather(-1, targets).squeeze(-1).double().log()
+    kl = kl_per_position(probs, logprobs)
+    return {
+        "student": student_nll[mask].double().sum(),
+        "teacher": teacher_nll[mask].sum(),
+        "kl": kl[mask].double().sum(),
+        "bytes": utf8_bytes(batch).double(),
+    }
+
+
+def masked_batch(seq_len: int) -> dict[str, torch.Tensor]:
+    """One window of padding with no target: a forward pass that counts nothing."""
+    return {
+        "input_ids": torch.full((1, seq_len), PAD, dtype=torch.int64),
+        "target_ids": torch.full((1, seq_len), PAD, dtype=torch.int64),
+        "loss_mask": torch.zeros((1, seq_len), dtype=torch.bool),
+        "target_probs": torch.zeros((1, seq_len, ALPHABET_SIZE), dtype=torch.float32),
+    }
