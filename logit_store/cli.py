@@ -83,19 +83,15 @@ def verify_store(store: LogitStore, tolerance: float = 1e-3) -> dict:
     start = time.time()
     positions = 0
     worst = 0.0
-    chunks = 0
-    for s, shard in enumerate(store.shards):
-        for c in range(len(shard.chunks)):
-            store._chunk(s, c)  # checksum + decompression + size checks
-            chunks += 1
+    chunks = store.check_chunks()
     for i in range(len(store)):
         doc = store.document(i)
         sums = np.add.reduceat(doc.values.astype(np.float64), doc.layout.offsets[:-1]) if len(doc.values) else np.zeros(0)
         err = float(np.abs(sums - 1).max()) if len(sums) else 0.0
         if not np.all(np.isfinite(doc.values)) or err > tolerance or (len(doc.values) and doc.values.min() < 0):
-            shard, local = store._locate(i)
+            shard, local = store.document_location(i)
             raise UserError(
-                f"shard {store.shards[shard].name} document {local} (store document {i}): distributions "
+                f"shard {shard} document {local} (store document {i}): distributions "
                 f"not normalised (max |sum - 1| = {err:.3g} > {tolerance})"
             )
         if len(doc.dropped_mass) != len(doc.token_ids) + 1:

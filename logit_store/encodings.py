@@ -51,6 +51,8 @@ class Encoding:
     name = ""
     value_width = 0
     position_width = 0
+    needs_contexts = False  # pack_values/unpack_values use the values' model contexts
+
 
     @property
     def params(self) -> dict:
@@ -63,7 +65,18 @@ class Encoding:
         raise NotImplementedError
 
     def decode(self, value_bytes: np.ndarray, position_bytes: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+        """Probabilities from stored bytes; ``ValueError`` for bytes no writer produces."""
         raise NotImplementedError
+
+    def pack_values(self, value_bytes: np.ndarray, contexts: np.ndarray | None) -> bytes:
+        """A chunk's (S, k) value bytes as stored in format 2: byte planes (zstd does the rest)."""
+        return np.ascontiguousarray(value_bytes.reshape(-1, self.value_width).T).tobytes()
+
+    def unpack_values(self, packed: memoryview, count: int, contexts: np.ndarray | None, where: str) -> np.ndarray:
+        if len(packed) != count * self.value_width:
+            raise UserError(f"{where}: corrupt (value section of {len(packed)} bytes for {count} values)")
+        planes = np.frombuffer(packed, dtype=np.uint8).reshape(self.value_width, count)
+        return np.ascontiguousarray(planes.T)
 
 
 class Float16Encoding(Encoding):
@@ -77,6 +90,8 @@ class Float16Encoding(Encoding):
 
     def decode(self, value_bytes, position_bytes, offsets):
         values = np.ascontiguousarray(value_bytes).view(np.float16).reshape(-1).astype(np.float32)
+        if not np.all(np.isfinite(values)) or np.any(np.signbit(values)):
+            raise ValueError("a float16 value that is not a finite non-negative number")
         values[values <= 0] = _F16_ZERO
         return _renormalise(values, offsets)
 
@@ -102,6 +117,8 @@ class _CodeTableEncoding(Encoding):
     def decode(self, value_bytes, position_bytes, offsets):
         raw = np.ascontiguousarray(value_bytes)
         codes = raw.reshape(-1) if self.value_width == 1 else raw.view("<u2").reshape(-1)
+        if len(codes) and int(codes.max()) >= len(self._table):
+            raise ValueError(f"value code {int(codes.max())} outside the {self.name} table of {len(self._table)}")
         out = np.empty(len(codes), np.float32)
         _decode_codes(
             codes, np.ascontiguousarray(position_bytes).reshape(-1), np.asarray(offsets, np.int64), self._table, out
