@@ -34,12 +34,15 @@ text byte at mean KL 7.7e-5 bits/position (max 4.4e-4); ``float16`` 84 B at 2.3e
 from __future__ import annotations
 
 import math
+import struct
 from functools import cached_property
 
 import numba
 import numpy as np
 
+from distill.alphabet import ALPHABET_SIZE
 from distill.errors import UserError
+from logit_store import rans
 
 _F16_ZERO = 2.0**-27  # a float16 that rounded to zero: somewhere in [0, 2**-25)
 _TAIL_STEP = 4.0  # tail mean code: round(-log2(mean) * 4), 1..255; 0 = no positive tail
@@ -179,6 +182,71 @@ class PowerEncoding(_CodeTableEncoding):
         return (np.arange(self.levels + 1) / self.levels) ** (1.0 / self.gamma)
 
 
+class ContextCodedEncoding(PowerEncoding):
+    """``pow8`` codes entropy-coded per chunk (format 2): static rANS (logit_store/rans.py) with
+    one frequency table per context, the tables stored in the chunk. A value's context is what
+    the reader knows before decoding: its support symbol and its position's depth in the token
+    (0: a token start, 1, 2 or more); see :meth:`contexts`."""
+
+    needs_contexts = True
+    DEPTHS = 3
+
+    def __init__(self, gamma: float | None = None):
+        super().__init__(8, DEFAULT_GAMMA[8] if gamma is None else gamma)
+        self.name = "pow8-ans"
+
+    def contexts(self, layout) -> np.ndarray:
+        """(S,) context of every value: support symbol + 260 × min(depth, 2)."""
+        starts = layout.position_node == 0
+        at = np.arange(len(starts))
+        depth = at - np.maximum.accumulate(np.where(starts, at, 0))
+        per_value = np.repeat(np.minimum(depth, self.DEPTHS - 1), np.diff(layout.offsets))
+        return layout.support.astype(np.int64) + ALPHABET_SIZE * per_value
+
+    @property
+    def num_contexts(self) -> int:
+        return ALPHABET_SIZE * self.DEPTHS
+
+    def pack_values(self, value_bytes, contexts):
+        codes = value_bytes.reshape(-1)
+        counts = np.zeros((self.num_contexts, 256), np.int64)
+        np.add.at(counts, (contexts, codes), 1)
+        used = np.flatnonzero(counts.sum(axis=1))
+        freq = rans.quantise(counts[used])
+        dense = np.zeros((self.num_contexts, 256), np.uint16)
+        dense[used] = freq
+        words = rans.encode(codes, contexts, dense)
+        planes = np.ascontiguousarray(freq.astype("<u2").view(np.uint8).reshape(-1, 2).T).tobytes()
+        header = struct.pack("<I", len(used)) + used.astype("<u2").tobytes()
+        return header + planes + struct.pack("<Q", len(words)) + words.astype("<u2").tobytes()
+
+    def unpack_values(self, packed, count, contexts, where):
+        try:
+            return self._unpack(bytes(packed), count, contexts).reshape(-1, 1)
+        except (ValueError, struct.error) as exc:
+            raise UserError(f"{where}: corrupt values ({exc})") from None
+
+    def _unpack(self, packed: bytes, count: int, contexts: np.ndarray) -> np.ndarray:
+        if len(contexts) != count:
+            raise ValueError(f"{len(contexts)} contexts for {count} values")
+        (num_used,) = struct.unpack_from("<I", packed, 0)
+        at = 4 + 2 * num_used
+        if num_used > self.num_contexts or at + 512 * num_used + 8 > len(packed):
+            raise ValueError("frequency tables larger than the value section")
+        used = np.frombuffer(packed, "<u2", num_used, 4).astype(np.int64)
+        if np.any(used >= self.num_contexts) or np.any(np.diff(used) <= 0):
+            raise ValueError("frequency table contexts out of order or range")
+        planes = np.frombuffer(packed, np.uint8, 512 * num_used, at).reshape(2, -1)
+        freq = np.zeros((self.num_contexts, 256), np.uint16)
+        freq[used] = np.ascontiguousarray(planes.T).view("<u2").reshape(num_used, 256)
+        at += 512 * num_used
+        (num_words,) = struct.unpack_from("<Q", packed, at)
+        if at + 8 + 2 * num_words != len(packed):
+            raise ValueError("rANS word count does not match the value section")
+        words = np.frombuffer(packed, "<u2", num_words, at + 8).astype(np.uint16)
+        return rans.decode(words, contexts, freq)
+
+
 def _renormalise(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     sums = np.add.reduceat(values.astype(np.float64), offsets[:-1]) if len(values) else np.zeros(0)
     return (values / np.repeat(sums, np.diff(offsets))).astype(np.float32)
@@ -253,6 +321,8 @@ def get_encoding(name: str, params: dict | None = None) -> Encoding:
             enc = LogEncoding(**params)
         elif name in ("pow8", "pow12", "pow16"):
             enc = PowerEncoding(bits=int(name[3:]), **params)
+        elif name == "pow8-ans":
+            enc = ContextCodedEncoding(**params)
         else:
             raise UserError(f"unknown value encoding {name!r}; choose one of {', '.join(ENCODINGS)}")
     except TypeError as exc:
@@ -261,7 +331,7 @@ def get_encoding(name: str, params: dict | None = None) -> Encoding:
 
 
 DEFAULT_GAMMA = {8: 0.47, 12: 0.5, 16: 0.5}
-ENCODINGS = ("float16", "log8", "pow8", "pow12", "pow16")
+ENCODINGS = ("float16", "log8", "pow8", "pow8-ans", "pow12", "pow16")
 DEFAULT_ENCODING = "pow8"
 
 

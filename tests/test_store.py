@@ -47,6 +47,7 @@ KL_BOUNDS = {
     "float16": (1e-6, 1e-5),
     "log8": (2e-4, 2e-3),
     "pow8": (3e-4, 1.5e-3),
+    "pow8-ans": (3e-4, 1.5e-3),
     "pow12": (2e-6, 1e-5),
     "pow16": (1e-8, 1e-6),
 }
@@ -128,6 +129,17 @@ def test_round_trip_every_encoding(tmp_path, llama3, documents, encoding):
     kl = np.concatenate(kls)
     mean_bound, max_bound = KL_BOUNDS[encoding]
     assert kl.mean() <= mean_bound and kl.max() <= max_bound, (kl.mean(), kl.max())
+
+
+def test_entropy_coded_values_equal_plain_codes(tmp_path, llama3, documents):
+    """pow8-ans stores exactly the pow8 codes: every document decodes to the same values."""
+    plain = open_store(write_store(tmp_path / "plain", llama3, documents, "pow8"), llama3)
+    coded = open_store(write_store(tmp_path / "coded", llama3, documents, "pow8-ans", chunk_bytes=30_000), llama3)
+    assert coded.stats()["chunks"] < plain.stats()["chunks"]
+    for k in range(len(documents)):
+        a, b = plain.document(k), coded.document(k)
+        np.testing.assert_array_equal(a.values, b.values)
+        np.testing.assert_array_equal(plain.encoded_document(k).value_bytes, coded.encoded_document(k).value_bytes)
 
 
 def test_random_access_equals_iteration(default_store, llama3, documents):
