@@ -8,9 +8,9 @@ it, possibly entropy-coded, behind its length) and the dropped mass (1: float32,
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Callable
 
 import numpy as np
 

@@ -94,7 +94,7 @@ def check_writer(directory: Path, writer_id: int, shards: list[ShardReader], ide
         return False
     if (completion.shards, completion.documents) != (len(shards), documents):
         raise UserError(
-            f"{directory}: writer {writer_id} finished with {completion.shards} shards and {completion.documents} "
+            f"{completion_path(directory, writer_id).name}: writer {writer_id} finished with {completion.shards} shards and {completion.documents} "
             f"documents, the store holds {len(shards)} shards and {documents} documents (shards missing)"
         )
     return True

@@ -17,10 +17,21 @@ from distill.trie import VocabTrie, build_trie
 from distill.vocab import TeacherVocab
 from logit_store.chunk import ChunkData, EncodedDocument
 from logit_store.encodings import get_encoding
-from logit_store.integrity import check_sequence, check_writer, completed_writers, shard_sequences
+from logit_store.integrity import (
+    check_sequence,
+    check_writer,
+    completed_writers,
+    shard_sequences,
+)
 from logit_store.manifest import MANIFEST, identity_hash, read_manifest
 from logit_store.shard import ShardReader, shard_name
 from logit_store.vocab_file import VOCAB_FILE, vocab_from_bytes
+
+
+def layout_text_bytes(layout: StreamLayout, vocab: TeacherVocab) -> int:
+    """The number of text bytes a stream stands for (without a SentencePiece dummy prefix space)."""
+    n = int(np.count_nonzero(layout.symbols < 256))
+    return n - 1 if vocab.adds_prefix_space and n > 0 else n
 
 
 @dataclass
@@ -112,7 +123,10 @@ class LogitStore(StoreBase):
                 f"{expected_vocab_hash[:16]}… (a store of another teacher/tokenizer)"
             )
         enc = self.manifest["encoding"]
-        self.encoding = get_encoding(enc["name"], enc.get("params"))
+        try:
+            self.encoding = get_encoding(enc["name"], enc.get("params"))
+        except UserError as exc:
+            raise UserError(f"{self.directory / MANIFEST}: {exc}") from None
         self.teacher = self.manifest.get("teacher", "")
         self.format_version = int(self.manifest["format_version"])
         self.shards, self.unfinished_writers = self._open_shards()
@@ -221,6 +235,8 @@ class LogitStore(StoreBase):
             raise UserError(f"{where}: corrupt token ids ({exc})") from None
         if layout.num_values != len(enc.value_bytes) or layout.num_positions != len(enc.position_bytes):
             raise UserError(f"{where}: stored values do not match its tokens' supports (corrupt)")
+        if enc.text_bytes != layout_text_bytes(layout, self.vocab):
+            raise UserError(f"{where}: its text byte count does not match its tokens (corrupt)")
         try:
             values = self.encoding.decode(enc.value_bytes, enc.position_bytes, layout.offsets)
         except ValueError as exc:
@@ -240,7 +256,7 @@ class LogitStore(StoreBase):
 
     def stats(self) -> dict:
         docs = [s.docs for s in self.shards]
-        total = lambda field: int(sum(int(d[field].sum()) for d in docs))  # noqa: E731
+        total = lambda field: int(sum(int(d[field].sum()) for d in docs))
         shard_bytes = sum(s.size for s in self.shards)
         size = shard_bytes + sum((self.directory / n).stat().st_size for n in (MANIFEST, VOCAB_FILE) if (self.directory / n).exists())
         text = total("text_bytes")

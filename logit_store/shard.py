@@ -27,7 +27,13 @@ import numpy as np
 import zstandard
 
 from distill.errors import UserError
-from logit_store.chunk import ChunkData, ContextsOf, EncodedDocument, build_chunk, parse_chunk
+from logit_store.chunk import (
+    ChunkData,
+    ContextsOf,
+    EncodedDocument,
+    build_chunk,
+    parse_chunk,
+)
 from logit_store.encodings import Encoding
 from logit_store.manifest import FORMAT_VERSION
 from logit_store.vocab_file import decompress_bounded
@@ -36,7 +42,7 @@ SHARD_MAGIC = b"BDSHARD\0"
 TRAILER_MAGIC = b"BDSHEND\0"
 HEADER_SIZE = 16
 TRAILER_SIZE = 64
-MAX_CHUNK_RAW = 1 << 30  # raw bytes of one chunk: a writer refuses more, a reader never allocates more
+MAX_CHUNK_RAW = 1 << 28  # raw bytes of one chunk: a writer refuses more, a reader never allocates more
 SHARD_PATTERN = re.compile(r"^shard-(\d{5})-(\d{5})\.bds$")
 
 CHUNK_DTYPE = np.dtype(
@@ -195,6 +201,12 @@ class ShardReader:
                 raise UserError(f"shard {self.name}: index/footer corrupt (documents of chunk {c} inconsistent)")
             if int(chunk["raw_length"]) > MAX_CHUNK_RAW:
                 raise UserError(f"shard {self.name}: index/footer corrupt (chunk {c} larger than the format allows)")
+            docs = self.docs[first : first + n]
+            sizes = [docs[f].astype(np.uint64) for f in ("tokens", "values", "positions", "text_bytes")]
+            keys = docs["key_length"]
+            bad_keys = (keys < -1) | (keys > MAX_CHUNK_RAW) | ((keys == 0) & (self.version >= 2))  # v2: no empty keys
+            if any(np.any(x > MAX_CHUNK_RAW) for x in sizes) or np.any(bad_keys):
+                raise UserError(f"shard {self.name}: index/footer corrupt (document sizes of chunk {c} out of range)")
             end += int(chunk["length"])
         if end != self.index_offset or int(self.chunks["num_docs"].sum()) != len(self.docs):
             raise UserError(f"shard {self.name}: index/footer corrupt (chunks do not tile the file)")

@@ -14,11 +14,32 @@ from distill.trie import VocabTrie, build_trie
 from distill.vocab import TeacherVocab
 from logit_store.chunk import EncodedDocument
 from logit_store.encodings import DEFAULT_ENCODING, Encoding, get_encoding
-from logit_store.integrity import Completion, check_sequence, check_writer, completion_path, shard_sequences, write_completion
+from logit_store.integrity import (
+    Completion,
+    check_sequence,
+    check_writer,
+    completion_path,
+    shard_sequences,
+    write_completion,
+)
 from logit_store.manifest import (
-    FORMAT_NAME, FORMAT_VERSION, IDENTITY_FIELDS, MANIFEST, identity_hash, read_manifest, settings_hash, write_atomic,
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    IDENTITY_FIELDS,
+    MANIFEST,
+    identity_hash,
+    read_manifest,
+    settings_hash,
+    write_atomic,
 )  # fmt: skip
-from logit_store.shard import ShardFile, ShardReader, ShardRecord, fsync_directory, shard_name
+from logit_store.reader import layout_text_bytes
+from logit_store.shard import (
+    ShardFile,
+    ShardReader,
+    ShardRecord,
+    fsync_directory,
+    shard_name,
+)
 from logit_store.vocab_file import VOCAB_FILE, vocab_to_bytes
 
 
@@ -142,7 +163,7 @@ class StoreWriter:
             token_ids = _token_ids_of_layout(layout, self.trie)
         token_ids = np.asarray(token_ids, dtype=np.int64)
         if text_bytes is None:
-            text_bytes = _text_bytes(layout, self.vocab)
+            text_bytes = layout_text_bytes(layout, self.vocab)
         self._add(token_ids, distributions.values, distributions.dropped_mass, text_bytes, key, layout)
 
     def add(self, token_ids, values, dropped_mass, text_bytes: int | None = None, key: str | None = None) -> None:
@@ -154,7 +175,7 @@ class StoreWriter:
         except ValueError as exc:
             raise UserError(f"document {self.num_written} ({key or 'no key'}): {exc}") from None
         if text_bytes is None:
-            text_bytes = _text_bytes(layout, self.vocab)
+            text_bytes = layout_text_bytes(layout, self.vocab)
         self._add(token_ids, values, dropped_mass, text_bytes, key, layout)
 
     def _add(self, token_ids, values, dropped_mass, text_bytes, key, layout: StreamLayout) -> None:
@@ -164,6 +185,9 @@ class StoreWriter:
         values = np.asarray(values, dtype=np.float64)
         dropped_mass = np.asarray(dropped_mass, dtype=np.float64)
         where = f"document {self.num_written} ({key or 'no key'})"
+        if int(text_bytes) != layout_text_bytes(layout, self.vocab):
+            raise UserError(f"{where}: {text_bytes} text bytes given, its tokens hold {layout_text_bytes(layout, self.vocab)}")
+        key = key or None  # an empty key is stored as no key
         if len(values) != offsets[-1]:
             raise UserError(f"{where}: {len(values)} values but its supports hold {offsets[-1]}")
         if len(dropped_mass) != len(token_ids) + 1:
@@ -223,7 +247,7 @@ class StoreWriter:
             self._shard.abandon()
         self._closed = True
 
-    def __enter__(self) -> "StoreWriter":
+    def __enter__(self) -> StoreWriter:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -243,6 +267,3 @@ def _token_ids_of_layout(layout: StreamLayout, trie: VocabTrie) -> np.ndarray:
     return first_id[token_nodes]
 
 
-def _text_bytes(layout: StreamLayout, vocab: TeacherVocab) -> int:
-    n = int(np.count_nonzero(layout.symbols < 256))
-    return n - 1 if vocab.adds_prefix_space and n > 0 else n
