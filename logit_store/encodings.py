@@ -55,6 +55,7 @@ class Encoding:
     value_width = 0
     position_width = 0
     needs_contexts = False  # pack_values/unpack_values use the values' model contexts
+    chunk_bytes = 2 << 20  # default raw bytes per chunk
 
 
     @property
@@ -185,37 +186,45 @@ class PowerEncoding(_CodeTableEncoding):
 class ContextCodedEncoding(PowerEncoding):
     """``pow8`` codes entropy-coded per chunk (format 2): static rANS (logit_store/rans.py) with
     one frequency table per context, the tables stored in the chunk. A value's context is what
-    the reader knows before decoding: its support symbol and its position's depth in the token
-    (0: a token start, 1, 2 or more); see :meth:`contexts`."""
+    the reader knows when it decodes it: its support symbol, its position's depth in the token
+    (0: a token start, 1, 2 or more) and the code of the value before it at the same position
+    (none, 0, 1–2, 3–9, ≥ 10); see :meth:`contexts` and FORMAT.md."""
 
     needs_contexts = True
+    chunk_bytes = 16 << 20  # the frequency tables are stored per chunk: large chunks amortise them
     DEPTHS = 3
+    PREVIOUS = np.array([1] + [2] * 2 + [3] * 7 + [4] * 246, np.int64)  # code before → 1..4 (0: none)
+    num_contexts = ALPHABET_SIZE * DEPTHS * 5
 
     def __init__(self, gamma: float | None = None):
         super().__init__(8, DEFAULT_GAMMA[8] if gamma is None else gamma)
         self.name = "pow8-ans"
 
     def contexts(self, layout) -> np.ndarray:
-        """(S,) context of every value: support symbol + 260 × min(depth, 2)."""
+        """(S,) per value: 2 × (symbol + 260 × min(depth, 2)) + (1 if it is its position's first value)."""
         starts = layout.position_node == 0
         at = np.arange(len(starts))
         depth = at - np.maximum.accumulate(np.where(starts, at, 0))
-        per_value = np.repeat(np.minimum(depth, self.DEPTHS - 1), np.diff(layout.offsets))
-        return layout.support.astype(np.int64) + ALPHABET_SIZE * per_value
+        sizes = np.diff(layout.offsets)
+        base = layout.support.astype(np.int64) + ALPHABET_SIZE * np.repeat(np.minimum(depth, self.DEPTHS - 1), sizes)
+        first = np.zeros(len(base), np.int64)
+        first[layout.offsets[:-1][sizes > 0]] = 1
+        return 2 * base + first
 
-    @property
-    def num_contexts(self) -> int:
-        return ALPHABET_SIZE * self.DEPTHS
+    def _chain(self, contexts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return (contexts >> 1) * 5, (contexts & 1).astype(np.bool_)
 
     def pack_values(self, value_bytes, contexts):
         codes = value_bytes.reshape(-1)
+        base, starts = self._chain(contexts)
+        full = rans.chained_contexts(base, starts, self.PREVIOUS, codes)
         counts = np.zeros((self.num_contexts, 256), np.int64)
-        np.add.at(counts, (contexts, codes), 1)
+        np.add.at(counts, (full, codes), 1)
         used = np.flatnonzero(counts.sum(axis=1))
         freq = rans.quantise(counts[used])
         dense = np.zeros((self.num_contexts, 256), np.uint16)
         dense[used] = freq
-        words = rans.encode(codes, contexts, dense)
+        words = rans.encode(codes, full, dense)
         planes = np.ascontiguousarray(freq.astype("<u2").view(np.uint8).reshape(-1, 2).T).tobytes()
         header = struct.pack("<I", len(used)) + used.astype("<u2").tobytes()
         return header + planes + struct.pack("<Q", len(words)) + words.astype("<u2").tobytes()
@@ -237,14 +246,14 @@ class ContextCodedEncoding(PowerEncoding):
         if np.any(used >= self.num_contexts) or np.any(np.diff(used) <= 0):
             raise ValueError("frequency table contexts out of order or range")
         planes = np.frombuffer(packed, np.uint8, 512 * num_used, at).reshape(2, -1)
-        freq = np.zeros((self.num_contexts, 256), np.uint16)
-        freq[used] = np.ascontiguousarray(planes.T).view("<u2").reshape(num_used, 256)
+        freq = np.ascontiguousarray(planes.T).view("<u2").reshape(num_used, 256)
         at += 512 * num_used
         (num_words,) = struct.unpack_from("<Q", packed, at)
         if at + 8 + 2 * num_words != len(packed):
             raise ValueError("rANS word count does not match the value section")
         words = np.frombuffer(packed, "<u2", num_words, at + 8).astype(np.uint16)
-        return rans.decode(words, contexts, freq)
+        base, starts = self._chain(contexts)
+        return rans.decode(words, base, starts, self.PREVIOUS, used, freq, self.num_contexts)
 
 
 def _renormalise(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:

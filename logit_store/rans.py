@@ -1,7 +1,9 @@
 """A static rANS coder with one frequency table per context (Numba).
 
 ``encode(symbols, contexts, freq)`` turns byte symbols into 16-bit words; ``decode`` gives them
-back, given the same contexts and tables. State: 32 bits in [2^16, 2^32), renormalised 16 bits
+back, given the same contexts and tables. A context may depend on the symbol before:
+``chained_contexts(base, starts, buckets, symbols)`` is ``base[i] + buckets[symbols[i-1]]``
+except where ``starts[i]`` (then ``base[i]``); ``decode`` computes the same while it decodes. State: 32 bits in [2^16, 2^32), renormalised 16 bits
 at a time; a table row sums to 2^PRECISION (FORMAT.md, "pow8-ans"). The decoder checks every
 read against the word count and that the final state is the initial one, so a corrupt stream
 is refused, never read past its end.
@@ -47,6 +49,11 @@ def _quantise(counts, freq):
                 assigned -= step
 
 
+def chained_contexts(base: np.ndarray, starts: np.ndarray, buckets: np.ndarray, symbols: np.ndarray) -> np.ndarray:
+    previous = np.concatenate([[0], symbols[:-1]]).astype(np.int64)
+    return base + np.where(starts, 0, buckets[previous])
+
+
 def tables(freq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(C, A+1) cumulative frequencies and the (C, TOTAL) slot → symbol table."""
     cum = np.zeros((freq.shape[0], freq.shape[1] + 1), np.uint32)
@@ -85,15 +92,20 @@ def encode(symbols: np.ndarray, contexts: np.ndarray, freq: np.ndarray) -> np.nd
 
 
 @numba.njit(cache=True, nogil=True)
-def _decode(words, contexts, freq, cum, slots, out):
-    """0 on success; -1: the words ran out; -2: the final state is wrong."""
+def _decode(words, base, starts, buckets, rows, freq, cum, slots, out):
+    """0 on success; -1: the words ran out; -2: the final state is wrong; -3: a context
+    without a table."""
     if len(words) < 2:
         return -1
     x = (np.uint64(words[0]) << np.uint64(16)) | np.uint64(words[1])
     at = 2
     mask = np.uint64(TOTAL - 1)
+    s = 0
     for i in range(len(out)):
-        c = contexts[i]
+        c = base[i] if starts[i] else base[i] + buckets[s]
+        if c < 0 or c >= len(rows) or rows[c] < 0:
+            return -3
+        c = rows[c]
         slot = x & mask
         s = slots[c, slot]
         x = np.uint64(freq[c, s]) * (x >> np.uint64(PRECISION)) + slot - np.uint64(cum[c, s])
@@ -108,15 +120,20 @@ def _decode(words, contexts, freq, cum, slots, out):
     return 0
 
 
-def decode(words: np.ndarray, contexts: np.ndarray, freq: np.ndarray) -> np.ndarray:
-    """The symbols coded in ``words``; ``ValueError`` if the stream is corrupt. Every context
-    used must have a table row that sums to TOTAL."""
-    sums = freq.astype(np.int64).sum(axis=1)
-    if len(contexts) and (contexts.min() < 0 or contexts.max() >= len(freq) or np.any(sums[np.unique(contexts)] != TOTAL)):
-        raise ValueError("a value's context has no valid frequency table")
+STATUS = {-1: "the stream ends early", -2: "wrong final state", -3: "a context without a frequency table"}
+
+
+def decode(words, base, starts, buckets, used: np.ndarray, freq: np.ndarray, num_contexts: int) -> np.ndarray:
+    """The symbols coded in ``words`` with contexts as in :func:`chained_contexts`; ``freq[k]``
+    is the table of context ``used[k]``. ``ValueError`` if the stream is corrupt (every context
+    met must have a table, and every table must sum to TOTAL)."""
+    if np.any(freq.astype(np.int64).sum(axis=1) != TOTAL):
+        raise ValueError("a frequency table does not sum to the coder's total")
+    rows = np.full(num_contexts, -1, np.int64)
+    rows[used] = np.arange(len(used))
     cum, slots = tables(freq)
-    out = np.empty(len(contexts), np.uint8)
-    status = _decode(words, contexts.astype(np.int64), freq, cum, slots, out)
+    out = np.empty(len(base), np.uint8)
+    status = _decode(words, base.astype(np.int64), starts, buckets.astype(np.int64), rows, freq, cum, slots, out)
     if status != 0:
-        raise ValueError("entropy-coded values are corrupt" + (" (stream ends early)" if status == -1 else " (wrong final state)"))
+        raise ValueError(f"entropy-coded values are corrupt ({STATUS[status]})")
     return out

@@ -53,7 +53,8 @@ class StoreWriter:
     skips that many and continues. A differing identity raises :class:`UserError`.
 
     A shard is closed after ``docs_per_shard`` documents or ``shard_bytes`` raw (uncompressed)
-    bytes, whichever comes first; a chunk after ``chunk_bytes`` raw bytes. Both depend only on
+    bytes, whichever comes first; a chunk after ``chunk_bytes`` raw bytes (default: the encoding's,
+    2 MiB, or 16 MiB for ``pow8-ans`` whose tables are per chunk). Both depend only on
     the documents, so an interrupted and resumed write gives the same shards.
     """
 
@@ -71,7 +72,7 @@ class StoreWriter:
         writer_id: int = 0,
         docs_per_shard: int | None = None,
         shard_bytes: int = 1 << 30,
-        chunk_bytes: int = 2 << 20,
+        chunk_bytes: int | None = None,
         compression_level: int = 9,
         trie: VocabTrie | None = None,
     ):
@@ -83,7 +84,7 @@ class StoreWriter:
         self.writer_id = int(writer_id)
         self.docs_per_shard = docs_per_shard
         self.shard_bytes = int(shard_bytes)
-        self.chunk_bytes = int(chunk_bytes)
+        self.chunk_bytes = int(chunk_bytes or self.encoding.chunk_bytes)
         self.compression_level = int(compression_level)
         self._trie = trie
         settings = dict(settings or {})
