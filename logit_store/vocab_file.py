@@ -20,6 +20,7 @@ VOCAB_FILE = "vocab.bin"
 VOCAB_MAGIC = b"BDVOCAB\0"
 MAX_VOCAB_BODY = 64 << 20  # decompressed vocabulary bytes (Llama-3's is 1.6 MB)
 MAX_VOCAB_SIZE = 1 << 22
+MAX_TOKEN_BYTES = 1024  # the stream kernels' per-token buffers (distill/stream.py) hold this many bytes
 
 
 def vocab_to_bytes(vocab: TeacherVocab) -> bytes:
@@ -77,6 +78,8 @@ def _parse_body(body: bytes) -> TeacherVocab:
     at += 4 * size
     if at + int(lengths.sum()) != len(body):
         raise ValueError("token byte lengths do not match the file")
+    if size and int(lengths.max()) > MAX_TOKEN_BYTES:
+        raise ValueError(f"a token of {int(lengths.max())} bytes (at most {MAX_TOKEN_BYTES} are supported)")
     ends = at + np.cumsum(lengths)
     starts = ends - lengths
     token_bytes = tuple(body[s:e] for s, e in zip(starts.tolist(), ends.tolist()))

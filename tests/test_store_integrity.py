@@ -146,3 +146,22 @@ def test_format_1_store_stays_readable(tmp_path, tiny):
         assert a.key == f"doc-{k}" and a.text_bytes == n
     with pytest.raises(UserError, match="format_version"):
         StoreWriter(copy(V1_STORE, tmp_path / "append"), tiny[0], teacher="tiny")
+
+
+def test_vocabulary_file_bounds(tiny):
+    """vocab.bin: a token longer than the stream kernels' buffer and a frame that declares more
+    than the cap are refused before use."""
+    import dataclasses
+
+    import zstandard
+
+    from logit_store.vocab_file import MAX_VOCAB_BODY, vocab_from_bytes, vocab_to_bytes
+
+    vocab = tiny[0]
+    assert vocab_from_bytes(vocab_to_bytes(vocab), "v").hash == vocab.hash
+    long = dataclasses.replace(vocab, token_bytes=vocab.token_bytes[:-1] + (b"x" * 1025, b""))
+    with pytest.raises(UserError, match="a token of 1025 bytes"):
+        vocab_from_bytes(vocab_to_bytes(long), "v")
+    bomb = zstandard.ZstdCompressor().compress(bytes(MAX_VOCAB_BODY + 1))  # a few KB declaring 64 MiB + 1
+    with pytest.raises(UserError, match=f"declares {MAX_VOCAB_BODY + 1:,} bytes"):
+        vocab_from_bytes(b"BDVOCAB\0" + bomb + bytes(16), "v")
