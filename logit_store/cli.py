@@ -74,6 +74,8 @@ def run_inspect(args: argparse.Namespace) -> int:
         if bpb is not None
         else "bytes/text byte: n/a",
     ]
+    if stats["unfinished_writers"]:
+        lines.append(f"unfinished:      writers {stats['unfinished_writers']} have no completion record (still writing, or stopped)")
     print("\n".join(lines))
     return 0
 
@@ -100,6 +102,7 @@ def verify_store(store: LogitStore, tolerance: float = 1e-3) -> dict:
         worst = max(worst, err)
     return {
         "ok": True, "shards": len(store.shards), "chunks": chunks, "documents": len(store),
+        "unfinished_writers": store.unfinished_writers,
         "positions": positions, "max_normalisation_error": worst, "seconds": round(time.time() - start, 3),
     }  # fmt: skip
 
@@ -113,5 +116,6 @@ def run_verify(args: argparse.Namespace) -> int:
         print(
             f"OK: {summary['shards']} shards, {summary['chunks']} chunks, {summary['documents']:,} documents, "
             f"{summary['positions']:,} positions verified (max |sum-1| = {summary['max_normalisation_error']:.2e})"
+            + (f"; unfinished writers: {summary['unfinished_writers']}" if summary["unfinished_writers"] else "")
         )
     return 0

@@ -114,7 +114,7 @@ def test_manifest_without_vocab_hash(tmp_path, store, capsys):
     fails_everywhere(broken, capsys, "vocab_hash missing")
 
 
-def test_unfinished_writer_is_reported_and_resumes(tmp_path, tiny):
+def test_unfinished_writer_is_reported_and_resumes(tmp_path, tiny, capsys):
     vocab, documents = tiny
     directory = tmp_path / "s"
     writer = StoreWriter(directory, vocab, teacher="tiny", docs_per_shard=1, chunk_bytes=1)
@@ -123,6 +123,10 @@ def test_unfinished_writer_is_reported_and_resumes(tmp_path, tiny):
     writer.abandon()
     store = LogitStore(directory)
     assert len(store) == 2 and store.unfinished_writers == [0] and store.stats()["unfinished_writers"] == [0]
+    assert cli_main(["verify", str(directory)]) == 0
+    assert "unfinished writers: [0]" in capsys.readouterr().out
+    assert cli_main(["inspect", str(directory)]) == 0
+    assert "writers [0] have no completion record" in capsys.readouterr().out
     assert not (directory / "writer-00000.json").exists()
     with StoreWriter(directory, vocab, teacher="tiny", docs_per_shard=1, chunk_bytes=1) as writer:
         assert writer.num_existing_documents == 2
