@@ -50,8 +50,16 @@ def _quantise(counts, freq):
 
 
 def chained_contexts(groups: np.ndarray, width: int, buckets: np.ndarray, symbols: np.ndarray) -> np.ndarray:
-    previous = np.concatenate([[0], symbols[:-1]]).astype(np.int64)
-    return (groups >> 1).astype(np.int64) * width + np.where(groups & 1, 0, buckets[previous])
+    out = np.empty(len(groups), np.int64)
+    _chain(groups, width, buckets.astype(np.int64), symbols, out)
+    return out
+
+
+@numba.njit(cache=True, nogil=True)
+def _chain(groups, width, buckets, symbols, out):
+    for i in range(len(groups)):
+        g = groups[i]
+        out[i] = (g >> 1) * width + (0 if g & 1 else buckets[symbols[i - 1]])
 
 
 def tables(freq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -87,7 +95,7 @@ def encode(symbols: np.ndarray, contexts: np.ndarray, freq: np.ndarray) -> np.nd
     """uint16 words (in decoding order) of ``symbols`` coded with ``freq[contexts[i]]``."""
     cum, _ = tables(freq)
     out = np.empty(2 * len(symbols) + 2, np.uint16)
-    n = _encode(symbols.astype(np.int64), contexts.astype(np.int64), freq.astype(np.int64), cum.astype(np.int64), out)
+    n = _encode(np.ascontiguousarray(symbols), np.ascontiguousarray(contexts), freq, cum, out)
     return out[:n][::-1].copy()
 
 
