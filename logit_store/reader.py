@@ -143,8 +143,9 @@ class LogitStore(StoreBase):
         for writer_id in sorted(set(sequences) | set(completed_writers(self.directory))):
             check_sequence(self.directory, writer_id, sequences.get(writer_id, []))
             own = [ShardReader(self.directory / shard_name(writer_id, s), self.encoding) for s in sequences.get(writer_id, [])]
-            if self.format_version >= 2 and any(s.version != self.format_version for s in own):
-                raise UserError(f"{self.directory}: writer {writer_id} has shards of another format version")
+            for shard in own:
+                if shard.version != self.format_version:
+                    raise UserError(f"shard {shard.name} has format version {shard.version}, the manifest {self.format_version}")
             if not check_writer(self.directory, writer_id, own, identity) and self.format_version >= 2:
                 unfinished.append(writer_id)
             shards += own
