@@ -387,3 +387,45 @@ def test_cli_inspect_and_verify(tmp_path, default_store, capsys):
 
 
 HEADER_FLIP_CHUNK = 16 + 40  # inside the first chunk of a shard
+
+
+def test_rans_round_trip_and_corrupt_streams():
+    """The coder gives back exactly its symbols (contexts chained on the previous symbol) and
+    refuses a cut stream, a wrong final state and a context without a table."""
+    from logit_store import rans
+
+    rng = np.random.default_rng(5)
+    n, groups_count, width = 20_000, 7, 5
+    groups = 2 * rng.integers(0, groups_count, n, dtype=np.int32) + (rng.random(n) < 0.2).astype(np.int32)
+    groups[0] |= 1
+    symbols = np.minimum(rng.geometric(0.3, n) - 1, 255).astype(np.uint8)
+    buckets = np.array([1] + [2] * 2 + [3] * 7 + [4] * 246, np.int64)
+    full = rans.chained_contexts(groups, width, buckets, symbols)
+    counts = np.bincount(full * 256 + symbols, minlength=groups_count * width * 256).reshape(-1, 256)
+    used = np.flatnonzero(counts.sum(axis=1))
+    freq = rans.quantise(counts[used])
+    assert np.all(freq.sum(axis=1) == rans.TOTAL) and np.all((freq > 0) == (counts[used] > 0))
+    dense = np.zeros((groups_count * width, 256), np.uint16)
+    dense[used] = freq
+    words = rans.encode(symbols, full, dense)
+    entropy = -(counts * np.log2(np.where(counts, counts, 1) / np.maximum(counts.sum(1, keepdims=True), 1))).sum()
+    assert len(words) * 16 < 1.02 * entropy + 64  # within 2 % of the empirical conditional entropy
+    decoded = rans.decode(words, groups, width, buckets, used, freq, groups_count * width)
+    np.testing.assert_array_equal(decoded, symbols)
+    with pytest.raises(ValueError, match="ends early"):
+        rans.decode(words[: len(words) // 2], groups, width, buckets, used, freq, groups_count * width)
+    with pytest.raises(ValueError, match="wrong final state"):
+        rans.decode(np.concatenate([words, words[:3]]), groups, width, buckets, used, freq, groups_count * width)
+    with pytest.raises(ValueError, match="without a frequency table"):
+        rans.decode(words, groups, width, buckets, used[1:], freq[1:], groups_count * width)
+
+
+def test_chunk_spans_tile_the_documents(tmp_path, llama3, documents):
+    a = open_store(write_store(tmp_path / "a", llama3, documents[:5]), llama3)
+    b = open_store(write_store(tmp_path / "b", llama3, documents[5:]), llama3)
+    for store in (a, MultiStore([a, b])):
+        spans = store.chunk_spans()
+        assert [first for first, _ in spans] == list(np.cumsum([0] + [n for _, n in spans])[:-1])
+        assert sum(n for _, n in spans) == len(store) and all(n > 0 for _, n in spans)
+        np.testing.assert_array_equal(store.document_chunks(), np.repeat(np.arange(len(spans)), [n for _, n in spans]))
+    assert len(MultiStore([a, b]).chunk_spans()) == len(a.chunk_spans()) + len(b.chunk_spans())
