@@ -28,7 +28,7 @@ from logit_store.store import StoreWriter
 from tests.store_data import tiny_documents, tiny_vocab
 
 V1_STORE = Path(__file__).parent / "data" / "store-v1"
-CASES_PER_STORE = 700
+CASES_PER_STORE = 1000
 MEMORY_HEADROOM = 1 << 30  # bytes of address space a case may add to the warmed-up process
 SECONDS_PER_CASE = 20
 INTERESTING = (0, 1, 2, 255, 256, 65535, 1 << 31, (1 << 32) - 1, 1 << 32, 1 << 40, (1 << 63) - 1, (1 << 64) - 1)
