@@ -3,8 +3,13 @@
 See ``logit_store/FORMAT.md`` for the on-disk format and ``docs/DESIGN.md``, "Store", for the motivation.
 """
 
-from logit_store.encodings import DEFAULT_ENCODING, ENCODINGS, get_encoding, kl_bits_per_position
-from logit_store.shard import FORMAT_VERSION
+from logit_store.encodings import (
+    DEFAULT_ENCODING,
+    ENCODINGS,
+    get_encoding,
+    kl_bits_per_position,
+)
+from logit_store.manifest import FORMAT_VERSION
 from logit_store.store import (
     LogitStore,
     MultiStore,

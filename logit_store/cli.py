@@ -65,6 +65,8 @@ def inspect(config: InspectConfig) -> int:
         if bpb is not None
         else "bytes/text byte: n/a",
     ]
+    if stats["unfinished_writers"]:
+        lines.append(f"unfinished:      writers {stats['unfinished_writers']} have no completion record (still writing, or stopped)")
     print("\n".join(lines))
     return 0
 
@@ -74,19 +76,15 @@ def verify_store(store: LogitStore, tolerance: float = 1e-3) -> dict:
     start = time.time()
     positions = 0
     worst = 0.0
-    chunks = 0
-    for s, shard in enumerate(store.shards):
-        for c in range(len(shard.chunks)):
-            store._chunk(s, c)  # checksum + decompression + size checks
-            chunks += 1
+    chunks = store.check_chunks()
     for i in range(len(store)):
         doc = store.document(i)
         sums = np.add.reduceat(doc.values.astype(np.float64), doc.layout.offsets[:-1]) if len(doc.values) else np.zeros(0)
         err = float(np.abs(sums - 1).max()) if len(sums) else 0.0
         if not np.all(np.isfinite(doc.values)) or err > tolerance or (len(doc.values) and doc.values.min() < 0):
-            shard, local = store._locate(i)
+            shard, local = store.document_location(i)
             raise UserError(
-                f"shard {store.shards[shard].name} document {local} (store document {i}): distributions "
+                f"shard {shard} document {local} (store document {i}): distributions "
                 f"not normalised (max |sum - 1| = {err:.3g} > {tolerance})"
             )
         if len(doc.dropped_mass) != len(doc.token_ids) + 1:
@@ -95,6 +93,7 @@ def verify_store(store: LogitStore, tolerance: float = 1e-3) -> dict:
         worst = max(worst, err)
     return {
         "ok": True, "shards": len(store.shards), "chunks": chunks, "documents": len(store),
+        "unfinished_writers": store.unfinished_writers,
         "positions": positions, "max_normalisation_error": worst, "seconds": round(time.time() - start, 3),
     }  # fmt: skip
 
@@ -114,5 +113,6 @@ def verify(config: VerifyConfig) -> int:
         print(
             f"OK: {summary['shards']} shards, {summary['chunks']} chunks, {summary['documents']:,} documents, "
             f"{summary['positions']:,} positions verified (max |sum-1| = {summary['max_normalisation_error']:.2e})"
+            + (f"; unfinished writers: {summary['unfinished_writers']}" if summary["unfinished_writers"] else "")
         )
     return 0

@@ -26,20 +26,28 @@ Encodings (see FORMAT.md for the exact formulas):
     codes on the high-probability values that dominate KL (more KL-accurate, larger).
     Defaults: gamma 0.47 for ``pow8`` (the default encoding), 0.5 for ``pow12``/``pow16``.
 
-Measured on SmolLM2-135M over 200 KB of KJV (benchmarks/store.py): ``pow8`` 28.5 bytes per
-text byte at mean KL 7.7e-5 bits/position (max 4.4e-4); ``float16`` 84 B at 2.3e-7;
-``log8`` 40 B at 5.8e-5; ``pow12`` 60 B at 7.6e-7.
+``pow8-ans``
+    the ``pow8`` codes, entropy-coded per chunk with a static rANS over 3900 contexts (support
+    symbol × depth in the token × previous code at the position); format 2 only.
+
+Measured on SmolLM2-135M over 200 KB of KJV (benchmarks/store.py, format 2): ``pow8`` 27.9
+bytes per text byte at mean KL 7.7e-5 bits/position (max 4.4e-4); ``pow8-ans`` 19.7 B at the same
+KL, reading 3–5× slower; ``float16`` 84 B at 2.3e-7; ``log8`` 40 B at 5.8e-5; ``pow12`` 59 B at
+7.6e-7.
 """
 
 from __future__ import annotations
 
 import math
+import struct
 from functools import cached_property
 
 import numba
 import numpy as np
 
+from distill.alphabet import ALPHABET_SIZE
 from distill.errors import UserError
+from logit_store import rans
 
 _F16_ZERO = 2.0**-27  # a float16 that rounded to zero: somewhere in [0, 2**-25)
 _TAIL_STEP = 4.0  # tail mean code: round(-log2(mean) * 4), 1..255; 0 = no positive tail
@@ -51,6 +59,9 @@ class Encoding:
     name = ""
     value_width = 0
     position_width = 0
+    needs_contexts = False  # pack_values/unpack_values use the values' model contexts
+    chunk_bytes = 2 << 20  # default raw bytes per chunk
+
 
     @property
     def params(self) -> dict:
@@ -63,7 +74,18 @@ class Encoding:
         raise NotImplementedError
 
     def decode(self, value_bytes: np.ndarray, position_bytes: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+        """Probabilities from stored bytes; ``ValueError`` for bytes no writer produces."""
         raise NotImplementedError
+
+    def pack_values(self, value_bytes: np.ndarray, contexts: np.ndarray | None) -> bytes:
+        """A chunk's (S, k) value bytes as stored in format 2: byte planes (zstd does the rest)."""
+        return np.ascontiguousarray(value_bytes.reshape(-1, self.value_width).T).tobytes()
+
+    def unpack_values(self, packed: memoryview, count: int, contexts: np.ndarray | None, where: str) -> np.ndarray:
+        if len(packed) != count * self.value_width:
+            raise UserError(f"{where}: corrupt (value section of {len(packed)} bytes for {count} values)")
+        planes = np.frombuffer(packed, dtype=np.uint8).reshape(self.value_width, count)
+        return np.ascontiguousarray(planes.T)
 
 
 class Float16Encoding(Encoding):
@@ -77,6 +99,8 @@ class Float16Encoding(Encoding):
 
     def decode(self, value_bytes, position_bytes, offsets):
         values = np.ascontiguousarray(value_bytes).view(np.float16).reshape(-1).astype(np.float32)
+        if not np.all(np.isfinite(values)) or np.any(np.signbit(values)):
+            raise ValueError("a float16 value that is not a finite non-negative number")
         values[values <= 0] = _F16_ZERO
         return _renormalise(values, offsets)
 
@@ -102,6 +126,8 @@ class _CodeTableEncoding(Encoding):
     def decode(self, value_bytes, position_bytes, offsets):
         raw = np.ascontiguousarray(value_bytes)
         codes = raw.reshape(-1) if self.value_width == 1 else raw.view("<u2").reshape(-1)
+        if len(codes) and int(codes.max()) >= len(self._table):
+            raise ValueError(f"value code {int(codes.max())} outside the {self.name} table of {len(self._table)}")
         out = np.empty(len(codes), np.float32)
         _decode_codes(
             codes, np.ascontiguousarray(position_bytes).reshape(-1), np.asarray(offsets, np.int64), self._table, out
@@ -160,6 +186,73 @@ class PowerEncoding(_CodeTableEncoding):
     @cached_property
     def _table(self) -> np.ndarray:
         return (np.arange(self.levels + 1) / self.levels) ** (1.0 / self.gamma)
+
+
+class ContextCodedEncoding(PowerEncoding):
+    """``pow8`` codes entropy-coded per chunk (format 2): static rANS (logit_store/rans.py) with
+    one frequency table per context, the tables stored in the chunk. A value's context is what
+    the reader knows when it decodes it: its support symbol, its position's depth in the token
+    (0: a token start, 1, 2 or more) and the code of the value before it at the same position
+    (none, 0, 1–2, 3–9, ≥ 10); see :meth:`contexts` and FORMAT.md."""
+
+    needs_contexts = True
+    chunk_bytes = 16 << 20  # the frequency tables are stored per chunk: large chunks amortise them
+    DEPTHS = 3
+    PREVIOUS = np.array([1] + [2] * 2 + [3] * 7 + [4] * 246, np.int64)  # code before → 1..4 (0: none)
+    num_contexts = ALPHABET_SIZE * DEPTHS * 5
+
+    def __init__(self, gamma: float | None = None):
+        super().__init__(8, DEFAULT_GAMMA[8] if gamma is None else gamma)
+        self.name = "pow8-ans"
+
+    def contexts(self, layout) -> np.ndarray:
+        """(S,) per value: 2 × (symbol + 260 × min(depth, 2)) + (1 if it is its position's first value)."""
+        starts = layout.position_node == 0
+        at = np.arange(len(starts))
+        depth = at - np.maximum.accumulate(np.where(starts, at, 0))
+        sizes = np.diff(layout.offsets)
+        base = layout.support.astype(np.int32) + np.int32(ALPHABET_SIZE) * np.repeat(np.minimum(depth, self.DEPTHS - 1), sizes).astype(np.int32)
+        groups = 2 * base
+        groups[layout.offsets[:-1][sizes > 0]] += 1
+        return groups
+
+    def pack_values(self, value_bytes, contexts):
+        codes = value_bytes.reshape(-1)
+        full = rans.chained_contexts(contexts, 5, self.PREVIOUS, codes)
+        counts = np.bincount(full * 256 + codes, minlength=self.num_contexts * 256).reshape(self.num_contexts, 256)
+        used = np.flatnonzero(counts.sum(axis=1))
+        freq = rans.quantise(counts[used])
+        dense = np.zeros((self.num_contexts, 256), np.uint16)
+        dense[used] = freq
+        words = rans.encode(codes, full, dense)
+        planes = np.ascontiguousarray(freq.astype("<u2").view(np.uint8).reshape(-1, 2).T).tobytes()
+        header = struct.pack("<I", len(used)) + used.astype("<u2").tobytes()
+        return header + planes + struct.pack("<Q", len(words)) + words.astype("<u2").tobytes()
+
+    def unpack_values(self, packed, count, contexts, where):
+        try:
+            return self._unpack(bytes(packed), count, contexts).reshape(-1, 1)
+        except (ValueError, struct.error) as exc:
+            raise UserError(f"{where}: corrupt values ({exc})") from None
+
+    def _unpack(self, packed: bytes, count: int, contexts: np.ndarray) -> np.ndarray:
+        if len(contexts) != count:
+            raise ValueError(f"{len(contexts)} contexts for {count} values")
+        (num_used,) = struct.unpack_from("<I", packed, 0)
+        at = 4 + 2 * num_used
+        if num_used > self.num_contexts or at + 512 * num_used + 8 > len(packed):
+            raise ValueError("frequency tables larger than the value section")
+        used = np.frombuffer(packed, "<u2", num_used, 4).astype(np.int64)
+        if np.any(used >= self.num_contexts) or np.any(np.diff(used) <= 0):
+            raise ValueError("frequency table contexts out of order or range")
+        planes = np.frombuffer(packed, np.uint8, 512 * num_used, at).reshape(2, -1)
+        freq = np.ascontiguousarray(planes.T).view("<u2").reshape(num_used, 256)
+        at += 512 * num_used
+        (num_words,) = struct.unpack_from("<Q", packed, at)
+        if at + 8 + 2 * num_words != len(packed):
+            raise ValueError("rANS word count does not match the value section")
+        words = np.frombuffer(packed, "<u2", num_words, at + 8).astype(np.uint16)
+        return rans.decode(words, contexts, 5, self.PREVIOUS, used, freq, self.num_contexts)
 
 
 def _renormalise(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
@@ -236,6 +329,8 @@ def get_encoding(name: str, params: dict | None = None) -> Encoding:
             enc = LogEncoding(**params)
         elif name in ("pow8", "pow12", "pow16"):
             enc = PowerEncoding(bits=int(name[3:]), **params)
+        elif name == "pow8-ans":
+            enc = ContextCodedEncoding(**params)
         else:
             raise UserError(f"unknown value encoding {name!r}; choose one of {', '.join(ENCODINGS)}")
     except TypeError as exc:
@@ -244,7 +339,7 @@ def get_encoding(name: str, params: dict | None = None) -> Encoding:
 
 
 DEFAULT_GAMMA = {8: 0.47, 12: 0.5, 16: 0.5}
-ENCODINGS = ("float16", "log8", "pow8", "pow12", "pow16")
+ENCODINGS = ("float16", "log8", "pow8", "pow8-ans", "pow12", "pow16")
 DEFAULT_ENCODING = "pow8"
 
 

@@ -35,7 +35,7 @@ def _streams(store, documents) -> np.ndarray:
 def test_whole_chunks_every_position_once_one_read_per_chunk(store, monkeypatch, world, workers):
     reads = []
     original = ShardReader.read_chunk
-    monkeypatch.setattr(ShardReader, "read_chunk", lambda self, c: reads.append((self.name, c)) or original(self, c))
+    monkeypatch.setattr(ShardReader, "read_chunk", lambda self, c, *rest: reads.append((self.name, c)) or original(self, c, *rest))
     spans = store.chunk_spans()
     assert len(spans) >= 6 and sum(n for _, n in spans) == len(store)
     chunk_of = {i: k for k, (first, n) in enumerate(spans) for i in range(first, first + n)}
@@ -138,7 +138,11 @@ def test_epochs_reshuffle_and_ce_only_reads_no_values(store_dir, store, llama3_c
     assert tuple(dataset.split_documents(0)) == tuple(again.split_documents(0))
 
     ce_only = PackedStreamDataset(store, 32, 4, with_teacher=False, shuffle=False)
-    ce_only.store.encoding = None  # decoding values would now fail: CE-only must not decode
+    def refuse(*args, **kwargs):
+        raise AssertionError("a CE-only dataset decoded teacher values")
+
+    ce_only.store.encoding.decode = refuse  # CE-only must not decode values (nor unpack them)
+    ce_only.store.encoding.unpack_values = refuse
     other = LogitStore(store_dir)
     other.set_trie(llama3_converter.trie)
     with_teacher = PackedStreamDataset(other, 32, 4, shuffle=False, teacher_dtype="float32")

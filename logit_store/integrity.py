@@ -1,0 +1,110 @@
+"""Store-level integrity (FORMAT.md, "Integrity"): every writer's shards form a gap-free
+sequence, each v2 shard names its writer, sequence, first document and the manifest it was
+written for, and a finished writer leaves ``writer-RRRRR.json`` with its shard and document
+counts, so a missing, renamed or foreign shard and an edited manifest are reported."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from distill.errors import UserError
+from logit_store.manifest import write_atomic
+from logit_store.shard import SHARD_PATTERN, ShardReader, shard_name
+
+COMPLETION_PATTERN = "writer-{:05d}.json"
+
+
+@dataclass(frozen=True)
+class Completion:
+    """What a writer held when it closed."""
+
+    writer_id: int
+    shards: int
+    documents: int
+
+
+def completion_path(directory: Path, writer_id: int) -> Path:
+    return Path(directory) / COMPLETION_PATTERN.format(writer_id)
+
+
+def write_completion(directory: Path, completion: Completion) -> None:
+    text = json.dumps({"writer_id": completion.writer_id, "shards": completion.shards, "documents": completion.documents})
+    write_atomic(completion_path(directory, completion.writer_id), (text + "\n").encode(), f"w{completion.writer_id}")
+
+
+def read_completion(directory: Path, writer_id: int) -> Completion | None:
+    path = completion_path(directory, writer_id)
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        completion = Completion(int(data["writer_id"]), int(data["shards"]), int(data["documents"]))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise UserError(f"{path} is corrupt ({exc})") from None
+    if completion.writer_id != writer_id:
+        raise UserError(f"{path} is corrupt (it names writer {completion.writer_id})")
+    return completion
+
+
+def shard_sequences(directory: Path) -> dict[int, list[int]]:
+    """Writer id → sorted sequence numbers of its complete shards in ``directory``."""
+    found: dict[int, list[int]] = {}
+    for path in Path(directory).iterdir():
+        match = SHARD_PATTERN.match(path.name)
+        if match:
+            found.setdefault(int(match.group(1)), []).append(int(match.group(2)))
+    return {w: sorted(seqs) for w, seqs in sorted(found.items())}
+
+
+def check_sequence(directory: Path, writer_id: int, sequences: list[int]) -> None:
+    missing = sorted(set(range(max(sequences) + 1)) - set(sequences)) if sequences else []
+    if missing:
+        names = ", ".join(shard_name(writer_id, s) for s in missing[:3]) + (" …" if len(missing) > 3 else "")
+        raise UserError(
+            f"{directory}: shard {names} of writer {writer_id} is missing "
+            f"(found {len(sequences)} shards up to number {max(sequences)})"
+        )
+
+
+def check_writer(directory: Path, writer_id: int, shards: list[ShardReader], identity: bytes | None) -> bool:
+    """Check one writer's shards (in sequence order); True if the writer finished."""
+    documents = 0
+    for sequence, shard in enumerate(shards):
+        record = shard.record
+        if record is not None:
+            if (record.writer_id, record.sequence) != (writer_id, sequence):
+                raise UserError(
+                    f"shard {shard.name} was written as {shard_name(record.writer_id, record.sequence)} (renamed or moved)"
+                )
+            if record.first_document != documents:
+                raise UserError(
+                    f"shard {shard.name} starts at the writer's document {record.first_document}, "
+                    f"but its earlier shards hold {documents} (a shard replaced from another run)"
+                )
+            if identity is not None and record.identity != identity:
+                raise UserError(
+                    f"shard {shard.name} was written for a different manifest "
+                    f"(the manifest's encoding, settings or vocabulary were edited, or the shard is from another store)"
+                )
+        documents += shard.num_docs
+    completion = read_completion(directory, writer_id)
+    if completion is None:
+        return False
+    if (completion.shards, completion.documents) != (len(shards), documents):
+        raise UserError(
+            f"{completion_path(directory, writer_id).name}: writer {writer_id} finished with {completion.shards} shards and {completion.documents} "
+            f"documents, the store holds {len(shards)} shards and {documents} documents (shards missing)"
+        )
+    return True
+
+
+def completed_writers(directory: Path) -> list[int]:
+    """Writer ids that left a completion record (whether or not any of their shards remain)."""
+    ids = []
+    for path in Path(directory).glob("writer-*.json"):
+        stem = path.name[len("writer-") : -len(".json")]
+        if len(stem) == 5 and stem.isdigit():
+            ids.append(int(stem))
+    return sorted(ids)

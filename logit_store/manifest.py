@@ -1,0 +1,67 @@
+"""``manifest.json``: what a store holds and how its values are encoded (FORMAT.md, "manifest.json")."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from distill.errors import UserError
+
+MANIFEST = "manifest.json"
+FORMAT_NAME = "bytedistill-logit-store"
+FORMAT_VERSION = 2  # what writers write
+READABLE_VERSIONS = (1, 2)
+# manifest fields that must agree for a writer to append to an existing store; in format 2 every
+# shard records a hash of them, so an edited manifest is caught (``identity_hash``)
+IDENTITY_FIELDS = ("format_version", "teacher", "vocab_hash", "tokenizer_hash", "corpus_hash", "settings", "encoding")
+
+
+def settings_hash(settings: dict) -> str:
+    return hashlib.sha256(canonical_json(settings)).hexdigest()
+
+
+def canonical_json(value) -> bytes:
+    return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
+
+
+def identity_hash(manifest: dict) -> bytes:
+    """16-byte hash of the manifest's content-defining fields (recorded in every v2 shard)."""
+    fields = {k: manifest.get(k) for k in IDENTITY_FIELDS}
+    return hashlib.blake2b(canonical_json(fields), digest_size=16).digest()
+
+
+def read_manifest(directory: Path) -> dict:
+    path = Path(directory) / MANIFEST
+    if not Path(directory).is_dir():
+        raise UserError(f"logit store not found: {directory} is not a directory")
+    if not path.is_file():
+        raise UserError(f"{directory} is not a logit store: {MANIFEST} is missing")
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, OSError) as exc:
+        raise UserError(f"cannot read {path}: {exc}") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_NAME:
+        raise UserError(f"{path} is not a bytedistill logit-store manifest")
+    version = manifest.get("format_version")
+    if version not in READABLE_VERSIONS:
+        known = ", ".join(map(str, READABLE_VERSIONS))
+        raise UserError(f"{path}: unknown store format version {version!r} (this reader knows {known})")
+    if not isinstance(manifest.get("vocab_hash"), str):
+        raise UserError(f"{path}: corrupt manifest (vocab_hash missing or not a string)")
+    encoding = manifest.get("encoding")
+    if not isinstance(encoding, dict) or not isinstance(encoding.get("name"), str):
+        raise UserError(f"{path}: corrupt manifest (encoding missing or malformed)")
+    if not isinstance(encoding.get("params", {}), dict):
+        raise UserError(f"{path}: corrupt manifest (encoding params must be an object)")
+    return manifest
+
+
+def write_atomic(path: Path, data: bytes, unique: str) -> None:
+    tmp = path.with_name(f"{path.name}.{unique}.tmp")
+    with open(tmp, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)

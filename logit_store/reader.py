@@ -1,0 +1,280 @@
+"""Reading one store directory (:class:`LogitStore`) and the reader API it shares with
+:class:`logit_store.multi.MultiStore`."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+import numpy as np
+
+from distill.alphabet import ALPHABET_SIZE
+from distill.errors import UserError
+from distill.stream import StreamLayout, stream_layout
+from distill.trie import VocabTrie, build_trie
+from distill.vocab import TeacherVocab
+from logit_store.chunk import ChunkData, EncodedDocument
+from logit_store.encodings import get_encoding
+from logit_store.integrity import (
+    check_sequence,
+    check_writer,
+    completed_writers,
+    shard_sequences,
+)
+from logit_store.manifest import MANIFEST, identity_hash, read_manifest
+from logit_store.shard import ShardReader, shard_name
+from logit_store.vocab_file import VOCAB_FILE, vocab_from_bytes
+
+
+def layout_text_bytes(layout: StreamLayout, vocab: TeacherVocab) -> int:
+    """The number of text bytes a stream stands for (a dummy prefix space is context, not stream)."""
+    return int(np.count_nonzero(layout.symbols < 256))
+
+
+@dataclass
+class StoredDocument:
+    token_ids: np.ndarray  # (m,) int64
+    layout: StreamLayout
+    values: np.ndarray  # (S,) float32, normalised per position
+    dropped_mass: np.ndarray  # (m+1,) float32
+    text_bytes: int
+    key: str | None
+
+    @property
+    def num_positions(self) -> int:
+        return self.layout.num_positions
+
+    def dense(self) -> np.ndarray:
+        """(L−1, 260) float32 probabilities over the alphabet (zeros off the support)."""
+        return densify(self.layout, self.values)
+
+    def target_probabilities(self) -> np.ndarray:
+        from distill.convert import _target_values
+
+        return _target_values(self.layout.symbols, self.layout.offsets, self.layout.support, self.values)
+
+
+def densify(layout: StreamLayout, values: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    if out is None:
+        out = np.zeros((layout.num_positions, ALPHABET_SIZE), dtype=np.float32)
+    rows = np.repeat(np.arange(layout.num_positions), np.diff(layout.offsets))
+    out[rows, layout.support.astype(np.int64)] = values
+    return out
+
+
+class StoreBase:
+    """Shared reader API of :class:`LogitStore` and :class:`MultiStore`."""
+
+    num_documents: int
+
+    def __len__(self) -> int:
+        return self.num_documents
+
+    def __iter__(self):
+        return self.iter_documents()
+
+    def iter_documents(self, shuffle: bool = False, seed: int = 0, with_values: bool = True):
+        """Documents in store order, or in a seeded block-shuffled order (chunks shuffled, then
+        documents within each chunk) that reads every chunk once."""
+        for i in self.document_order(shuffle, seed):
+            yield self.document(int(i)) if with_values else self.document_tokens(int(i))
+
+    def document_order(self, shuffle: bool = False, seed: int = 0) -> np.ndarray:
+        n = self.num_documents
+        if not shuffle:
+            return np.arange(n)
+        rng = np.random.default_rng(seed)
+        chunks = self.document_chunks()
+        num_chunks = int(chunks.max()) + 1 if n else 0
+        chunk_rank = rng.permutation(num_chunks)
+        within = rng.random(n)
+        return np.lexsort((within, chunk_rank[chunks]))
+
+    def document_chunks(self) -> np.ndarray:
+        """(N,) global chunk number of every document."""
+        spans = self.chunk_spans()
+        counts = np.array([n for _, n in spans], dtype=np.int64)
+        return np.repeat(np.arange(len(spans), dtype=np.int64), counts)
+
+    def chunk_spans(self) -> list[tuple[int, int]]:
+        raise NotImplementedError
+
+    def document(self, i: int) -> StoredDocument:
+        raise NotImplementedError
+
+    def document_tokens(self, i: int) -> np.ndarray:
+        raise NotImplementedError
+
+
+class LogitStore(StoreBase):
+    """A logit-store directory opened for reading. Opening checks every shard's index and the
+    store's integrity (gap-free writer sequences, shard records, completion records)."""
+
+    def __init__(self, directory: str | Path, expected_vocab_hash: str | None = None, cache_chunks: int = 4):
+        self.directory = Path(directory)
+        self.manifest = read_manifest(self.directory)
+        self.vocab_hash = self.manifest["vocab_hash"]
+        if expected_vocab_hash is not None and expected_vocab_hash != self.vocab_hash:
+            raise UserError(
+                f"{self.directory}: vocabulary hash {self.vocab_hash[:16]}… differs from the expected "
+                f"{expected_vocab_hash[:16]}… (a store of another teacher/tokenizer)"
+            )
+        enc = self.manifest["encoding"]
+        try:
+            self.encoding = get_encoding(enc["name"], enc.get("params"))
+        except UserError as exc:
+            raise UserError(f"{self.directory / MANIFEST}: {exc}") from None
+        self.teacher = self.manifest.get("teacher", "")
+        self.format_version = int(self.manifest["format_version"])
+        self.shards, self.unfinished_writers = self._open_shards()
+        counts = np.array([s.num_docs for s in self.shards], dtype=np.int64)
+        self._shard_start = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        self.num_documents = int(self._shard_start[-1])
+        self._cache: OrderedDict = OrderedDict()
+        self._cache_size = cache_chunks
+
+    def _open_shards(self) -> tuple[list[ShardReader], list[int]]:
+        sequences = shard_sequences(self.directory)
+        identity = identity_hash(self.manifest) if self.format_version >= 2 else None
+        shards, unfinished = [], []
+        for writer_id in sorted(set(sequences) | set(completed_writers(self.directory))):
+            check_sequence(self.directory, writer_id, sequences.get(writer_id, []))
+            own = [ShardReader(self.directory / shard_name(writer_id, s), self.encoding) for s in sequences.get(writer_id, [])]
+            for shard in own:
+                if shard.version != self.format_version:
+                    raise UserError(f"shard {shard.name} has format version {shard.version}, the manifest {self.format_version}")
+            if not check_writer(self.directory, writer_id, own, identity) and self.format_version >= 2:
+                unfinished.append(writer_id)
+            shards += own
+        return shards, unfinished
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_cache"] = OrderedDict()
+        return state
+
+    @cached_property
+    def vocab(self) -> TeacherVocab:
+        path = self.directory / VOCAB_FILE
+        if not path.is_file():
+            raise UserError(f"{self.directory}: {VOCAB_FILE} is missing")
+        vocab = vocab_from_bytes(path.read_bytes(), str(path))
+        if vocab.hash != self.vocab_hash:
+            raise UserError(f"{path} does not match the manifest's vocab_hash (corrupt or replaced)")
+        return vocab
+
+    @cached_property
+    def trie(self) -> VocabTrie:
+        return build_trie(self.vocab)
+
+    def set_trie(self, trie: VocabTrie) -> None:
+        self.__dict__["trie"] = trie
+
+    def document_location(self, i: int) -> tuple[str, int]:
+        """(shard file name, document number within it) of store document ``i``."""
+        s, d = self._locate(i)
+        return self.shards[s].name, d
+
+    def _locate(self, i: int) -> tuple[int, int]:
+        if not 0 <= i < self.num_documents:
+            raise IndexError(f"document {i} out of range (store has {self.num_documents})")
+        s = int(np.searchsorted(self._shard_start, i, side="right") - 1)
+        return s, i - int(self._shard_start[s])
+
+    def _contexts_of(self, token_ids: np.ndarray, expected_values: int) -> np.ndarray:
+        layout = stream_layout(self.trie, token_ids.astype(np.int64))
+        if layout.num_values != expected_values:
+            raise ValueError(f"{layout.num_values} values in its supports, the index says {expected_values}")
+        return self.encoding.contexts(layout)
+
+    def _chunk(self, s: int, c: int) -> ChunkData:
+        key = (s, c)
+        data = self._cache.get(key)
+        if data is None:
+            contexts_of = self._contexts_of if self.encoding.needs_contexts else None
+            data = self.shards[s].read_chunk(c, contexts_of)
+            self._cache[key] = data
+            while len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
+        else:
+            self._cache.move_to_end(key)
+        return data
+
+    def check_chunks(self) -> int:
+        """Read (checksum, decompress, size-check) every chunk; the number of chunks."""
+        count = 0
+        for s, shard in enumerate(self.shards):
+            for c in range(len(shard.chunks)):
+                self._chunk(s, c)
+                count += 1
+        return count
+
+    def encoded_document(self, i: int) -> EncodedDocument:
+        s, d = self._locate(i)
+        entry = self.shards[s].docs[d]
+        c = int(entry["chunk"])
+        first = int(self.shards[s].chunks[c]["first_doc"])
+        return self._chunk(s, c).document(d - first, int(entry["text_bytes"]))
+
+    def document_tokens(self, i: int) -> np.ndarray:
+        """Only the teacher token ids of document ``i`` (no values decoded)."""
+        s, d = self._locate(i)
+        c = int(self.shards[s].docs[d]["chunk"])
+        return self._chunk(s, c).tokens(d - int(self.shards[s].chunks[c]["first_doc"])).astype(np.int64)
+
+    def document(self, i: int) -> StoredDocument:
+        enc = self.encoded_document(i)
+        token_ids = enc.token_ids.astype(np.int64)
+        shard, local = self.document_location(i)
+        where = f"shard {shard} document {local} (store document {i})"
+        try:
+            layout = stream_layout(self.trie, token_ids)
+        except ValueError as exc:
+            raise UserError(f"{where}: corrupt token ids ({exc})") from None
+        if layout.num_values != len(enc.value_bytes) or layout.num_positions != len(enc.position_bytes):
+            raise UserError(f"{where}: stored values do not match its tokens' supports (corrupt)")
+        if enc.text_bytes != layout_text_bytes(layout, self.vocab):
+            raise UserError(f"{where}: its text byte count does not match its tokens (corrupt)")
+        try:
+            values = self.encoding.decode(enc.value_bytes, enc.position_bytes, layout.offsets)
+        except ValueError as exc:
+            raise UserError(f"{where}: corrupt values ({exc})") from None
+        return StoredDocument(token_ids, layout, values, enc.dropped_mass.copy(), enc.text_bytes, enc.key)
+
+    def chunk_spans(self) -> list[tuple[int, int]]:
+        """(first store document, number of documents) of every chunk, in document order."""
+        spans = []
+        for start, shard in zip(self._shard_start.tolist(), self.shards):
+            spans += [(start + int(c["first_doc"]), int(c["num_docs"])) for c in shard.chunks]
+        return spans
+
+    def document_positions(self) -> np.ndarray:
+        parts = [s.docs["positions"].astype(np.int64) for s in self.shards]
+        return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+    def stats(self) -> dict:
+        docs = [s.docs for s in self.shards]
+        total = lambda field: int(sum(int(d[field].sum()) for d in docs))
+        shard_bytes = sum(s.size for s in self.shards)
+        size = shard_bytes + sum((self.directory / n).stat().st_size for n in (MANIFEST, VOCAB_FILE) if (self.directory / n).exists())
+        text = total("text_bytes")
+        return {
+            "documents": self.num_documents,
+            "text_bytes": text,
+            "positions": total("positions"),
+            "tokens": total("tokens"),
+            "values": total("values"),
+            "shards": len(self.shards),
+            "chunks": sum(len(s.chunks) for s in self.shards),
+            "size_on_disk": size,
+            "bytes_per_text_byte": size / text if text else None,
+            "shard_bytes": shard_bytes,  # without the one-off manifest and vocabulary files
+            "shard_bytes_per_text_byte": shard_bytes / text if text else None,
+            "encoding": self.encoding.name,
+            "encoding_params": self.encoding.params,
+            "teacher": self.teacher,
+            "vocab_hash": self.vocab_hash,
+            "unfinished_writers": self.unfinished_writers,
+        }

@@ -1,0 +1,276 @@
+"""Writing a store (:class:`StoreWriter`): documents into shards of one writer id, atomically,
+resumable (FORMAT.md, "Directory")."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from distill.errors import UserError
+from distill.stream import StreamLayout, stream_layout
+from distill.trie import VocabTrie, build_trie
+from distill.vocab import TeacherVocab
+from logit_store.chunk import EncodedDocument
+from logit_store.encodings import DEFAULT_ENCODING, Encoding, get_encoding
+from logit_store.integrity import (
+    Completion,
+    check_sequence,
+    check_writer,
+    completion_path,
+    shard_sequences,
+    write_completion,
+)
+from logit_store.manifest import (
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    IDENTITY_FIELDS,
+    MANIFEST,
+    identity_hash,
+    read_manifest,
+    settings_hash,
+    write_atomic,
+)  # fmt: skip
+from logit_store.reader import layout_text_bytes
+from logit_store.shard import (
+    ShardFile,
+    ShardReader,
+    ShardRecord,
+    fsync_directory,
+    shard_name,
+)
+from logit_store.vocab_file import VOCAB_FILE, vocab_to_bytes
+
+
+def _differences(name: str, stored, new) -> str:
+    """Every differing leaf field of two manifest values, named by its dotted path."""
+    if isinstance(stored, dict) and isinstance(new, dict):
+        keys = sorted(k for k in stored.keys() | new.keys() if stored.get(k) != new.get(k))
+        return "; ".join(_differences(f"{name}.{k}", stored.get(k), new.get(k)) for k in keys)
+    return f"{name}: store has {stored!r}, this run has {new!r}"
+
+
+class StoreWriter:
+    """Writes documents into ``directory`` as shards ``shard-<writer_id>-<seq>.bds``.
+
+    If the directory already holds a store with the same identity (vocabulary, teacher,
+    tokenizer/corpus hashes, settings, encoding), the writer resumes: complete shards of this
+    ``writer_id`` are kept, its partial ``.tmp`` files are deleted, and
+    :attr:`num_existing_documents` says how many of its documents are stored, so the caller
+    skips that many and continues. A differing identity raises :class:`UserError`.
+
+    A shard is closed after ``docs_per_shard`` documents or ``shard_bytes`` raw (uncompressed)
+    bytes, whichever comes first; a chunk after ``chunk_bytes`` raw bytes (default: the encoding's,
+    2 MiB, or 16 MiB for ``pow8-ans`` whose tables are per chunk). Both depend only on
+    the documents, so an interrupted and resumed write gives the same shards.
+    """
+
+    def __init__(
+        self,
+        directory: str | Path,
+        vocab: TeacherVocab,
+        *,
+        encoding: str | Encoding = DEFAULT_ENCODING,
+        encoding_params: dict | None = None,
+        teacher: str = "",
+        settings: dict | None = None,
+        corpus_hash: str | None = None,
+        tokenizer_hash: str | None = None,
+        writer_id: int = 0,
+        docs_per_shard: int | None = None,
+        shard_bytes: int = 1 << 30,
+        chunk_bytes: int | None = None,
+        compression_level: int = 9,
+        trie: VocabTrie | None = None,
+    ):
+        if not 0 <= writer_id <= 99999:
+            raise UserError(f"writer id must be in 0..99999, got {writer_id}")
+        self.directory = Path(directory)
+        self.vocab = vocab
+        self.encoding = encoding if isinstance(encoding, Encoding) else get_encoding(encoding, encoding_params)
+        self.writer_id = int(writer_id)
+        self.docs_per_shard = docs_per_shard
+        self.shard_bytes = int(shard_bytes)
+        self.chunk_bytes = int(chunk_bytes or self.encoding.chunk_bytes)
+        self.compression_level = int(compression_level)
+        self._trie = trie
+        settings = dict(settings or {})
+        try:
+            json.dumps(settings, sort_keys=True)
+        except TypeError as exc:
+            raise UserError(f"store settings must be JSON-serialisable: {exc}") from None
+        self.manifest = {
+            "format": FORMAT_NAME,
+            "format_version": FORMAT_VERSION,
+            "teacher": teacher or vocab.name,
+            "vocab_hash": vocab.hash,
+            "vocab_size": vocab.size,
+            "tokenizer_hash": tokenizer_hash,
+            "corpus_hash": corpus_hash,
+            "settings": json.loads(json.dumps(settings, sort_keys=True)),
+            "settings_hash": settings_hash(settings),
+            "encoding": self.encoding.describe(),
+            "compression": {"codec": "zstd", "level": self.compression_level},
+        }
+        self._identity = identity_hash(self.manifest)
+        self._open_directory()
+        self._shard: ShardFile | None = None
+        self._pending: list[EncodedDocument] = []
+        self._pending_bytes = 0
+        self._shard_raw_bytes = 0
+        self.num_written = 0
+        self._closed = False
+
+    # -- setup / resume
+    def _open_directory(self) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        manifest_path = self.directory / MANIFEST
+        if manifest_path.exists():
+            existing = read_manifest(self.directory)
+            differ = [k for k in IDENTITY_FIELDS if existing.get(k) != self.manifest.get(k)]
+            if differ:
+                detail = "; ".join(_differences(k, existing.get(k), self.manifest.get(k)) for k in differ)
+                raise UserError(f"{self.directory} holds a different store ({', '.join(differ)} differ): {detail}")
+            vocab_path = self.directory / VOCAB_FILE
+            if not vocab_path.is_file():
+                write_atomic(vocab_path, vocab_to_bytes(self.vocab), f"w{self.writer_id}")
+        else:
+            write_atomic(self.directory / VOCAB_FILE, vocab_to_bytes(self.vocab), f"w{self.writer_id}")
+            text = json.dumps(self.manifest, indent=2, sort_keys=True) + "\n"
+            write_atomic(manifest_path, text.encode(), f"w{self.writer_id}")
+        fsync_directory(self.directory)
+
+        for tmp in self.directory.glob(f"shard-{self.writer_id:05d}-*.tmp"):
+            tmp.unlink()
+        completion_path(self.directory, self.writer_id).unlink(missing_ok=True)  # writing again: not finished
+        sequences = shard_sequences(self.directory).get(self.writer_id, [])
+        check_sequence(self.directory, self.writer_id, sequences)
+        existing = [ShardReader(self.directory / shard_name(self.writer_id, s), self.encoding) for s in sequences]
+        check_writer(self.directory, self.writer_id, existing, self._identity)
+        self.num_existing_documents = sum(r.num_docs for r in existing)
+        self.existing_text_bytes = sum(int(r.docs["text_bytes"].sum()) for r in existing)
+        self._next_sequence = len(sequences)
+        self._writer_documents = self.num_existing_documents  # documents in this writer's complete shards
+
+    @property
+    def trie(self) -> VocabTrie:
+        if self._trie is None:
+            self._trie = build_trie(self.vocab)
+        return self._trie
+
+    # -- adding documents
+    def add_distributions(
+        self, distributions, key: str | None = None, text_bytes: int | None = None, token_ids=None
+    ) -> None:
+        """Add a :class:`distill.convert.DocumentDistributions`. Give ``token_ids`` when the
+        vocabulary has several ids with one byte string (else the lowest such id is stored)."""
+        layout = distributions.layout
+        if token_ids is None:
+            token_ids = _token_ids_of_layout(layout, self.trie)
+        token_ids = np.asarray(token_ids, dtype=np.int64)
+        if text_bytes is None:
+            text_bytes = layout_text_bytes(layout, self.vocab)
+        self._add(token_ids, distributions.values, distributions.dropped_mass, text_bytes, key, layout)
+
+    def add(self, token_ids, values, dropped_mass, text_bytes: int | None = None, key: str | None = None) -> None:
+        """Add one document: teacher token ids (m,), exact values (S,) in support order, dropped
+        special mass (m+1,), its number of text bytes and an optional key."""
+        token_ids = np.asarray(token_ids, dtype=np.int64)
+        try:
+            layout = stream_layout(self.trie, token_ids)
+        except ValueError as exc:
+            raise UserError(f"document {self.num_written} ({key or 'no key'}): {exc}") from None
+        if text_bytes is None:
+            text_bytes = layout_text_bytes(layout, self.vocab)
+        self._add(token_ids, values, dropped_mass, text_bytes, key, layout)
+
+    def _add(self, token_ids, values, dropped_mass, text_bytes, key, layout: StreamLayout) -> None:
+        if self._closed:
+            raise RuntimeError("StoreWriter is closed")
+        offsets = layout.offsets
+        values = np.asarray(values, dtype=np.float64)
+        dropped_mass = np.asarray(dropped_mass, dtype=np.float64)
+        where = f"document {self.num_written} ({key or 'no key'})"
+        if int(text_bytes) != layout_text_bytes(layout, self.vocab):
+            raise UserError(f"{where}: {text_bytes} text bytes given, its tokens hold {layout_text_bytes(layout, self.vocab)}")
+        key = key or None  # an empty key is stored as no key
+        if len(values) != offsets[-1]:
+            raise UserError(f"{where}: {len(values)} values but its supports hold {offsets[-1]}")
+        if len(dropped_mass) != len(token_ids) + 1:
+            raise UserError(f"{where}: dropped mass needs m+1 = {len(token_ids) + 1} rows, got {len(dropped_mass)}")
+        if not np.all(np.isfinite(values)) or (len(values) and values.min() < 0):
+            raise UserError(f"{where}: values must be finite probabilities")
+        if not np.all(np.isfinite(dropped_mass)) or (len(dropped_mass) and dropped_mass.min() < 0):
+            raise UserError(f"{where}: dropped mass must be finite and non-negative")
+        value_bytes, position_bytes = self.encoding.encode(values, offsets)
+        doc = EncodedDocument(
+            token_ids=token_ids.astype(np.uint32), value_bytes=value_bytes, position_bytes=position_bytes,
+            dropped_mass=dropped_mass.astype(np.float32), text_bytes=int(text_bytes), key=key,
+            contexts=self.encoding.contexts(layout) if self.encoding.needs_contexts else None,
+        )  # fmt: skip
+        self._pending.append(doc)
+        size = doc.raw_size()
+        self._pending_bytes += size
+        self._shard_raw_bytes += size
+        self.num_written += 1
+        if self._pending_bytes >= self.chunk_bytes:
+            self._flush_chunk()
+        shard_docs = (self._shard.num_docs if self._shard else 0) + len(self._pending)
+        if (self.docs_per_shard and shard_docs >= self.docs_per_shard) or self._shard_raw_bytes >= self.shard_bytes:
+            self._finish_shard()
+
+    def _flush_chunk(self) -> None:
+        if not self._pending:
+            return
+        if self._shard is None:
+            record = ShardRecord(self.writer_id, self._next_sequence, self._writer_documents, self._identity)
+            path = self.directory / shard_name(self.writer_id, self._next_sequence)
+            self._shard = ShardFile(path, self.compression_level, record, self.encoding)
+        self._shard.write_chunk(self._pending)
+        self._pending = []
+        self._pending_bytes = 0
+
+    def _finish_shard(self) -> None:
+        self._flush_chunk()
+        if self._shard is not None:
+            self._shard.finish()
+            self._writer_documents += self._shard.num_docs
+            self._shard = None
+            self._next_sequence += 1
+        self._shard_raw_bytes = 0
+
+    def close(self) -> None:
+        """Write what is pending as a final shard and record that this writer finished."""
+        if not self._closed:
+            self._finish_shard()
+            write_completion(self.directory, Completion(self.writer_id, self._next_sequence, self._writer_documents))
+            fsync_directory(self.directory)
+            self._closed = True
+
+    def abandon(self) -> None:
+        """Stop without finishing the current shard (its ``.tmp`` stays, as after a crash)."""
+        if self._shard is not None:
+            self._shard.abandon()
+        self._closed = True
+
+    def __enter__(self) -> StoreWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abandon()
+
+
+def _token_ids_of_layout(layout: StreamLayout, trie: VocabTrie) -> np.ndarray:
+    """Token ids of a stream: for each token, the lowest id whose byte string it is (the node of
+    the position whose input is the token's last byte)."""
+    ends = np.flatnonzero(layout.symbols.astype(np.int64) == 256)
+    token_nodes = layout.position_node[ends - 1]
+    first_id = np.full(trie.num_nodes, np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(first_id, trie.token_node[trie.order], trie.order)
+    return first_id[token_nodes]
+
+
