@@ -21,6 +21,7 @@ SUBCOMMANDS = {
     "train": "students.train_cli",
     "export": "students.export_cli",
     "generate": "students.export_cli",
+    "score": "students.export_cli",
     "push": "students.export_cli",
 }
 

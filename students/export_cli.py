@@ -1,8 +1,9 @@
-"""``bytedistill export | generate | push``: thin layers over students.export, .generate, .push."""
+"""``bytedistill export | generate | score | push``: thin layers over students.export, .generate, .score, .push."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from distill.config import add_config_arguments, config_from_args
 class ExportConfig:
     checkpoint: str = field(metadata={"help": "training checkpoint, or a training output dir (its newest checkpoint)", "positional": True})
     output: str = field(metadata={"help": "folder to write the Hugging Face model to", "positional": True})
+    teacher_tokenizer: str | None = field(default=None, metadata={"help": "the teacher's tokenizer (tokenizer.json, model folder or .gguf) shipped for <eot> placement (default: the teacher the training store names)"})
     repo_id: str | None = field(default=None, metadata={"help": "Hub repo id to name in the model card's usage snippet"})
     license: str = field(default="apache-2.0", metadata={"help": "license for the model card metadata"})
     teacher: str | None = field(default=None, metadata={"help": "teacher name for the card (default: from the logit store)"})
@@ -32,6 +34,18 @@ class GenerateConfig:
 
 
 @dataclass
+class ScoreConfig:
+    model: str = field(metadata={"help": "exported model folder", "positional": True})
+    sources: list[str] = field(metadata={"help": "text files (.txt/.md: one document each), .jsonl files or logit store folders", "positional": True})
+    mode: str = field(default="stream", metadata={"help": "stream: the training stream with the teacher's <eot> marks; plain: bytes only; plain-renormalised: bytes only, P over bytes + <eos>", "choices": ["stream", "plain", "plain-renormalised"]})
+    context: int | None = field(default=None, metadata={"help": "window length in symbols (default and maximum: the trained context)"})
+    stride: int | None = field(default=None, metadata={"help": "window step (default: the context, as train evaluates; smaller: more context per position)"})
+    batch_size: int = field(default=8, metadata={"help": "windows per forward pass"})
+    text_field: str = field(default="text", metadata={"help": "field of each .jsonl record holding the text"})
+    progress: bool = field(default=True, metadata={"help": "show a progress bar"})
+
+
+@dataclass
 class PushConfig:
     folder: str = field(metadata={"help": "exported model folder", "positional": True})
     repo_id: str = field(metadata={"help": "Hub repo id, e.g. your-name/byte-student", "positional": True})
@@ -48,7 +62,7 @@ def run_export(args: argparse.Namespace) -> int:
     config = config_from_args(ExportConfig, args)
     out = export_student(
         Path(config.checkpoint), Path(config.output),
-        repo_id=config.repo_id, license=config.license, teacher=config.teacher, data=config.data,
+        teacher_tokenizer=config.teacher_tokenizer, repo_id=config.repo_id, license=config.license, teacher=config.teacher, data=config.data,
     )
     print(f"exported to {out}")
     return 0
@@ -62,15 +76,38 @@ def run_generate(args: argparse.Namespace) -> int:
         max_new_bytes=config.max_new_bytes, temperature=config.temperature, top_k=config.top_k,
         top_p=config.top_p, greedy=config.greedy, seed=config.seed,
     )
+    from students.score import load_model
+
+    context = load_model(Path(config.model)).config.max_position_embeddings
+    print(f"trained context: {context} symbols; the window slides past it", file=sys.stderr)
     print(config.prompt + generate_text(Path(config.model), config.prompt, options))
     return 0
 
 
+def run_score(args: argparse.Namespace) -> int:
+    from students.score import ScoreOptions, score
+
+    config = config_from_args(ScoreConfig, args)
+    options = ScoreOptions(
+        mode=config.mode, context=config.context, stride=config.stride, batch_size=config.batch_size,
+        text_field=config.text_field, progress=config.progress,
+    )
+    results = score(Path(config.model), [Path(s) for s in config.sources], options)
+    print(f"{'source':<32} {'documents':>9} {'bytes':>12} {'student BPB':>11} {'teacher BPB':>11}")
+    for r in results:
+        teacher = f"{r.teacher_bpb:.4f}" if r.teacher_bpb is not None else "-"
+        print(f"{r.name:<32} {r.documents:>9,} {r.bytes:>12,} {r.student_bpb:>11.4f} {teacher:>11}")
+    return 0
+
+
 def run_push(args: argparse.Namespace) -> int:
-    from students.push import check_loadable, push_folder, upload_plan
+    from students.push import check_loadable, left_out, push_folder, upload_plan
 
     config = config_from_args(PushConfig, args)
     folder = Path(config.folder)
+    skipped = left_out(folder)
+    if skipped:
+        print(f"warning: not uploading {len(skipped)} file(s) export did not write: {', '.join(skipped)}", file=sys.stderr)
     if config.dry_run:
         check_loadable(folder)
         files = upload_plan(folder)
@@ -90,6 +127,7 @@ def register(subparsers) -> None:
     commands = (
         ("export", ExportConfig, run_export, "write a trained student as a Hugging Face model folder"),
         ("generate", GenerateConfig, run_generate, "continue a prompt with an exported student"),
+        ("score", ScoreConfig, run_score, "bits per byte of an exported student on text, .jsonl or logit stores"),
         ("push", PushConfig, run_push, "upload an exported student folder to the Hugging Face Hub"),
     )
     for name, config_cls, handler, help_text in commands:
