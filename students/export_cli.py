@@ -40,6 +40,7 @@ class ScoreConfig:
     mode: str = field(default="stream", metadata={"help": "stream: the training stream with the teacher's <eot> marks; plain: bytes only; plain-renormalised: bytes only, P over bytes + <eos>", "choices": ["stream", "plain", "plain-renormalised"]})
     context: int | None = field(default=None, metadata={"help": "window length in symbols (default and maximum: the trained context)"})
     stride: int | None = field(default=None, metadata={"help": "window step (default: the context, as train evaluates; smaller: more context per position)"})
+    packed: bool = field(default=True, metadata={"help": "documents back to back as train evaluates (false: each document on its own, as lm-eval)"})
     batch_size: int = field(default=8, metadata={"help": "windows per forward pass"})
     text_field: str = field(default="text", metadata={"help": "field of each .jsonl record holding the text"})
     progress: bool = field(default=True, metadata={"help": "show a progress bar"})
@@ -89,7 +90,7 @@ def run_score(args: argparse.Namespace) -> int:
 
     config = config_from_args(ScoreConfig, args)
     options = ScoreOptions(
-        mode=config.mode, context=config.context, stride=config.stride, batch_size=config.batch_size,
+        mode=config.mode, context=config.context, stride=config.stride, packed=config.packed, batch_size=config.batch_size,
         text_field=config.text_field, progress=config.progress,
     )
     results = score(Path(config.model), [Path(s) for s in config.sources], options)

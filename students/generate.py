@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import StoppingCriteria, StoppingCriteriaList
+from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
-from distill.alphabet import EOS, NUM_BYTES
+from distill.alphabet import BOS, EOS, EOT, NUM_BYTES
 from students.score import load_model, load_stream_tokenizer
 from students.tokenizer import decode_bytes
 
@@ -28,6 +28,15 @@ class _ByteBudget(StoppingCriteria):
     def __call__(self, input_ids: torch.LongTensor, scores, **kwargs) -> torch.BoolTensor:
         produced = (input_ids[:, self.prompt_len :] < NUM_BYTES).sum(-1)
         return produced >= self.max_bytes
+
+
+class _NoEmptyToken(LogitsProcessor):
+    """A teacher token has at least one byte: no ``<eot>`` right after ``<bos>`` or ``<eot>``."""
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        empty = (input_ids[:, -1] == EOT) | (input_ids[:, -1] == BOS)
+        scores[empty, EOT] = float("-inf")
+        return scores
 
 
 @dataclass
@@ -54,14 +63,15 @@ def generate_bytes(model, tokenizer, prompt: str, options: GenerateOptions) -> b
     prompt_len = len(symbols)
     sampling = {} if options.greedy else {"temperature": options.temperature, "top_k": options.top_k, "top_p": options.top_p}
     produced = 0
-    while produced < options.max_new_bytes and symbols[-1] != EOS:
-        window = symbols if len(symbols) < context else symbols[-(context // 2) :]
+    while produced < options.max_new_bytes and symbols[-1] != EOS:  # a byte at least every other symbol
+        window = symbols if len(symbols) < context else symbols[-max(context // 2, 1) :]
         output = model.generate(
             input_ids=torch.tensor([window]),
             attention_mask=torch.ones(1, len(window), dtype=torch.long),
             do_sample=not options.greedy,
             max_new_tokens=context - len(window),
             stopping_criteria=StoppingCriteriaList([_ByteBudget(len(window), options.max_new_bytes - produced)]),
+            logits_processor=LogitsProcessorList([_NoEmptyToken()]),
             **sampling,
         )
         new = output[0, len(window) :].tolist()

@@ -7,6 +7,8 @@ tokenizer's for text; the streams of all documents are packed one after another,
 and scored in windows of at most the trained context. With ``stride`` = context (the default)
 the windows do not overlap, exactly as ``train`` evaluates; a smaller stride slides the window so
 that every position after the first window sees at least ``context - stride`` symbols before it.
+With ``packed=False`` each document is scored on its own from its ``<bos>`` (independent per-file
+figures; lm-evaluation-harness's rolling loglikelihood windows are these, without ``<eos>``).
 
 A store also gives the teacher's BPB on the same bytes (its stored distributions). The
 ``plain`` modes feed ``<bos>`` + the bytes without ``<eot>`` marks (the stock tokenizer's path);
@@ -62,6 +64,7 @@ class ScoreOptions:
     mode: str = "stream"
     context: int | None = None  # default: the model's trained context (max_position_embeddings)
     stride: int | None = None  # default: context (non-overlapping windows, as train evaluates)
+    packed: bool = True  # documents back to back, as train evaluates; False: each document on its own
     batch_size: int = 8
     text_field: str = "text"
     progress: bool = True
@@ -151,22 +154,31 @@ def pack(docs: list[Document]) -> PackedStream:
     return PackedStream(*(np.concatenate(a) for a in (inputs, targets, scored, source, teacher)))
 
 
-def windows(total: int, context: int, stride: int) -> list[tuple[int, int, int]]:
-    """``(start, first scored, end)`` of each window: every position scored exactly once."""
-    out, start = [], 0
+def windows(total: int, context: int, stride: int, begin: int = 0) -> list[tuple[int, int, int]]:
+    """``(start, first scored, end)`` of each window over positions ``begin..total``: every position
+    scored exactly once, with at most ``context`` symbols in a window."""
+    out, start = [], begin
     while True:
         end = min(start + context, total)
-        out.append((start, start if start == 0 else start + context - stride, end))
+        out.append((start, start if start == begin else start + context - stride, end))
         if end == total:
             return out
         start += stride
 
 
+def all_windows(packed: PackedStream, context: int, stride: int, per_document: bool) -> list[tuple[int, int, int]]:
+    """Windows over the whole packed stream, or over each document's stream on its own."""
+    if not per_document:
+        return windows(len(packed.inputs), context, stride)
+    starts = np.flatnonzero(packed.inputs == BOS).tolist() + [len(packed.inputs)]
+    return [w for begin, end in zip(starts, starts[1:]) for w in windows(end, context, stride, begin)]
+
+
 @torch.no_grad()
-def window_nll(model, packed: PackedStream, context: int, stride: int, mode: str, batch_size: int, progress: bool) -> np.ndarray:
-    """The student's NLL (nats) of every position's target, each from one window."""
+def window_nll(model, packed: PackedStream, spans: list[tuple[int, int, int]], mode: str, batch_size: int, progress: bool) -> np.ndarray:
+    """The student's NLL (nats) of every position's target, each from one of the windows ``spans``."""
     nll = np.zeros(len(packed.inputs), dtype=np.float64)
-    spans = windows(len(packed.inputs), context, stride)
+    context = max(end - start for start, _, end in spans)
     for at in tqdm(range(0, len(spans), batch_size), desc="score", unit="batch", disable=not progress):
         batch = spans[at : at + batch_size]
         ids = torch.full((len(batch), context), PAD, dtype=torch.long)
@@ -210,13 +222,19 @@ def score(folder: Path, sources: list[Path], options: ScoreOptions) -> list[Sour
     if options.mode not in MODES:
         raise UserError(f"mode must be one of {', '.join(MODES)}, got {options.mode!r}")
     model = load_model(folder)
+    tokenizer = load_stream_tokenizer(folder) if options.mode == "stream" else None
+    return score_documents(model, sources, list(documents(sources, tokenizer, options)), options)
+
+
+def score_documents(model, sources: list[Path], docs: list[Document], options: ScoreOptions) -> list[SourceScore]:
+    """Score ready-made document streams (``Document.source`` indexes ``sources``)."""
     context = options.context or model.config.max_position_embeddings
     stride = options.stride or context
     if not 0 < stride <= context <= model.config.max_position_embeddings:
         raise UserError(f"need 0 < stride ({stride}) <= context ({context}) <= {model.config.max_position_embeddings}")
-    tokenizer = load_stream_tokenizer(folder) if options.mode == "stream" else None
-    packed = pack(list(documents(sources, tokenizer, options)))
-    nll = window_nll(model, packed, context, stride, options.mode, options.batch_size, options.progress)
+    packed = pack(docs)
+    spans = all_windows(packed, context, stride, per_document=not options.packed)
+    nll = window_nll(model, packed, spans, options.mode, options.batch_size, options.progress)
     return summarise(sources, packed, nll)
 
 

@@ -52,3 +52,46 @@ def test_ids_and_invalid_utf8(tokenizer):
     assert tokenizer.decode(half_character) == "\ufffd"  # str decoding replaces invalid UTF-8
     assert decode_bytes(half_character) == "世".encode()[:2]  # decode_bytes is exact
     assert all(tokenizer.decode([b]) for b in range(256))
+
+
+# ------------------------------------------------------------ the stream tokenizer (<eot> marks)
+
+from tokenizers import Tokenizer as _Tokenizer, models as _models  # noqa: E402
+
+from students.stream_tokenizer import ByteStreamTokenizer, TeacherTokens, stream_symbols, utf8_runs  # noqa: E402
+from tests.conftest import SAMPLE_DOCUMENTS  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def stream_tokenizer(llama3_tokenizer_path):
+    return ByteStreamTokenizer(teacher_tokenizer_file=llama3_tokenizer_path)
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLE_DOCUMENTS))
+def test_stream_tokens_are_the_dump_encoders_tokens(name, stream_tokenizer, llama3_encoder, llama3_vocab):
+    data = SAMPLE_DOCUMENTS[name]
+    expected = [llama3_vocab.bytes_of([t]) for t in llama3_encoder.encode(data)]
+    assert stream_tokenizer.teacher.pieces(data) == expected
+    assert stream_tokenizer.encode_bytes(data, eos=True) == stream_symbols(expected, eos=True)
+
+
+def test_utf8_runs_split_like_the_dump():
+    from distill.encode import utf8_runs as dump_runs
+
+    for data in [*SAMPLE_DOCUMENTS.values(), b"", b"\xff", b"\xe2\x82", b"a\x80\x80b\xc3"]:
+        assert utf8_runs(data) == dump_runs(data)
+
+
+def test_call_places_eot_after_every_teacher_token(stream_tokenizer):
+    ids = stream_tokenizer("héllo <|begin_of_text|>").input_ids
+    assert ids[0] == BOS and ids[-1] == EOT and EOS not in ids
+    assert decode_bytes(ids) == "héllo <|begin_of_text|>".encode()
+    assert ids.count(EOT) == len(stream_tokenizer.teacher.pieces("héllo <|begin_of_text|>".encode()))
+    assert stream_tokenizer("ab", add_special_tokens=False).input_ids[0] != BOS
+    assert stream_tokenizer.decode(ids, skip_special_tokens=True) == "héllo <|begin_of_text|>"
+
+
+def test_a_tokenizer_that_is_not_byte_level_is_refused():
+    word_level = _Tokenizer(_models.WordLevel(vocab={"hello": 0, "[UNK]": 1}, unk_token="[UNK]"))
+    with pytest.raises(ValueError, match="not a byte-level BPE"):
+        TeacherTokens(word_level.to_str())
