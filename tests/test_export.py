@@ -114,3 +114,19 @@ def test_model_card_names_no_local_path(trained, tmp_path, llama3_tokenizer_path
     out = export_student(trained, tmp_path / "m", teacher_tokenizer=llama3_tokenizer_path, teacher=str(teacher))
     card = (out / "README.md").read_text()
     assert "SmolLM2.gguf" in card and str(tmp_path) not in card and "trained_context: 16" in card
+
+
+def test_shipped_tokenizer_is_the_librarys_module_and_self_contained(exported):
+    import ast
+
+    from students import stream_tokenizer
+
+    shipped = (exported / "tokenization_bytedistill.py").read_text()
+    assert shipped == open(stream_tokenizer.__file__).read()
+    imported = set()
+    for node in ast.walk(ast.parse(shipped)):
+        if isinstance(node, ast.Import):
+            imported |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            imported.add(node.module.split(".")[0])
+    assert imported <= {"__future__", "os", "tokenizers", "transformers", "numpy"}, imported
