@@ -12,7 +12,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
+from transformers import (
+    LogitsProcessor,
+    LogitsProcessorList,
+    StoppingCriteria,
+    StoppingCriteriaList,
+)
 
 from distill.alphabet import BOS, EOS, EOT, NUM_BYTES
 from students.score import load_model, load_stream_tokenizer

@@ -21,6 +21,7 @@ import json
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -171,7 +172,7 @@ def all_windows(packed: PackedStream, context: int, stride: int, per_document: b
     if not per_document:
         return windows(len(packed.inputs), context, stride)
     starts = np.flatnonzero(packed.inputs == BOS).tolist() + [len(packed.inputs)]
-    return [w for begin, end in zip(starts, starts[1:]) for w in windows(end, context, stride, begin)]
+    return [w for begin, end in pairwise(starts) for w in windows(end, context, stride, begin)]
 
 
 @torch.no_grad()

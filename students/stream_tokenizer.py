@@ -69,7 +69,7 @@ class TeacherTokens:
             )
 
     @classmethod
-    def from_file(cls, path: str | os.PathLike) -> "TeacherTokens":
+    def from_file(cls, path: str | os.PathLike) -> TeacherTokens:
         with open(path, encoding="utf-8") as f:
             return cls(f.read())
 

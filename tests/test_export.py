@@ -3,6 +3,7 @@ stream tokenizer with it); generate; model card snippet; stale files and local p
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,8 +12,18 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from distill.alphabet import EOT
 from distill.cli import main as cli_main
 from distill.errors import UserError
-from students.export import EXPORT_RECORD, export_student, load_student, resolve_checkpoint
-from students.generate import GenerateOptions, generate_bytes, generate_text, load_folder
+from students.export import (
+    EXPORT_RECORD,
+    export_student,
+    load_student,
+    resolve_checkpoint,
+)
+from students.generate import (
+    GenerateOptions,
+    generate_bytes,
+    generate_text,
+    load_folder,
+)
 from students.synthetic import SYNTHETIC_SOURCE
 from students.trainer import TrainConfig, train
 
@@ -122,7 +133,7 @@ def test_shipped_tokenizer_is_the_librarys_module_and_self_contained(exported):
     from students import stream_tokenizer
 
     shipped = (exported / "tokenization_bytedistill.py").read_text()
-    assert shipped == open(stream_tokenizer.__file__).read()
+    assert shipped == Path(stream_tokenizer.__file__).read_text()
     imported = set()
     for node in ast.walk(ast.parse(shipped)):
         if isinstance(node, ast.Import):

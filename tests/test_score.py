@@ -8,7 +8,6 @@ import math
 
 import numpy as np
 import pytest
-import torch
 from transformers import AutoTokenizer
 
 from distill.alphabet import EOS

@@ -3,10 +3,19 @@
 import random
 
 import pytest
+from tokenizers import Tokenizer as _Tokenizer
+from tokenizers import models as _models
 from transformers import AutoTokenizer
 
 from distill.alphabet import BOS, EOS, EOT, PAD
+from students.stream_tokenizer import (
+    ByteStreamTokenizer,
+    TeacherTokens,
+    stream_symbols,
+    utf8_runs,
+)
 from students.tokenizer import build_tokenizer, decode_bytes
+from tests.conftest import SAMPLE_DOCUMENTS
 
 TEXTS = [
     "",
@@ -55,12 +64,6 @@ def test_ids_and_invalid_utf8(tokenizer):
 
 
 # ------------------------------------------------------------ the stream tokenizer (<eot> marks)
-
-from tokenizers import Tokenizer as _Tokenizer, models as _models  # noqa: E402
-
-from students.stream_tokenizer import ByteStreamTokenizer, TeacherTokens, stream_symbols, utf8_runs  # noqa: E402
-from tests.conftest import SAMPLE_DOCUMENTS  # noqa: E402
-
 
 @pytest.fixture(scope="module")
 def stream_tokenizer(llama3_tokenizer_path):
