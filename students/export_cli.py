@@ -70,18 +70,17 @@ def run_export(args: argparse.Namespace) -> int:
 
 
 def run_generate(args: argparse.Namespace) -> int:
-    from students.generate import GenerateOptions, generate_text
+    from students.generate import GenerateOptions, generate_bytes, load_folder
 
     config = config_from_args(GenerateConfig, args)
     options = GenerateOptions(
         max_new_bytes=config.max_new_bytes, temperature=config.temperature, top_k=config.top_k,
         top_p=config.top_p, greedy=config.greedy, seed=config.seed,
     )
-    from students.score import load_model
-
-    context = load_model(Path(config.model)).config.max_position_embeddings
-    print(f"trained context: {context} symbols; the window slides past it", file=sys.stderr)
-    print(config.prompt + generate_text(Path(config.model), config.prompt, options))
+    model, tokenizer = load_folder(Path(config.model))
+    print(f"trained context: {model.config.max_position_embeddings} symbols; the window slides past it", file=sys.stderr)
+    continuation = generate_bytes(model, tokenizer, config.prompt, options).decode("utf-8", errors="replace")
+    print(config.prompt + continuation)
     return 0
 
 
