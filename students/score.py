@@ -80,15 +80,17 @@ def plain_symbols(data: bytes) -> list[int]:
 
 def _text_documents(path: Path, text_field: str) -> Iterator[bytes]:
     if path.suffix == ".jsonl":
-        with path.open(encoding="utf-8") as f:
-            for number, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    value = json.loads(line)[text_field]
-                except (json.JSONDecodeError, KeyError, TypeError) as exc:
-                    raise UserError(f"{path}:{number}: not a JSON object with a {text_field!r} field") from exc
-                yield str(value).encode("utf-8", errors="surrogateescape")
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+        except UnicodeDecodeError as exc:
+            raise UserError(f"{path}: not UTF-8 text (byte {exc.start})") from exc
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                yield str(json.loads(line)[text_field]).encode("utf-8", errors="surrogateescape")
+            except (json.JSONDecodeError, KeyError, TypeError, UnicodeEncodeError) as exc:
+                raise UserError(f"{path}:{number}: not a JSON object with a {text_field!r} text field") from exc
     elif path.suffix in TEXT_SUFFIXES:
         yield path.read_bytes()
     else:
