@@ -18,6 +18,7 @@ tokenizer family is refused when the tokenizer is loaded.
 
 from __future__ import annotations
 
+import json
 import os
 
 from tokenizers import Tokenizer
@@ -61,11 +62,11 @@ class TeacherTokens:
         self._tokenizer.encode_special_tokens = True  # literal "<|begin_of_text|>" is text
         self._tokenizer.no_padding()
         self._tokenizer.no_truncation()
-        missing = [v for v, char in BYTE_CHARS.items() if self._tokenizer.token_to_id(char) is None]
-        if missing:
+        spec = json.loads(tokenizer_json)
+        if not (_has_byte_level(spec.get("pre_tokenizer")) or _has_byte_level(spec.get("decoder"))):
             raise ValueError(
-                f"the teacher tokenizer is not a byte-level BPE (no token for byte 0x{missing[0]:02X} in the "
-                "GPT-2 byte alphabet); its <eot> marks cannot be placed exactly"
+                "the teacher tokenizer is not a byte-level BPE (no ByteLevel pre-tokenizer or decoder); "
+                "its <eot> marks cannot be placed exactly"
             )
 
     @classmethod
@@ -73,12 +74,18 @@ class TeacherTokens:
         with open(path, encoding="utf-8") as f:
             return cls(f.read())
 
+    def _single_byte(self, value: int) -> bytes:
+        """A byte outside valid UTF-8 is its own token, as in the dump; refused if the vocabulary has none."""
+        if self._tokenizer.token_to_id(BYTE_CHARS[value]) is None:
+            raise ValueError(f"the teacher vocabulary has no token for the byte 0x{value:02X}")
+        return bytes([value])
+
     def pieces(self, data: bytes) -> list[bytes]:
         """The bytes of each teacher token of ``data``; their concatenation is ``data`` (checked)."""
         out: list[bytes] = []
         for valid, run in utf8_runs(data):
             if not valid:
-                out.extend(bytes([b]) for b in run)
+                out.extend(self._single_byte(b) for b in run)
                 continue
             for token in self._tokenizer.encode(run.decode("utf-8"), add_special_tokens=False).tokens:
                 if any(char not in CHAR_BYTES for char in token):
@@ -89,6 +96,15 @@ class TeacherTokens:
             at = next((i for i, (a, b) in enumerate(zip(joined, data)) if a != b), min(len(joined), len(data)))
             raise ValueError(f"the teacher tokenizer does not reproduce the text's bytes (first difference at byte {at})")
         return out
+
+
+def _has_byte_level(component) -> bool:
+    """Whether a tokenizer.json component (or a Sequence of them) is ByteLevel."""
+    if isinstance(component, dict):
+        if component.get("type") == "ByteLevel":
+            return True
+        return any(_has_byte_level(c) for key in ("pretokenizers", "decoders") for c in component.get(key) or [])
+    return False
 
 
 def stream_symbols(pieces: list[bytes], *, bos: bool = True, eos: bool = False) -> list[int]:

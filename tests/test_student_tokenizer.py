@@ -98,3 +98,15 @@ def test_a_tokenizer_that_is_not_byte_level_is_refused():
     word_level = _Tokenizer(_models.WordLevel(vocab={"hello": 0, "[UNK]": 1}, unk_token="[UNK]"))
     with pytest.raises(ValueError, match="not a byte-level BPE"):
         TeacherTokens(word_level.to_str())
+
+
+def test_an_invalid_byte_without_a_token_is_refused_like_the_dump(llama3_tokenizer_path):
+    import json
+
+    spec = json.loads(open(llama3_tokenizer_path, encoding="utf-8").read())
+    del spec["model"]["vocab"]["ÿ"]  # byte 0xFF: never valid UTF-8; some vocabularies (SmolLM2) lack it
+    spec["model"]["merges"] = [m for m in spec["model"]["merges"] if "ÿ" not in (m if isinstance(m, str) else " ".join(m))]
+    teacher = TeacherTokens(json.dumps(spec))
+    assert teacher.pieces(b"ok \xfe") == [b"ok", b" ", b"\xfe"]
+    with pytest.raises(ValueError, match="no token for the byte 0xFF"):
+        teacher.pieces(b"ok \xff")
