@@ -23,7 +23,7 @@ from distill import check_teacher_cli, dump_cli
 from distill.config import config_files_first, config_from_namespace, config_parser, error_line
 from distill.errors import UserError
 from logit_store import cli as store_cli
-from students import export_cli, train_cli
+from students import export_cli, generate_cli, push_cli, score_cli, train_cli
 
 # subcommand -> function(config) -> exit status, in the order a user meets them
 COMMANDS: dict[str, Callable[[typing.Any], int]] = {
@@ -33,8 +33,9 @@ COMMANDS: dict[str, Callable[[typing.Any], int]] = {
     "verify": store_cli.verify,
     "train": train_cli.train,
     "export": export_cli.export,
-    "generate": export_cli.generate,
-    "push": export_cli.push,
+    "generate": generate_cli.generate,
+    "score": score_cli.score,
+    "push": push_cli.push,
 }
 
 

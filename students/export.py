@@ -1,26 +1,40 @@
-"""Export a trained student as a plain Hugging Face model folder (issue 6).
+"""Export a trained student as a Hugging Face model folder (issue 6, 12).
 
-The folder holds ``config.json`` + ``model.safetensors`` (a stock Llama), ``generation_config.json``
-(``<eos>`` stops generation; ``<bos>``/``<pad>`` ids set and never generated), the byte tokenizer
-files and a model card ``README.md`` whose YAML header and table come from the trainer's
-``run_info.json`` (teacher, data, training bytes, held-out BPB of student and teacher, KL).
-``AutoModelForCausalLM`` and ``AutoTokenizer`` load it with no custom code.
+The folder holds ``config.json`` + ``model.safetensors`` (a stock Llama whose
+``max_position_embeddings`` is the trained context), ``generation_config.json`` (``<eos>`` stops
+generation; ``<bos>``/``<pad>`` never generated), two tokenizers and a model card ``README.md``:
+
+- the stream tokenizer (``AutoTokenizer.from_pretrained(folder, trust_remote_code=True)``):
+  ``tokenization_bytedistill.py`` (a copy of :mod:`students.stream_tokenizer`) and the teacher's
+  ``teacher_tokenizer.json``; it gives the student the training stream with the teacher's
+  ``<eot>`` marks;
+- the plain byte tokenizer (``tokenizer.json``; stock ``AutoTokenizer``, no remote code): bytes
+  without ``<eot>`` marks, which the student never saw in training (worse BPB, stated in the card).
+
+``bytedistill_export.json`` records every file export wrote; ``push`` uploads only those, and a
+new export into the folder first removes them (it refuses a folder holding anything else).
 """
 
 from __future__ import annotations
 
 import json
-import re
+import shutil
 from pathlib import Path
 from typing import Any
 
+from huggingface_hub import ModelCard, ModelCardData
 from safetensors.torch import load_file
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
 from distill.alphabet import BOS, EOS, PAD
 from distill.errors import UserError
+from students import stream_tokenizer
+from students.stream_tokenizer import TEACHER_TOKENIZER_FILE, TeacherTokens
 from students.tokenizer import build_tokenizer
 from students.checkpoints import latest_checkpoint
+
+EXPORT_RECORD = "bytedistill_export.json"
+REMOTE_CODE_FILE = "tokenization_bytedistill.py"
 
 
 def resolve_checkpoint(path: Path) -> Path:
@@ -63,10 +77,55 @@ def read_run_info(checkpoint: Path) -> dict[str, Any]:
     return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
 
 
+def teacher_tokenizer_json(source: str | None, info: dict[str, Any]) -> str:
+    """The teacher's ``tokenizer.json`` text: from ``source`` (tokenizer.json, model folder or .gguf),
+    else the teacher recorded in the training store; checked against the store's vocabulary."""
+    from distill.vocab import load_teacher_tokenizer, vocab_from_tokenizer
+    from logit_store.store import read_manifest
+
+    stores = [Path(p) for p in info.get("config", {}).get("train_stores", [])]
+    manifest = read_manifest(stores[0]) if stores and stores[0].is_dir() else {}
+    source = source or manifest.get("teacher")
+    if not source:
+        raise UserError("give --teacher-tokenizer: the training store that names the teacher is not found")
+    tokenizer = load_teacher_tokenizer(source)
+    if manifest.get("vocab_hash") and vocab_from_tokenizer(tokenizer).hash != manifest["vocab_hash"]:
+        raise UserError(f"the tokenizer of {source} is not the one the training store {stores[0]} was dumped with")
+    backend = getattr(tokenizer, "backend_tokenizer", tokenizer)
+    text = backend.to_str()
+    try:
+        TeacherTokens(text)
+    except ValueError as exc:
+        raise UserError(f"{source}: {exc}") from exc
+    return text
+
+
+def trained_context(model: LlamaForCausalLM, info: dict[str, Any]) -> int:
+    """Symbols per training sequence: the most positions the student has seen."""
+    seq_len = info.get("config", {}).get("seq_len")
+    return min(int(seq_len), model.config.max_position_embeddings) if seq_len else model.config.max_position_embeddings
+
+
+def clear_previous_export(output: Path) -> None:
+    """Remove what an earlier export wrote; refuse a folder holding anything else (dotfiles aside)."""
+    if not output.exists():
+        return
+    if not output.is_dir():
+        raise UserError(f"{output} exists and is not a folder")
+    record = output / EXPORT_RECORD
+    previous = json.loads(record.read_text(encoding="utf-8"))["files"] if record.is_file() else []
+    for name in previous:
+        (output / name).unlink(missing_ok=True)
+    others = sorted(p.name for p in output.iterdir() if not p.name.startswith("."))
+    if others:
+        raise UserError(f"{output} is not empty and not a bytedistill export (it holds {', '.join(others[:3])}); give an empty folder")
+
+
 def export_student(
     checkpoint: Path,
     output: Path,
     *,
+    teacher_tokenizer: str | None = None,
     repo_id: str | None = None,
     license: str = "apache-2.0",
     teacher: str | None = None,
@@ -75,87 +134,108 @@ def export_student(
     """Write the Hugging Face folder for ``checkpoint`` (or an output dir's newest) to ``output``."""
     checkpoint = resolve_checkpoint(checkpoint)
     output = Path(output)
-    output.mkdir(parents=True, exist_ok=True)
+    info = read_run_info(checkpoint)
+    tokenizer_json = teacher_tokenizer_json(teacher_tokenizer, info)
     model = load_student(checkpoint)
+    model.config.max_position_embeddings = trained_context(model, info)
     model.generation_config = generation_config()
+    clear_previous_export(output)
+    output.mkdir(parents=True, exist_ok=True)
+    before = {p for p in output.rglob("*")}
     model.save_pretrained(output)
     build_tokenizer().save_pretrained(output)
-    card = model_card(read_run_info(checkpoint), repo_id=repo_id, license=license, teacher=teacher, data=data)
-    (output / "README.md").write_text(card, encoding="utf-8")
+    (output / TEACHER_TOKENIZER_FILE).write_text(tokenizer_json, encoding="utf-8")
+    shutil.copyfile(stream_tokenizer.__file__, output / REMOTE_CODE_FILE)
+    config_file = output / "tokenizer_config.json"
+    tokenizer_config = json.loads(config_file.read_text(encoding="utf-8"))
+    tokenizer_config["auto_map"] = stream_tokenizer.auto_map()
+    config_file.write_text(json.dumps(tokenizer_config, indent=2) + "\n", encoding="utf-8")
+    card = model_card(info, model.config.max_position_embeddings, repo_id=repo_id, license=license, teacher=teacher, data=data)
+    card.save(output / "README.md")
+    written = sorted(p.relative_to(output).as_posix() for p in set(output.rglob("*")) - before if p.is_file())
+    (output / EXPORT_RECORD).write_text(json.dumps({"files": written + [EXPORT_RECORD]}, indent=2) + "\n", encoding="utf-8")
     return output
+
+
+def exported_files(folder: Path) -> list[str]:
+    """The files export wrote into ``folder`` (its record), or a UserError."""
+    record = Path(folder) / EXPORT_RECORD
+    if not record.is_file():
+        raise UserError(f"{folder} has no {EXPORT_RECORD}: it was not written by bytedistill export")
+    return list(json.loads(record.read_text(encoding="utf-8"))["files"])
 
 
 # -------------------------------------------------------------------------------- model card
 
-USAGE = '''```python
+USAGE = """```python
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 repo = "{repo}"  # or a local folder
-tokenizer = AutoTokenizer.from_pretrained(repo)
-model = AutoModelForCausalLM.from_pretrained(repo)
+model = AutoModelForCausalLM.from_pretrained(repo)  # a stock Llama: no remote code
+# the stream tokenizer places the teacher's <eot> marks the student was trained with
+tokenizer = AutoTokenizer.from_pretrained(repo, trust_remote_code=True)
 
-inputs = tokenizer("The meaning of life is", return_tensors="pt")  # <bos> + the UTF-8 bytes
+inputs = tokenizer("The meaning of life is", return_tensors="pt")
 output = model.generate(**inputs, max_new_tokens=100, do_sample=True, top_k=50)
 # skip_special_tokens drops <bos>, <eos> and the <eot> token-boundary symbols
 print(tokenizer.decode(output[0], skip_special_tokens=True))
-```'''
+```"""
 
 
 def _fmt(value: Any, digits: int = 4) -> str:
     return f"{value:.{digits}f}" if isinstance(value, (int, float)) else "not evaluated"
 
 
-def _yaml_scalar(value: Any) -> str:
-    return json.dumps(value)  # JSON strings and numbers are valid YAML scalars
+def _no_local_path(name: str) -> str:
+    """A teacher or data name fit for a public card: a local path becomes its last part."""
+    path = Path(name)
+    return path.name if path.is_absolute() or path.exists() else name
 
 
 def model_card(
     info: dict[str, Any],
+    context: int,
     *,
     repo_id: str | None = None,
     license: str = "apache-2.0",
     teacher: str | None = None,
     data: str | None = None,
-) -> str:
-    """README.md text: Hub metadata header, results table, usage snippet, tokenizer notes."""
+) -> ModelCard:
+    """README.md: Hub metadata, results table, usage snippet, tokenizer notes and trained context."""
     config = info.get("config", {})
     described = info.get("data", {})
-    teacher = teacher or described.get("teacher") or "unknown"
-    data = data or described.get("corpus") or ", ".join(config.get("train_stores", [])) or "unknown"
-    if not isinstance(teacher, str):
-        teacher = json.dumps(teacher)
-    if not isinstance(data, str):
-        data = json.dumps(data)
+    teacher = _no_local_path(str(teacher or described.get("teacher") or "unknown"))
+    data = str(data or described.get("corpus") or ", ".join(Path(p).name for p in config.get("train_stores", [])) or "unknown")
     evaluation = info.get("last_eval") or {}
     train_bytes = info.get("train_bytes", 0)
-    alpha = config.get("alpha")
-    meta = {
-        "license": license,
-        "library_name": "transformers",
-        "pipeline_tag": "text-generation",
-        "teacher": teacher,
-        "training_data": data,
-        "training_bytes": train_bytes,
-        "heldout_bpb_student": evaluation.get("student_bpb"),
-        "heldout_bpb_teacher": evaluation.get("teacher_bpb"),
-        "heldout_kl_bits_per_byte": evaluation.get("kl_per_byte"),
-    }
-    header = ["---"] + [f"{k}: {_yaml_scalar(v)}" for k, v in meta.items() if v is not None]
-    if re.fullmatch(r"[\w.-]+/[\w.-]+", teacher):
-        header.append(f"base_model: {_yaml_scalar(teacher)}")
-    header += ["tags:", "  - byte-level", "  - distillation", "  - bytedistill", "---", ""]
+    hub_teacher = "/" in teacher and not Path(teacher).exists() and teacher.count("/") == 1
+    metadata = ModelCardData(
+        license=license,
+        library_name="transformers",
+        pipeline_tag="text-generation",
+        base_model=teacher if hub_teacher else None,
+        tags=["byte-level", "distillation", "bytedistill"],
+        teacher=teacher,
+        training_data=data,
+        training_bytes=train_bytes,
+        trained_context=context,
+        heldout_bpb_student=evaluation.get("student_bpb"),
+        heldout_bpb_teacher=evaluation.get("teacher_bpb"),
+        heldout_kl_bits_per_byte=evaluation.get("kl_per_byte"),
+    )
     body = f"""# Byte-level student of {teacher}
 
 A byte-level causal language model (Llama architecture, {info.get('parameters', 0):,} parameters,
 260-symbol vocabulary) distilled with bytedistill from the token-level
 teacher **{teacher}** using its exact next-byte distributions
-(KL weight alpha = {alpha}, temperature = {config.get('temperature')}).
+(KL weight alpha = {config.get('alpha')}, temperature = {config.get('temperature')}).
 
 | | value |
 |---|---|
 | teacher | {teacher} |
 | training data | {data} |
 | training bytes | {train_bytes:,} |
+| trained context | {context} symbols (bytes and `<eot>` marks) |
 | held-out bits per byte, student | {_fmt(evaluation.get('student_bpb'))} |
 | held-out bits per byte, teacher | {_fmt(evaluation.get('teacher_bpb'))} |
 | KL(teacher ‖ student), bits per byte | {_fmt(evaluation.get('kl_per_byte'))} |
@@ -168,14 +248,33 @@ and `<eos>` symbols) divided by the number of UTF-8 bytes, so student and teache
 
 {USAGE.format(repo=repo_id or "your-name/byte-student")}
 
-## Vocabulary and tokenizer
+## Tokenizers: why `trust_remote_code=True`
+
+The student was trained on streams `<bos> bytes(t1) <eot> bytes(t2) <eot> …` whose `<eot>` marks
+sit where the teacher's tokenizer ended its tokens. Its tokenizer (`tokenization_bytedistill.py`,
+loaded with `trust_remote_code=True`; it imports only `tokenizers` and `transformers`) runs the
+teacher's tokenizer (`teacher_tokenizer.json`) on your text only to place those marks; the model
+still reads every byte and, while generating, places its own `<eot>` marks. The model itself loads
+with `AutoModelForCausalLM` and no remote code.
+
+Without `trust_remote_code`, `AutoTokenizer.from_pretrained(repo)` loads the plain byte tokenizer:
+`<bos>` + the UTF-8 bytes with no `<eot>` marks, inputs the model never saw in training, so it
+scores and continues text noticeably worse (see the table of loading paths, when measured, below).
 
 Ids 0–255 are the bytes themselves; 256 `<eot>` marks the end of a teacher token, 257 `<bos>`
 starts a document, 258 `<eos>` ends it (generation stops there), 259 `<pad>` is padding.
-The tokenizer turns text into `<bos>` + its UTF-8 bytes. The model was trained on streams that
-contain `<eot>` after each teacher token and generates them too; `decode(...,
-skip_special_tokens=True)` drops them. A prompt is given as plain bytes without `<eot>` marks.
 Generated bytes need not be valid UTF-8 (e.g. a cut-off multi-byte character): `decode` then
 shows U+FFFD (�) for each invalid sequence; for the exact bytes take `bytes(i for i in ids if i < 256)`.
+
+## Context length
+
+The student was trained on windows of {context} symbols (`max_position_embeddings`); positions past
+that were never trained. `bytedistill generate` and `bytedistill score` slide a window of at most
+{context} symbols over longer text; with plain `generate`, keep prompt + output within it.
+
+## Evaluation with lm-evaluation-harness
+
+`lm_eval --model hf --model_args pretrained={repo_id or "your-name/byte-student"},trust_remote_code=True --tasks wikitext`
+(`bits_per_byte` of rolling-loglikelihood tasks matches `bytedistill score`).
 """
-    return "\n".join(header) + body
+    return ModelCard(f"---\n{metadata.to_yaml()}\n---\n\n{body}")

@@ -1,4 +1,10 @@
-"""Sample text from an exported student folder (``bytedistill generate``)."""
+"""Sample text from an exported student folder (``bytedistill generate``).
+
+The prompt becomes the training stream (the teacher's ``<eot>`` marks, via the folder's stream
+tokenizer); the student places its own ``<eot>`` marks in what it generates. Past the trained
+context the window slides: generation continues from the last half context of symbols, so no
+position the student never trained is run.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +12,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, StoppingCriteria, StoppingCriteriaList
+from transformers import (
+    LogitsProcessor,
+    LogitsProcessorList,
+    StoppingCriteria,
+    StoppingCriteriaList,
+)
 
-from distill.alphabet import NUM_BYTES
-from distill.errors import UserError
+from distill.alphabet import BOS, EOS, EOT, NUM_BYTES
+from students.score import load_model, load_stream_tokenizer
 from students.tokenizer import decode_bytes
 
 
@@ -24,6 +35,15 @@ class _ByteBudget(StoppingCriteria):
         return produced >= self.max_bytes
 
 
+class _NoEmptyToken(LogitsProcessor):
+    """A teacher token has at least one byte: no ``<eot>`` right after ``<bos>`` or ``<eot>``."""
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        empty = (input_ids[:, -1] == EOT) | (input_ids[:, -1] == BOS)
+        scores[empty, EOT] = float("-inf")
+        return scores
+
+
 @dataclass
 class GenerateOptions:
     max_new_bytes: int = 200
@@ -35,26 +55,34 @@ class GenerateOptions:
 
 
 def load_folder(folder: Path):
-    if not (Path(folder) / "config.json").is_file():
-        raise UserError(f"{folder} is not an exported model folder (no config.json)")
-    return AutoModelForCausalLM.from_pretrained(folder).eval(), AutoTokenizer.from_pretrained(folder)
+    """The exported student and its stream tokenizer."""
+    return load_model(folder), load_stream_tokenizer(folder)
 
 
 @torch.no_grad()
 def generate_bytes(model, tokenizer, prompt: str, options: GenerateOptions) -> bytes:
     """The continuation's exact bytes (``<eot>`` and other specials dropped)."""
     torch.manual_seed(options.seed)
-    inputs = tokenizer(prompt, return_tensors="pt")
-    prompt_len = inputs["input_ids"].shape[1]
+    context = model.config.max_position_embeddings
+    symbols = tokenizer(prompt).input_ids
+    prompt_len = len(symbols)
     sampling = {} if options.greedy else {"temperature": options.temperature, "top_k": options.top_k, "top_p": options.top_p}
-    output = model.generate(
-        **inputs,
-        do_sample=not options.greedy,
-        max_new_tokens=options.max_new_bytes * 4,  # symbols include <eot> marks; the byte budget stops first
-        stopping_criteria=StoppingCriteriaList([_ByteBudget(prompt_len, options.max_new_bytes)]),
-        **sampling,
-    )
-    return decode_bytes(output[0, prompt_len:].tolist())[: options.max_new_bytes]
+    produced = 0
+    while produced < options.max_new_bytes and symbols[-1] != EOS:  # a byte at least every other symbol
+        window = symbols if len(symbols) < context else symbols[-max(context // 2, 1) :]
+        output = model.generate(
+            input_ids=torch.tensor([window]),
+            attention_mask=torch.ones(1, len(window), dtype=torch.long),
+            do_sample=not options.greedy,
+            max_new_tokens=context - len(window),
+            stopping_criteria=StoppingCriteriaList([_ByteBudget(len(window), options.max_new_bytes - produced)]),
+            logits_processor=LogitsProcessorList([_NoEmptyToken()]),
+            **sampling,
+        )
+        new = output[0, len(window) :].tolist()
+        symbols += new
+        produced += sum(1 for s in new if s < NUM_BYTES)
+    return decode_bytes(symbols[prompt_len:])[: options.max_new_bytes]
 
 
 def generate_text(folder: Path, prompt: str, options: GenerateOptions | None = None) -> str:

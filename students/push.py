@@ -1,23 +1,24 @@
 """Upload an exported student folder to the Hugging Face Hub (``bytedistill push``).
 
-The folder must load with ``AutoModelForCausalLM`` and ``AutoTokenizer`` first. The upload is
-one commit of exactly the files :func:`upload_plan` lists (``--dry-run`` prints that list):
-``create_repo`` (exist_ok), ``create_branch`` for a non-main revision, then ``create_commit``
-(the Hub's preupload + commit endpoints, as ``upload_folder`` uses). The token comes from
-``HF_TOKEN`` or the saved ``huggingface-cli login``; ``endpoint`` points at another Hub.
+Only what ``export`` wrote is uploaded: the files its record (``bytedistill_export.json``) lists,
+never a dotfile, so a ``.env`` or a key someone left in the folder stays local; anything else in
+the folder is named in a warning. The folder must load with ``AutoModelForCausalLM`` and
+``AutoTokenizer`` first. The upload is ``huggingface_hub``'s ``upload_folder`` with exactly those
+files as ``allow_patterns`` (``--dry-run`` prints the same list), after ``create_repo`` and, for a
+non-main revision, ``create_branch``. The token comes from ``HF_TOKEN`` or the saved login.
 
-Tested against a small local HTTP server that implements just those endpoints
+Tested against a small local HTTP server implementing just those endpoints
 (tests/test_export_push.py); no real Hub is contacted in the tests.
 """
 
 from __future__ import annotations
 
+import glob
 from dataclasses import dataclass
 from pathlib import Path
 
 from distill.errors import UserError
-
-SKIPPED_DIRS = {".git", ".cache", "__pycache__"}
+from students.export import exported_files
 
 
 @dataclass
@@ -27,14 +28,21 @@ class UploadFile:
 
 
 def upload_plan(folder: Path) -> list[UploadFile]:
-    """Every file under ``folder`` except VCS/cache directories, sorted by path."""
+    """The files export wrote (no dotfiles), sorted by path."""
     folder = Path(folder)
-    files = []
-    for path in sorted(folder.rglob("*")):
-        relative = path.relative_to(folder)
-        if path.is_file() and not SKIPPED_DIRS & set(relative.parts[:-1]):
-            files.append(UploadFile(relative.as_posix(), path.stat().st_size))
-    return files
+    planned = sorted(name for name in exported_files(folder) if not any(part.startswith(".") for part in name.split("/")))
+    missing = [name for name in planned if not (folder / name).is_file()]
+    if missing:
+        raise UserError(f"{folder} lacks {missing[0]}, which export wrote: export again")
+    return [UploadFile(name, (folder / name).stat().st_size) for name in planned]
+
+
+def left_out(folder: Path) -> list[str]:
+    """Files in ``folder`` that push does not upload (export did not write them, or dotfiles)."""
+    folder = Path(folder)
+    planned = {f.path for f in upload_plan(folder)}
+    present = (p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+    return sorted(name for name in present if name not in planned)
 
 
 def check_loadable(folder: Path) -> None:
@@ -62,8 +70,8 @@ def push_folder(
     endpoint: str | None = None,
     token: str | None = None,
 ) -> str:
-    """Create the repo (and branch) if needed and upload the folder in one commit; returns the commit URL."""
-    from huggingface_hub import CommitOperationAdd, HfApi
+    """Create the repo (and branch) if needed and upload the planned files in one commit; returns the commit URL."""
+    from huggingface_hub import HfApi
 
     folder = Path(folder)
     check_loadable(folder)
@@ -72,6 +80,8 @@ def push_folder(
     api.create_repo(repo_id, private=private, exist_ok=True)
     if revision and revision != "main":
         api.create_branch(repo_id, branch=revision, exist_ok=True)
-    operations = [CommitOperationAdd(path_in_repo=f.path, path_or_fileobj=str(folder / f.path)) for f in files]
-    info = api.create_commit(repo_id, operations=operations, commit_message=commit_message, revision=revision)
+    info = api.upload_folder(
+        repo_id=repo_id, folder_path=folder, commit_message=commit_message, revision=revision,
+        allow_patterns=[glob.escape(f.path) for f in files],
+    )
     return str(info.commit_url)

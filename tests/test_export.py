@@ -1,6 +1,9 @@
-"""Export: a trained student becomes a folder transformers loads as-is; generate; model card snippet."""
+"""Export: a trained student becomes a folder transformers loads as-is (the model with no remote code, the
+stream tokenizer with it); generate; model card snippet; stale files and local paths."""
 
+import json
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -9,8 +12,18 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from distill.alphabet import EOT
 from distill.cli import main as cli_main
 from distill.errors import UserError
-from students.export import export_student, load_student, resolve_checkpoint
-from students.generate import GenerateOptions, generate_bytes, generate_text
+from students.export import (
+    EXPORT_RECORD,
+    export_student,
+    load_student,
+    resolve_checkpoint,
+)
+from students.generate import (
+    GenerateOptions,
+    generate_bytes,
+    generate_text,
+    load_folder,
+)
 from students.synthetic import SYNTHETIC_SOURCE
 from students.trainer import TrainConfig, train
 
@@ -28,8 +41,10 @@ def trained(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def exported(trained, tmp_path_factory):
-    return export_student(trained, tmp_path_factory.mktemp("hf") / "student", repo_id="me/byte-student")
+def exported(trained, tmp_path_factory, llama3_tokenizer_path):
+    return export_student(
+        trained, tmp_path_factory.mktemp("hf") / "student", teacher_tokenizer=llama3_tokenizer_path, repo_id="me/byte-student"
+    )
 
 
 def test_folder_loads_with_auto_classes_and_logits_match(trained, exported):
@@ -41,19 +56,17 @@ def test_folder_loads_with_auto_classes_and_logits_match(trained, exported):
     with torch.no_grad():
         assert torch.equal(model(ids).logits, reference(ids).logits)
     assert model.generation_config.eos_token_id == 258 and model.generation_config.pad_token_id == 259
-    assert AutoTokenizer.from_pretrained(exported)("ab").input_ids == [257, 97, 98]
+    assert AutoTokenizer.from_pretrained(exported)("ab").input_ids == [257, 97, 98]  # plain bytes, no remote code
+    assert AutoTokenizer.from_pretrained(exported, trust_remote_code=True)("ab").input_ids == [257, 97, 98, EOT]
+    assert model.config.max_position_embeddings == 16  # the trained context
 
 
 def test_generate_drops_eot(exported):
-    tokenizer = AutoTokenizer.from_pretrained(exported)
-
-    class StreamModel:  # generates the symbols of a stream: bytes with <eot> marks, then <eos>
-        def generate(self, input_ids, **kwargs):
-            stream = [0xE4, 0xB8, EOT, 0x96, 0x21, EOT, 0x21, EOT, 258]
-            return torch.cat([input_ids, torch.tensor([stream])], dim=1)
-
-    assert generate_bytes(StreamModel(), tokenizer, "Hi", GenerateOptions(max_new_bytes=3)) == "世".encode()
-    assert generate_bytes(StreamModel(), tokenizer, "Hi", GenerateOptions(max_new_bytes=9)) == "世!!".encode()
+    model, tokenizer = load_folder(exported)
+    model.generation_config.suppress_tokens = [257, 258, 259]
+    model.generation_config.eos_token_id = None
+    out = generate_bytes(model, tokenizer, "Hi", GenerateOptions(max_new_bytes=40, greedy=True))
+    assert len(out) == 40
     text = generate_text(exported, "Hi", GenerateOptions(max_new_bytes=20, seed=1))
     assert "<eot>" not in text and len(text.encode("utf-8", errors="surrogateescape")) >= 1
 
@@ -75,8 +88,56 @@ def test_model_card_has_metadata_and_snippet_runs(exported, capsys):
     assert capsys.readouterr().out.startswith("The meaning of life is")
 
 
-def test_export_cli_and_errors(trained, tmp_path):
-    assert cli_main(["export", str(trained), str(tmp_path / "x"), "--teacher", "meta-llama/Llama-3.2-1B"]) == 0
-    assert "base_model: \"meta-llama/Llama-3.2-1B\"" in (tmp_path / "x" / "README.md").read_text()
+def test_export_cli_and_errors(trained, tmp_path, llama3_tokenizer_path):
+    args = ["export", str(trained), str(tmp_path / "x"), "--teacher-tokenizer", llama3_tokenizer_path]
+    assert cli_main([*args, "--teacher", "meta-llama/Llama-3.2-1B"]) == 0
+    assert "base_model: meta-llama/Llama-3.2-1B" in (tmp_path / "x" / "README.md").read_text()
     with pytest.raises(UserError, match="neither a training checkpoint"):
-        export_student(tmp_path / "nothing", tmp_path / "y")
+        export_student(tmp_path / "nothing", tmp_path / "y", teacher_tokenizer=llama3_tokenizer_path)
+    with pytest.raises(UserError, match="give --teacher-tokenizer"):
+        export_student(trained, tmp_path / "y")
+
+
+def test_export_replaces_its_own_files_and_refuses_other_content(trained, tmp_path, llama3_tokenizer_path):
+    out = export_student(trained, tmp_path / "out", teacher_tokenizer=llama3_tokenizer_path)
+    written = json.loads((out / EXPORT_RECORD).read_text())["files"]
+    assert sorted(written) == sorted(p.name for p in out.iterdir())
+    (out / "model-00001-of-00002.safetensors").write_text("stale shard")  # as if a larger export had been here
+    record = json.loads((out / EXPORT_RECORD).read_text())
+    (out / EXPORT_RECORD).write_text(json.dumps({"files": record["files"] + ["model-00001-of-00002.safetensors"]}))
+    (out / ".git").mkdir()
+    export_student(trained, out, teacher_tokenizer=llama3_tokenizer_path)
+    assert not (out / "model-00001-of-00002.safetensors").exists() and (out / ".git").is_dir()
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(UserError, match="not empty and not a bytedistill export"):
+        export_student(trained, out, teacher_tokenizer=llama3_tokenizer_path)
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "weights.bin").write_text("x")
+    with pytest.raises(UserError, match="not empty"):
+        export_student(trained, tmp_path / "other", teacher_tokenizer=llama3_tokenizer_path)
+    assert (tmp_path / "other" / "weights.bin").read_text() == "x"
+
+
+def test_model_card_names_no_local_path(trained, tmp_path, llama3_tokenizer_path):
+    teacher = tmp_path / "teachers" / "SmolLM2.gguf"
+    teacher.parent.mkdir()
+    teacher.write_text("")
+    out = export_student(trained, tmp_path / "m", teacher_tokenizer=llama3_tokenizer_path, teacher=str(teacher))
+    card = (out / "README.md").read_text()
+    assert "SmolLM2.gguf" in card and str(tmp_path) not in card and "trained_context: 16" in card
+
+
+def test_shipped_tokenizer_is_the_librarys_module_and_self_contained(exported):
+    import ast
+
+    from students import stream_tokenizer
+
+    shipped = (exported / "tokenization_bytedistill.py").read_text()
+    assert shipped == Path(stream_tokenizer.__file__).read_text()
+    imported = set()
+    for node in ast.walk(ast.parse(shipped)):
+        if isinstance(node, ast.Import):
+            imported |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            imported.add(node.module.split(".")[0])
+    assert imported <= {"__future__", "json", "os", "tokenizers", "transformers", "numpy"}, imported

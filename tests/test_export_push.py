@@ -1,6 +1,7 @@
 """``push`` against a fake Hub: a small http.server on 127.0.0.1 implementing just the endpoints
-that create_repo, create_branch and create_commit call (repos/create, branch, validate-yaml,
-preupload, commit). It records every request; the tests assert on files and commit message.
+that create_repo, create_branch and upload_folder call (repos/create, branch, validate-yaml,
+preupload, commit). It records every request; the tests assert on files and commit message, and
+that nothing export did not write (secrets, dotfiles) leaves the machine.
 """
 
 import base64
@@ -13,9 +14,12 @@ from transformers import LlamaForCausalLM
 
 from distill.cli import main as cli_main
 from distill.errors import UserError
-from students.model import student_config
+from students.export import EXPORT_RECORD, export_student
 from students.push import push_folder, upload_plan
-from students.tokenizer import build_tokenizer
+from students.synthetic import SYNTHETIC_SOURCE
+from students.trainer import TrainConfig, train
+
+SECRETS = {".env": "HF_TOKEN=hf_secret", ".git-credentials": "https://me:pw@hf.co", "sub/id_rsa": "PRIVATE KEY"}
 
 
 class FakeHub(BaseHTTPRequestHandler):
@@ -69,12 +73,16 @@ def hub():
 
 
 @pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    out = tmp_path_factory.mktemp("student")
-    config = student_config("tiny", hidden_size=32, num_layers=1, num_heads=2, intermediate_size=32)
-    LlamaForCausalLM(config).save_pretrained(out)
-    build_tokenizer().save_pretrained(out)
-    (out / "README.md").write_text("---\nlicense: apache-2.0\n---\n# student\n")
+def folder(tmp_path_factory, llama3_tokenizer_path):
+    run = tmp_path_factory.mktemp("run")
+    train(TrainConfig(
+        train_stores=["train"], output_dir=str(run), preset="tiny", hidden_size=32, num_layers=1, num_heads=2,
+        intermediate_size=32, seq_len=16, batch_size=2, max_steps=1, eval_every=0, checkpoint_every=0, progress=False,
+    ), SYNTHETIC_SOURCE)
+    out = export_student(run, tmp_path_factory.mktemp("hf") / "student", teacher_tokenizer=llama3_tokenizer_path)
+    for name, secret in SECRETS.items():  # left in the folder by someone: must never be uploaded
+        (out / name).parent.mkdir(exist_ok=True)
+        (out / name).write_text(secret)
     return out
 
 
@@ -90,6 +98,9 @@ def test_push_uploads_exactly_the_planned_files(hub, folder, monkeypatch):
     assert commit["path"] == "/api/models/me/student/commit/exp-1" and commit["summary"] == "first student"
     assert sorted(commit["files"]) == [f.path for f in upload_plan(folder)]
     assert commit["files"]["model.safetensors"] == (folder / "model.safetensors").read_bytes()
+    uploaded = set(commit["files"])
+    assert not uploaded & set(SECRETS) and not any(b"secret" in body or b"PRIVATE" in body for _, body in FakeHub.requests)
+    assert {"tokenization_bytedistill.py", "teacher_tokenizer.json", "README.md", EXPORT_RECORD} <= uploaded
 
 
 def test_dry_run_lists_files_and_uploads_nothing(hub, folder, capsys):
@@ -98,6 +109,19 @@ def test_dry_run_lists_files_and_uploads_nothing(hub, folder, capsys):
     for f in upload_plan(folder):
         assert f"{f.size:,}  {f.path}" in printed
     assert FakeHub.requests == []
+    assert not any(name in printed for name in SECRETS)
+
+
+def test_dry_run_warns_about_files_export_did_not_write(hub, folder, capsys):
+    assert cli_main(["push", str(folder), "me/student", "--dry-run", "--endpoint", hub]) == 0
+    captured = capsys.readouterr()
+    assert "warning: not uploading 3 file(s)" in captured.err and all(name in captured.err for name in SECRETS)
+    assert not any(name in captured.out for name in SECRETS)
+
+
+def test_push_refuses_a_folder_export_did_not_write(hub, tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    assert cli_main(["push", str(tmp_path), "me/student", "--dry-run", "--endpoint", hub]) == 2
 
 
 def test_push_refuses_a_folder_that_does_not_load(hub, folder, tmp_path):

@@ -3,10 +3,19 @@
 import random
 
 import pytest
+from tokenizers import Tokenizer as _Tokenizer
+from tokenizers import models as _models
 from transformers import AutoTokenizer
 
 from distill.alphabet import BOS, EOS, EOT, PAD
+from students.stream_tokenizer import (
+    ByteStreamTokenizer,
+    TeacherTokens,
+    stream_symbols,
+    utf8_runs,
+)
 from students.tokenizer import build_tokenizer, decode_bytes
+from tests.conftest import SAMPLE_DOCUMENTS
 
 TEXTS = [
     "",
@@ -52,3 +61,52 @@ def test_ids_and_invalid_utf8(tokenizer):
     assert tokenizer.decode(half_character) == "\ufffd"  # str decoding replaces invalid UTF-8
     assert decode_bytes(half_character) == "世".encode()[:2]  # decode_bytes is exact
     assert all(tokenizer.decode([b]) for b in range(256))
+
+
+# ------------------------------------------------------------ the stream tokenizer (<eot> marks)
+
+@pytest.fixture(scope="module")
+def stream_tokenizer(llama3_tokenizer_path):
+    return ByteStreamTokenizer(teacher_tokenizer_file=llama3_tokenizer_path)
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLE_DOCUMENTS))
+def test_stream_tokens_are_the_dump_encoders_tokens(name, stream_tokenizer, llama3_encoder, llama3_vocab):
+    data = SAMPLE_DOCUMENTS[name]
+    expected = [llama3_vocab.bytes_of([t]) for t in llama3_encoder.encode(data)]
+    assert stream_tokenizer.teacher.pieces(data) == expected
+    assert stream_tokenizer.encode_bytes(data, eos=True) == stream_symbols(expected, eos=True)
+
+
+def test_utf8_runs_split_like_the_dump():
+    from distill.encode import utf8_runs as dump_runs
+
+    for data in [*SAMPLE_DOCUMENTS.values(), b"", b"\xff", b"\xe2\x82", b"a\x80\x80b\xc3"]:
+        assert utf8_runs(data) == dump_runs(data)
+
+
+def test_call_places_eot_after_every_teacher_token(stream_tokenizer):
+    ids = stream_tokenizer("héllo <|begin_of_text|>").input_ids
+    assert ids[0] == BOS and ids[-1] == EOT and EOS not in ids
+    assert decode_bytes(ids) == "héllo <|begin_of_text|>".encode()
+    assert ids.count(EOT) == len(stream_tokenizer.teacher.pieces("héllo <|begin_of_text|>".encode()))
+    assert stream_tokenizer("ab", add_special_tokens=False).input_ids[0] != BOS
+    assert stream_tokenizer.decode(ids, skip_special_tokens=True) == "héllo <|begin_of_text|>"
+
+
+def test_a_tokenizer_that_is_not_byte_level_is_refused():
+    word_level = _Tokenizer(_models.WordLevel(vocab={"hello": 0, "[UNK]": 1}, unk_token="[UNK]"))
+    with pytest.raises(ValueError, match="not a byte-level BPE"):
+        TeacherTokens(word_level.to_str())
+
+
+def test_an_invalid_byte_without_a_token_is_refused_like_the_dump(llama3_tokenizer_path):
+    import json
+
+    spec = json.loads(open(llama3_tokenizer_path, encoding="utf-8").read())
+    del spec["model"]["vocab"]["ÿ"]  # byte 0xFF: never valid UTF-8; some vocabularies (SmolLM2) lack it
+    spec["model"]["merges"] = [m for m in spec["model"]["merges"] if "ÿ" not in (m if isinstance(m, str) else " ".join(m))]
+    teacher = TeacherTokens(json.dumps(spec))
+    assert teacher.pieces(b"ok \xfe") == [b"ok", b" ", b"\xfe"]
+    with pytest.raises(ValueError, match="no token for the byte 0xFF"):
+        teacher.pieces(b"ok \xff")

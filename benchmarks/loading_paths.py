@@ -1,0 +1,95 @@
+"""Held-out BPB of an exported student by how the text reaches it (issue 12's table).
+
+    python -m benchmarks.loading_paths [MODEL_FOLDER] [HELDOUT_STORE] [--write-card]
+
+Defaults: the quickstart's exported model and held-out store (runs/quickstart). Rows:
+
+- the teacher's BPB on the store (its stored distributions);
+- the student on the store's streams (the teacher's ``<eot>`` marks; what ``train`` reports);
+- the documented loading path: ``AutoTokenizer.from_pretrained(folder, trust_remote_code=True)``
+  (the folder's own ``tokenization_bytedistill.py``) on each document's text, then ``<eos>``;
+- plain bytes through the stock tokenizer (no remote code), P(byte) as is;
+- the same, renormalised over the 256 bytes + ``<eos>``.
+
+Every row scores the same bytes with the same windows (``bytedistill score`` definitions).
+``--write-card`` puts the table into the folder's model card (README.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+
+from distill.alphabet import EOS
+from logit_store.store import LogitStore
+from students.score import Document, ScoreOptions, load_model, score, score_documents
+
+CARD_HEADING = "## Held-out bits per byte by loading path"
+
+
+def documented_path_documents(folder: Path, store_path: Path) -> list[Document]:
+    """Each held-out document through the folder's remote-code tokenizer, as a user loads it."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
+    store = LogitStore(store_path)
+    docs = []
+    for i in range(len(store)):
+        data = store.document(i).layout.text_bytes()
+        try:
+            symbols = tokenizer(data.decode("utf-8")).input_ids + [EOS]
+        except UnicodeDecodeError:  # not text: the tokenizer's bytes entry point
+            symbols = tokenizer.encode_bytes(data, eos=True)
+        docs.append(Document(0, np.asarray(symbols, dtype=np.int64), None))
+    return docs
+
+
+def measure(folder: Path, store: Path) -> tuple[list[tuple[str, float]], int]:
+    quiet = {"progress": False}
+    stream = score(folder, [store], ScoreOptions(mode="stream", **quiet))[-1]
+    documented = score_documents(load_model(folder), [store], documented_path_documents(folder, store), ScoreOptions(**quiet))[-1]
+    plain = score(folder, [store], ScoreOptions(mode="plain", **quiet))[-1]
+    renormalised = score(folder, [store], ScoreOptions(mode="plain-renormalised", **quiet))[-1]
+    assert documented.bytes == stream.bytes == plain.bytes, "every row must score the same bytes"
+    return [
+        ("teacher BPB", stream.teacher_bpb),
+        ("stream with the teacher's `<eot>` marks (what `train` reports)", stream.student_bpb),
+        ("documented path: `AutoTokenizer(..., trust_remote_code=True)`", documented.student_bpb),
+        ("plain bytes (`<bos>` + bytes: the stock `AutoTokenizer`, no remote code), P(byte) as is", plain.student_bpb),
+        ("plain bytes, renormalised over the 256 bytes + `<eos>`", renormalised.student_bpb),
+    ], stream.bytes
+
+
+def table(rows: list[tuple[str, float]], store: Path, n_bytes: int) -> str:
+    lines = [f"Held-out store `{store.name}`, {n_bytes:,} text bytes.", "", "| how the text reaches the student | held-out BPB |", "|---|---|"]
+    lines += [f"| {name} | {value:.4f} |" for name, value in rows]
+    return "\n".join(lines)
+
+
+def write_card(folder: Path, text: str) -> None:
+    card = folder / "README.md"
+    content = card.read_text(encoding="utf-8")
+    content = content.split("\n" + CARD_HEADING)[0].rstrip("\n")
+    card.write_text(f"{content}\n\n{CARD_HEADING}\n\n{text}\n", encoding="utf-8")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("model", nargs="?", type=Path, default=Path("runs/quickstart/model"), help="exported model folder")
+    parser.add_argument("store", nargs="?", type=Path, default=Path("runs/quickstart/store/heldout"), help="held-out logit store")
+    parser.add_argument("--write-card", action="store_true", help="put the table into the folder's model card")
+    args = parser.parse_args()
+    rows, n_bytes = measure(args.model, args.store)
+    text = table(rows, args.store, n_bytes)
+    print(text)
+    stream, documented, plain = rows[1][1], rows[2][1], rows[3][1]
+    print(f"\nsummary: documented path {100 * (documented / stream - 1):+.2f}% vs the stream (goal: within 1%); "
+          f"plain bytes {100 * (plain / stream - 1):+.1f}%")
+    if args.write_card:
+        write_card(args.model, text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,265 @@
+"""Bits per byte of an exported student on text files, ``.jsonl`` files or logit stores (``bytedistill score``).
+
+Same definitions as ``train``'s evaluation (docs/DESIGN.md, "evaluation"): every symbol's NLL
+(``<eot>`` and ``<eos>`` included) over the UTF-8 bytes. Every document becomes its training
+stream ``<bos> bytes(t_1) <eot> … <eot> <eos>``: a store's own stream, or the exported stream
+tokenizer's for text; the streams of all documents are packed one after another, as in training,
+and scored in windows of at most the trained context. With ``stride`` = context (the default)
+the windows do not overlap, exactly as ``train`` evaluates; a smaller stride slides the window so
+that every position after the first window sees at least ``context - stride`` symbols before it.
+With ``packed=False`` each document is scored on its own from its ``<bos>`` (independent per-file
+figures; lm-evaluation-harness's rolling loglikelihood windows are these, without ``<eos>``).
+
+A store also gives the teacher's BPB on the same bytes (its stored distributions). The
+``plain`` modes feed ``<bos>`` + the bytes without ``<eot>`` marks (the stock tokenizer's path);
+``plain-renormalised`` renormalises the student's probabilities over the 256 bytes + ``<eos>``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from itertools import pairwise
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from distill.alphabet import BOS, EOS, NUM_BYTES, PAD
+from distill.errors import UserError
+from students.stream_tokenizer import TEACHER_TOKENIZER_FILE, ByteStreamTokenizer
+
+MODES = ("stream", "plain", "plain-renormalised")
+TEXT_SUFFIXES = (".txt", ".text", ".md")
+
+
+@dataclass
+class Document:
+    source: int  # index of the file or store it came from
+    symbols: np.ndarray  # (L,) the stream, <bos> … <eos>
+    teacher_nll: np.ndarray | None  # (L-1,) nats of each next symbol under the teacher (stores only)
+
+
+@dataclass
+class SourceScore:
+    name: str
+    documents: int = 0
+    bytes: int = 0
+    student_nll: float = 0.0  # nats
+    teacher_nll: float | None = None
+
+    @property
+    def student_bpb(self) -> float:
+        return self.student_nll / (math.log(2) * self.bytes) if self.bytes else float("nan")
+
+    @property
+    def teacher_bpb(self) -> float | None:
+        return None if self.teacher_nll is None or not self.bytes else self.teacher_nll / (math.log(2) * self.bytes)
+
+
+@dataclass
+class ScoreOptions:
+    mode: str = "stream"
+    context: int | None = None  # default: the model's trained context (max_position_embeddings)
+    stride: int | None = None  # default: context (non-overlapping windows, as train evaluates)
+    packed: bool = True  # documents back to back, as train evaluates; False: each document on its own
+    batch_size: int = 8
+    text_field: str = "text"
+    progress: bool = True
+
+
+# ------------------------------------------------------------------------------ documents
+
+
+def plain_symbols(data: bytes) -> list[int]:
+    return [BOS, *data, EOS]
+
+
+def _text_documents(path: Path, text_field: str) -> Iterator[bytes]:
+    if path.suffix == ".jsonl":
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+        except UnicodeDecodeError as exc:
+            raise UserError(f"{path}: not UTF-8 text (byte {exc.start})") from exc
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                yield str(json.loads(line)[text_field]).encode("utf-8", errors="surrogateescape")
+            except (json.JSONDecodeError, KeyError, TypeError, UnicodeEncodeError) as exc:
+                raise UserError(f"{path}:{number}: not a JSON object with a {text_field!r} text field") from exc
+    elif path.suffix in TEXT_SUFFIXES:
+        yield path.read_bytes()
+    else:
+        raise UserError(f"{path}: score reads {', '.join(TEXT_SUFFIXES)} or .jsonl files and store folders")
+
+
+def _store_documents(path: Path, index: int, mode: str) -> Iterator[Document]:
+    from logit_store.store import LogitStore, densify
+
+    store = LogitStore(path)
+    for i in range(len(store)):
+        doc = store.document(i)
+        layout = doc.layout
+        dense = densify(layout, doc.values)
+        targets = layout.symbols[1:].astype(np.int64)
+        teacher_nll = -np.log(dense[np.arange(len(targets)), targets].astype(np.float64))
+        if mode == "stream":
+            yield Document(index, layout.symbols.astype(np.int64), teacher_nll)
+        else:
+            yield Document(index, np.asarray(plain_symbols(layout.text_bytes())), None)
+
+
+def documents(sources: list[Path], tokenizer: ByteStreamTokenizer | None, options: ScoreOptions) -> Iterator[Document]:
+    """Every document of every source, in order, as its stream."""
+    for index, path in enumerate(sources):
+        if path.is_dir():
+            yield from _store_documents(path, index, options.mode)
+            continue
+        if not path.is_file():
+            raise UserError(f"{path}: no such file or store folder")
+        for data in _text_documents(path, options.text_field):
+            try:
+                symbols = tokenizer.encode_bytes(data, eos=True) if tokenizer is not None else plain_symbols(data)
+            except ValueError as exc:
+                raise UserError(f"{path}: {exc}") from exc
+            yield Document(index, np.asarray(symbols, dtype=np.int64), None)
+
+
+# -------------------------------------------------------------------------------- scoring
+
+
+@dataclass
+class PackedStream:
+    """All documents' streams back to back: input, target, scored and source of every position."""
+
+    inputs: np.ndarray
+    targets: np.ndarray
+    scored: np.ndarray  # bool: the position predicts a symbol of its own document
+    source: np.ndarray
+    teacher_nll: np.ndarray  # 0 where unknown
+
+
+def pack(docs: list[Document]) -> PackedStream:
+    inputs, targets, scored, source, teacher = [], [], [], [], []
+    for doc in docs:
+        n = len(doc.symbols)
+        inputs.append(doc.symbols)
+        targets.append(np.append(doc.symbols[1:], PAD))
+        scored.append(np.arange(n) < n - 1)
+        source.append(np.full(n, doc.source))
+        teacher.append(np.append(doc.teacher_nll, 0.0) if doc.teacher_nll is not None else np.zeros(n))
+    if not inputs:
+        raise UserError("nothing to score: the sources hold no documents")
+    return PackedStream(*(np.concatenate(a) for a in (inputs, targets, scored, source, teacher)))
+
+
+def windows(total: int, context: int, stride: int, begin: int = 0) -> list[tuple[int, int, int]]:
+    """``(start, first scored, end)`` of each window over positions ``begin..total``: every position
+    scored exactly once, with at most ``context`` symbols in a window."""
+    out, start = [], begin
+    while True:
+        end = min(start + context, total)
+        out.append((start, start if start == begin else start + context - stride, end))
+        if end == total:
+            return out
+        start += stride
+
+
+def all_windows(packed: PackedStream, context: int, stride: int, per_document: bool) -> list[tuple[int, int, int]]:
+    """Windows over the whole packed stream, or over each document's stream on its own."""
+    if not per_document:
+        return windows(len(packed.inputs), context, stride)
+    starts = np.flatnonzero(packed.inputs == BOS).tolist() + [len(packed.inputs)]
+    return [w for begin, end in pairwise(starts) for w in windows(end, context, stride, begin)]
+
+
+@torch.no_grad()
+def window_nll(model, packed: PackedStream, spans: list[tuple[int, int, int]], mode: str, batch_size: int, progress: bool) -> np.ndarray:
+    """The student's NLL (nats) of every position's target, each from one of the windows ``spans``."""
+    nll = np.zeros(len(packed.inputs), dtype=np.float64)
+    context = max(end - start for start, _, end in spans)
+    for at in tqdm(range(0, len(spans), batch_size), desc="score", unit="batch", disable=not progress):
+        batch = spans[at : at + batch_size]
+        ids = torch.full((len(batch), context), PAD, dtype=torch.long)
+        for row, (start, _, end) in enumerate(batch):
+            ids[row, : end - start] = torch.from_numpy(packed.inputs[start:end])
+        logits = model(input_ids=ids, use_cache=False).logits.float()
+        if mode == "plain-renormalised":
+            keep = torch.zeros(logits.shape[-1], dtype=torch.bool)
+            keep[:NUM_BYTES] = True
+            keep[EOS] = True
+            logits = logits.masked_fill(~keep, float("-inf"))
+        logprobs = torch.log_softmax(logits, -1)
+        for row, (start, first, end) in enumerate(batch):
+            targets = torch.from_numpy(packed.targets[first:end])
+            picked = logprobs[row, first - start : end - start].gather(-1, targets.clamp(max=logits.shape[-1] - 1).unsqueeze(-1))
+            nll[first:end] = -picked.squeeze(-1).double().numpy()
+    return nll
+
+
+def load_model(folder: Path):
+    from transformers import AutoModelForCausalLM
+
+    if not (Path(folder) / "config.json").is_file():
+        raise UserError(f"{folder} is not an exported model folder (no config.json)")
+    return AutoModelForCausalLM.from_pretrained(folder).eval()
+
+
+def load_stream_tokenizer(folder: Path) -> ByteStreamTokenizer:
+    """The folder's stream tokenizer (this library's own class, no remote code run)."""
+    path = Path(folder) / TEACHER_TOKENIZER_FILE
+    if not path.is_file():
+        raise UserError(f"{folder} has no {TEACHER_TOKENIZER_FILE}: export it again with this version of bytedistill")
+    try:
+        return ByteStreamTokenizer(teacher_tokenizer_file=str(path))
+    except ValueError as exc:
+        raise UserError(f"{path}: {exc}") from exc
+
+
+def score(folder: Path, sources: list[Path], options: ScoreOptions) -> list[SourceScore]:
+    """Per-source scores of the exported student at ``folder`` (the last entry is the total)."""
+    if options.mode not in MODES:
+        raise UserError(f"mode must be one of {', '.join(MODES)}, got {options.mode!r}")
+    model = load_model(folder)
+    tokenizer = load_stream_tokenizer(folder) if options.mode == "stream" else None
+    return score_documents(model, sources, list(documents(sources, tokenizer, options)), options)
+
+
+def score_documents(model, sources: list[Path], docs: list[Document], options: ScoreOptions) -> list[SourceScore]:
+    """Score ready-made document streams (``Document.source`` indexes ``sources``)."""
+    context = options.context or model.config.max_position_embeddings
+    stride = options.stride or context
+    if not 0 < stride <= context <= model.config.max_position_embeddings:
+        raise UserError(f"need 0 < stride ({stride}) <= context ({context}) <= {model.config.max_position_embeddings}")
+    packed = pack(docs)
+    spans = all_windows(packed, context, stride, per_document=not options.packed)
+    nll = window_nll(model, packed, spans, options.mode, options.batch_size, options.progress)
+    return summarise(sources, packed, nll)
+
+
+def summarise(sources: list[Path], packed: PackedStream, nll: np.ndarray) -> list[SourceScore]:
+    results = []
+    counted = packed.scored & (packed.targets < NUM_BYTES)
+    for index, path in enumerate(sources):
+        here = packed.scored & (packed.source == index)
+        is_store = path.is_dir() and bool(packed.teacher_nll[here].any())
+        results.append(SourceScore(
+            name=path.name or str(path),
+            documents=int((here & (packed.targets == EOS)).sum()),
+            bytes=int((counted & (packed.source == index)).sum()),
+            student_nll=float(nll[here].sum()),
+            teacher_nll=float(packed.teacher_nll[here].sum()) if is_store else None,
+        ))
+    teachers = [r.teacher_nll for r in results]
+    total = SourceScore(
+        name="total",
+        documents=sum(r.documents for r in results),
+        bytes=sum(r.bytes for r in results),
+        student_nll=sum(r.student_nll for r in results),
+        teacher_nll=sum(teachers) if all(t is not None for t in teachers) else None,
+    )
+    return results + [total]

@@ -1,0 +1,161 @@
+"""``score`` of an exported student: equal to ``train``'s evaluation, equal through the stream
+tokenizer and the store's streams, sliding windows, and lm-evaluation-harness's bits_per_byte."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+from transformers import AutoTokenizer
+
+from distill.alphabet import EOS
+from distill.cli import main as bytedistill
+from logit_store.store import LogitStore
+from students.score import ScoreOptions, score, windows
+from tests.exported_student import SEQ_LEN, build
+
+QUIET = ScoreOptions(progress=False)
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    return build(tmp_path_factory.mktemp("exported"))
+
+
+@pytest.fixture(scope="module")
+def store_texts(exported, tmp_path_factory):
+    """The held-out store's documents as .txt files, in store order."""
+    folder = tmp_path_factory.mktemp("texts")
+    store = LogitStore(exported.heldout_store)
+    paths = []
+    for i in range(len(store)):
+        paths.append(folder / f"{i:03d}.txt")
+        paths[-1].write_bytes(store.document(i).layout.text_bytes())
+    return paths
+
+
+@pytest.mark.parametrize("context,stride", [(8, 8), (8, 3), (5, 1), (100, 7)])
+def test_windows_score_every_position_once_within_the_context(context, stride):
+    for total in (1, 5, 8, 9, 23):
+        counts = np.zeros(total, int)
+        for start, first, end in windows(total, context, stride):
+            assert start <= first < end <= total and end - start <= context
+            assert start == 0 or first - start >= context - stride  # at least context - stride symbols before
+            counts[first:end] += 1
+        assert counts.tolist() == [1] * total
+
+
+@pytest.mark.slow
+def test_score_of_the_store_equals_trains_evaluation(exported):
+    last = json.loads((exported.run / "metrics.jsonl").read_text().splitlines()[-1])
+    total = score(exported.folder, [exported.heldout_store], QUIET)[-1]
+    assert total.bytes == last["eval_bytes"]
+    assert total.student_bpb == pytest.approx(last["student_bpb"], abs=1e-4)
+    assert total.teacher_bpb == pytest.approx(last["teacher_bpb"], abs=1e-4)
+
+
+@pytest.mark.slow
+def test_stream_tokenizer_reproduces_every_stored_stream(exported):
+    store = LogitStore(exported.heldout_store)
+    remote = AutoTokenizer.from_pretrained(exported.folder, trust_remote_code=True)
+    assert type(remote).__name__ == "ByteStreamTokenizer"
+    invalid = 0
+    for i in range(len(store)):
+        layout = store.document(i).layout
+        data = layout.text_bytes()
+        assert remote.encode_bytes(data, eos=True) == layout.symbols.tolist()
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            invalid += 1
+            continue
+        assert remote(text).input_ids + [EOS] == layout.symbols.tolist()
+    assert invalid == 1 and any(b"<|begin_of_text|>" in store.document(i).layout.text_bytes() for i in range(len(store)))
+
+
+@pytest.mark.slow
+def test_score_through_the_tokenizer_equals_the_stores_streams(exported, store_texts):
+    from_store = score(exported.folder, [exported.heldout_store], QUIET)[-1]
+    from_text = score(exported.folder, store_texts, QUIET)
+    assert from_text[-1].bytes == from_store.bytes and from_text[-1].documents == len(store_texts)
+    assert from_text[-1].student_nll == pytest.approx(from_store.student_nll, rel=1e-9)
+    assert from_text[-1].teacher_nll is None and sum(r.bytes for r in from_text[:-1]) == from_store.bytes
+    plain = score(exported.folder, store_texts, ScoreOptions(mode="plain", progress=False))[-1]
+    assert plain.bytes == from_store.bytes and not math.isclose(plain.student_nll, from_store.student_nll, rel_tol=1e-3)
+
+
+@pytest.mark.slow
+def test_long_text_slides_within_the_trained_context(exported, tmp_path):
+    (tmp_path / "long.txt").write_text("And the evening and the morning were the first day. " * 40)
+    model_positions = []
+    from students import score as score_module
+
+    load = score_module.load_model
+
+    def recording_load(folder):
+        model = load(folder)
+        model.register_forward_pre_hook(lambda m, args, kwargs: model_positions.append(kwargs["input_ids"].shape[1]), with_kwargs=True)
+        return model
+
+    score_module.load_model = recording_load
+    try:
+        whole = score(exported.folder, [tmp_path / "long.txt"], QUIET)[-1]
+        sliding = score(exported.folder, [tmp_path / "long.txt"], ScoreOptions(stride=SEQ_LEN // 4, progress=False))[-1]
+    finally:
+        score_module.load_model = load
+    assert max(model_positions) == SEQ_LEN and whole.bytes == sliding.bytes > 20 * SEQ_LEN
+    assert whole.student_nll != sliding.student_nll
+
+
+@pytest.mark.slow
+def test_score_cli_prints_per_source_and_total(exported, store_texts, capsys):
+    assert bytedistill(["score", str(exported.folder), str(exported.heldout_store), *map(str, store_texts[:2]), "--progress", "false"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[0] == "source" and lines[-1].startswith("total") and len(lines) == 5
+    assert bytedistill(["score", str(exported.folder), str(exported.heldout_store / "nothing.txt")]) == 2
+    assert "bytedistill score: error:" in capsys.readouterr().err
+    (exported.folder.parent / "bad.jsonl").write_text("{not json\n")
+    assert bytedistill(["score", str(exported.folder), str(exported.folder.parent / "bad.jsonl")]) == 2
+
+
+@pytest.mark.slow
+def test_generate_slides_past_the_trained_context(exported):
+    from students.generate import GenerateOptions, generate_bytes, load_folder
+
+    model, tokenizer = load_folder(exported.folder)
+    model.generation_config.suppress_tokens = [257, 258, 259]  # no <eos>: run past the context
+    lengths = []
+    model.register_forward_pre_hook(lambda m, args, kwargs: lengths.append(kwargs["input_ids"].shape[1]), with_kwargs=True)
+    out = generate_bytes(model, tokenizer, "And the evening", GenerateOptions(max_new_bytes=3 * SEQ_LEN, greedy=True))
+    assert len(out) == 3 * SEQ_LEN
+    assert lengths and all(n <= SEQ_LEN for n in lengths)
+
+
+@pytest.mark.slow
+def test_lm_eval_bits_per_byte_equals_score(exported, tmp_path, monkeypatch):
+    lm_eval = pytest.importorskip("lm_eval")
+    from lm_eval.tasks import TaskManager
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    docs = ["And the evening and the morning were the first day. " * 12, "Grüße aus Köln 🙂 — 東京 — السلام عليكم. " * 8]
+    (tmp_path / "docs.jsonl").write_text("\n".join(json.dumps({"text": d}) for d in docs))
+    (tmp_path / "local.yaml").write_text(
+        f"task: bytedistill_local\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {tmp_path / 'docs.jsonl'}\n"
+        "test_split: test\noutput_type: loglikelihood_rolling\ndoc_to_text: \"\"\ndoc_to_target: \"{{text}}\"\n"
+        "metric_list:\n  - metric: bits_per_byte\n    aggregation: bits_per_byte\n    higher_is_better: false\n"
+    )
+    results = lm_eval.simple_evaluate(
+        model="hf", model_args=f"pretrained={exported.folder},trust_remote_code=True", tasks=["bytedistill_local"],
+        task_manager=TaskManager(include_path=str(tmp_path)), batch_size=4, device="cpu",
+    )
+    harness = results["results"]["bytedistill_local"]["bits_per_byte,none"]
+    ours = score(exported.folder, [tmp_path / "docs.jsonl"], ScoreOptions(packed=False, progress=False))[-1]
+    assert harness == pytest.approx(ours.student_bpb, rel=0.01)
+    plain = lm_eval.simple_evaluate(
+        model="hf", model_args=f"pretrained={exported.folder}", tasks=["bytedistill_local"],
+        task_manager=TaskManager(include_path=str(tmp_path)), batch_size=4, device="cpu",
+    )["results"]["bytedistill_local"]["bits_per_byte,none"]
+    assert plain != pytest.approx(ours.student_bpb, rel=0.01)  # without remote code: plain bytes, another number
