@@ -12,33 +12,13 @@ the text in a way the token bytes cannot undo is refused, naming the byte and th
 from __future__ import annotations
 
 import json
-import re
 
 import numpy as np
 from tokenizers import Tokenizer
 
 from distill.errors import UserError
 from distill.vocab import BYTE_FALLBACK, TeacherVocab, spec_steps
-
-_ESCAPED = re.compile("[\udc80-\udcff]+")  # invalid bytes, as ``surrogateescape`` decodes them
-
-
-def utf8_runs(data: bytes) -> list[tuple[bool, bytes]]:
-    """Split ``data`` into maximal runs of valid UTF-8 ``(True, run)`` and of invalid bytes
-    ``(False, run)``, in linear time: one decode that escapes each invalid byte as a lone
-    surrogate (which valid UTF-8 cannot hold), split at the escapes."""
-    text = data.decode("utf-8", errors="surrogateescape")
-    runs: list[tuple[bool, bytes]] = []
-    pos = 0
-    for bad in _ESCAPED.finditer(text):
-        if bad.start() > pos:
-            runs.append((True, text[pos : bad.start()].encode("utf-8")))
-        runs.append((False, bad.group().encode("utf-8", errors="surrogateescape")))
-        pos = bad.end()
-    if pos < len(text):
-        runs.append((True, text[pos:].encode("utf-8")))
-    return runs
-
+from students.stream_tokenizer import utf8_runs  # self-contained (shipped with exports): the one copy
 
 WORD_BOUNDARY = "\u2581"  # SentencePiece's ▁, read as a space in the token bytes
 

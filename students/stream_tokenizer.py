@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 from tokenizers import Tokenizer
 from transformers import PreTrainedTokenizer
@@ -30,26 +31,23 @@ SPECIAL_NAMES = {EOT: "<eot>", BOS: "<bos>", EOS: "<eos>", PAD: "<pad>"}
 TEACHER_TOKENIZER_FILE = "teacher_tokenizer.json"
 BYTE_CHARS = bytes_to_unicode()  # byte value -> GPT-2's printable character for it
 CHAR_BYTES = {char: value for value, char in BYTE_CHARS.items()}
+_ESCAPED = re.compile("[\udc80-\udcff]+")  # invalid bytes, as ``surrogateescape`` decodes them
 
 
 def utf8_runs(data: bytes) -> list[tuple[bool, bytes]]:
-    """Split ``data`` into maximal runs of valid UTF-8 ``(True, run)`` and invalid bytes ``(False, run)``."""
+    """Split ``data`` into maximal runs of valid UTF-8 ``(True, run)`` and of invalid bytes
+    ``(False, run)``, in linear time: one decode that escapes each invalid byte as a lone
+    surrogate (which valid UTF-8 cannot hold), split at the escapes."""
+    text = data.decode("utf-8", errors="surrogateescape")
     runs: list[tuple[bool, bytes]] = []
     pos = 0
-    while pos < len(data):
-        try:
-            data[pos:].decode("utf-8")
-            end, bad_end = len(data), len(data)
-        except UnicodeDecodeError as exc:
-            end, bad_end = pos + exc.start, pos + exc.end
-        for valid, run in ((True, data[pos:end]), (False, data[end:bad_end])):
-            if not run:
-                continue
-            if runs and runs[-1][0] == valid:
-                runs[-1] = (valid, runs[-1][1] + run)
-            else:
-                runs.append((valid, run))
-        pos = bad_end
+    for bad in _ESCAPED.finditer(text):
+        if bad.start() > pos:
+            runs.append((True, text[pos : bad.start()].encode("utf-8")))
+        runs.append((False, bad.group().encode("utf-8", errors="surrogateescape")))
+        pos = bad.end()
+    if pos < len(text):
+        runs.append((True, text[pos:].encode("utf-8")))
     return runs
 
 

@@ -12,7 +12,6 @@ from students.stream_tokenizer import (
     ByteStreamTokenizer,
     TeacherTokens,
     stream_symbols,
-    utf8_runs,
 )
 from students.tokenizer import build_tokenizer, decode_bytes
 from tests.conftest import SAMPLE_DOCUMENTS
@@ -76,13 +75,6 @@ def test_stream_tokens_are_the_dump_encoders_tokens(name, stream_tokenizer, llam
     expected = [llama3_vocab.bytes_of([t]) for t in llama3_encoder.encode(data)]
     assert stream_tokenizer.teacher.pieces(data) == expected
     assert stream_tokenizer.encode_bytes(data, eos=True) == stream_symbols(expected, eos=True)
-
-
-def test_utf8_runs_split_like_the_dump():
-    from distill.encode import utf8_runs as dump_runs
-
-    for data in [*SAMPLE_DOCUMENTS.values(), b"", b"\xff", b"\xe2\x82", b"a\x80\x80b\xc3"]:
-        assert utf8_runs(data) == dump_runs(data)
 
 
 def test_call_places_eot_after_every_teacher_token(stream_tokenizer):
