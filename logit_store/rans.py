@@ -100,31 +100,36 @@ def encode(symbols: np.ndarray, contexts: np.ndarray, freq: np.ndarray) -> np.nd
 
 
 @numba.njit(cache=True, nogil=True)
-def _decode(words, groups, width, buckets, rows, freq, cum, slots, out):
+def _decode(words, groups, width, buckets, info, freq, cum, slots, out):
     """0 on success; -1: the words ran out; -2: the final state is wrong; -3: a context
-    without a table."""
+    without a table. ``info[c]`` is ``row << 11 | freq[row, 0]`` for context c's table (-1:
+    none): a slot below the frequency of code 0 (most values) decodes without the slot table."""
     if len(words) < 2:
         return -1
-    x = (np.uint64(words[0]) << np.uint64(16)) | np.uint64(words[1])
+    x = (np.int64(words[0]) << 16) | np.int64(words[1])
     at = 2
-    mask = np.uint64(TOTAL - 1)
     s = 0
     for i in range(len(out)):
         g = groups[i]
         c = (g >> 1) * width + (0 if g & 1 else buckets[s])
-        if c < 0 or c >= len(rows) or rows[c] < 0:
+        if c < 0 or c >= len(info) or info[c] < 0:
             return -3
-        c = rows[c]
-        slot = x & mask
-        s = slots[c, slot]
-        x = np.uint64(freq[c, s]) * (x >> np.uint64(PRECISION)) + slot - np.uint64(cum[c, s])
-        while x < np.uint64(STATE_LOW):
+        slot = x & (TOTAL - 1)
+        zero_freq = info[c] & 2047
+        if slot < zero_freq:
+            s = 0
+            x = zero_freq * (x >> PRECISION) + slot
+        else:
+            r = info[c] >> 11
+            s = slots[r, slot]
+            x = np.int64(freq[r, s]) * (x >> PRECISION) + slot - np.int64(cum[r, s])
+        while x < STATE_LOW:
             if at >= len(words):
                 return -1
-            x = (x << np.uint64(16)) | np.uint64(words[at])
+            x = (x << 16) | np.int64(words[at])
             at += 1
         out[i] = s
-    if x != np.uint64(STATE_LOW) or at != len(words):
+    if x != STATE_LOW or at != len(words):
         return -2
     return 0
 
@@ -138,11 +143,11 @@ def decode(words, groups, width: int, buckets, used: np.ndarray, freq: np.ndarra
     met must have a table, and every table must sum to TOTAL)."""
     if np.any(freq.astype(np.int64).sum(axis=1) != TOTAL):
         raise ValueError("a frequency table does not sum to the coder's total")
-    rows = np.full(num_contexts, -1, np.int64)
-    rows[used] = np.arange(len(used))
+    info = np.full(num_contexts, -1, np.int64)
+    info[used] = (np.arange(len(used), dtype=np.int64) << 11) | freq[:, 0]
     cum, slots = tables(freq)
     out = np.empty(len(groups), np.uint8)
-    status = _decode(words, groups, width, buckets.astype(np.int64), rows, freq, cum, slots, out)
+    status = _decode(words, groups, width, buckets.astype(np.int64), info, freq, cum, slots, out)
     if status != 0:
         raise ValueError(f"entropy-coded values are corrupt ({STATUS[status]})")
     return out
