@@ -207,13 +207,8 @@ class ContextCodedEncoding(PowerEncoding):
 
     def contexts(self, layout) -> np.ndarray:
         """(S,) per value: 2 × (symbol + 260 × min(depth, 2)) + (1 if it is its position's first value)."""
-        starts = layout.position_node == 0
-        at = np.arange(len(starts))
-        depth = at - np.maximum.accumulate(np.where(starts, at, 0))
-        sizes = np.diff(layout.offsets)
-        base = layout.support.astype(np.int32) + np.int32(ALPHABET_SIZE) * np.repeat(np.minimum(depth, self.DEPTHS - 1), sizes).astype(np.int32)
-        groups = 2 * base
-        groups[layout.offsets[:-1][sizes > 0]] += 1
+        groups = np.empty(len(layout.support), np.int16)  # < 2 × 780
+        _context_groups(layout.position_node, layout.offsets, layout.support, self.DEPTHS - 1, groups)
         return groups
 
     def pack_values(self, value_bytes, contexts):
@@ -253,6 +248,17 @@ class ContextCodedEncoding(PowerEncoding):
             raise ValueError("rANS word count does not match the value section")
         words = np.frombuffer(packed, "<u2", num_words, at + 8).astype(np.uint16)
         return rans.decode(words, contexts, 5, self.PREVIOUS, used, freq, self.num_contexts)
+
+
+@numba.njit(cache=True, nogil=True)
+def _context_groups(position_node, offsets, support, max_depth, groups):
+    start = 0  # the last token-start position (node 0); position 0 counts as one
+    for p in range(len(offsets) - 1):
+        if position_node[p] == 0:
+            start = p
+        base = ALPHABET_SIZE * min(p - start, max_depth)
+        for at in range(offsets[p], offsets[p + 1]):
+            groups[at] = 2 * (support[at] + base) + (1 if at == offsets[p] else 0)
 
 
 def _renormalise(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
