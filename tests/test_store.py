@@ -113,6 +113,7 @@ def test_round_trip_every_encoding(tmp_path, llama3, documents, encoding):
         np.testing.assert_array_equal(doc.token_ids, ids)
         np.testing.assert_array_equal(doc.layout.symbols, dist.layout.symbols)
         np.testing.assert_array_equal(doc.layout.support, dist.layout.support)
+        np.testing.assert_array_equal(doc.layout.offsets, dist.layout.offsets)
         np.testing.assert_allclose(doc.dropped_mass, dist.dropped_mass, rtol=2**-8)  # bfloat16
         assert doc.text_bytes == nbytes
         assert doc.key == (None if k == 3 else f"doc-{k}")
@@ -316,16 +317,18 @@ def test_cli_inspect_and_verify(tmp_path, default_store, capsys):
 HEADER_FLIP_CHUNK = 16 + 40  # inside the first chunk of a shard
 
 
-def test_rans_round_trip_and_corrupt_streams():
+@pytest.mark.parametrize("lowest", [0, 1])
+def test_rans_round_trip_and_corrupt_streams(lowest):
     """The coder gives back exactly its symbols (contexts chained on the previous symbol) and
-    refuses a cut stream, a wrong final state and a context without a table."""
+    refuses a cut stream, a wrong final state and a context without a table. ``lowest`` 1: no
+    code 0 at all, so no value takes the decoder's code-0 shortcut."""
     from logit_store import rans
 
     rng = np.random.default_rng(5)
     n, groups_count, width = 20_000, 7, 5
     groups = 2 * rng.integers(0, groups_count, n, dtype=np.int32) + (rng.random(n) < 0.2).astype(np.int32)
     groups[0] |= 1
-    symbols = np.minimum(rng.geometric(0.3, n) - 1, 255).astype(np.uint8)
+    symbols = np.minimum(rng.geometric(0.3, n) - 1 + lowest, 255).astype(np.uint8)
     buckets = np.array([1] + [2] * 2 + [3] * 7 + [4] * 246, np.int64)
     full = rans.chained_contexts(groups, width, buckets, symbols)
     counts = np.bincount(full * 256 + symbols, minlength=groups_count * width * 256).reshape(-1, 256)
