@@ -293,12 +293,15 @@ def _encode_log(values, offsets, step, codes, tails):
 
 @numba.njit(cache=True, nogil=True)
 def _encode_pow(values, offsets, gamma, levels, codes, tails):
+    # Below this, p**gamma * levels < 0.5 by a margin far beyond rounding error: code 0 without
+    # the (costly) power, which most values of a byte distribution need.
+    surely_zero = (0.5 / levels) ** (1.0 / gamma) * (1.0 - 1e-9)
     for i in range(len(offsets) - 1):
         total, count = 0.0, 0
         for at in range(offsets[i], offsets[i + 1]):
             p = values[at]
             c = 0
-            if p > 0.0:
+            if p >= surely_zero:
                 c = min(round(p**gamma * levels), levels)
             if c == 0:
                 total += max(p, 0.0)

@@ -131,6 +131,26 @@ def test_round_trip_every_encoding(tmp_path, llama3, documents, encoding):
     assert kl.mean() <= mean_bound and kl.max() <= max_bound, (kl.mean(), kl.max())
 
 
+@pytest.mark.parametrize("bits,gamma", [(8, 0.47), (12, 0.5), (16, 0.3), (8, 1.0)])
+def test_power_codes_follow_the_formula(bits, gamma):
+    """Power-law codes are min(round(p**gamma * N), N) (FORMAT.md), also for values just around
+    the code-0 boundary, where the encoder skips the power."""
+    from logit_store.encodings import PowerEncoding
+
+    enc = PowerEncoding(bits, gamma)
+    rng = np.random.default_rng(bits)
+    boundary = (0.5 / enc.levels) ** (1 / gamma)
+    values = np.concatenate([
+        rng.dirichlet(np.full(200, 0.05), 50).reshape(-1), boundary * (1 + rng.uniform(-1e-8, 1e-8, 5000)),
+        [0.0, 1.0, boundary, np.nextafter(boundary, 0), np.nextafter(boundary, 1)],
+    ])  # fmt: skip
+    codes, _ = enc.encode(values, np.array([0, len(values)]))
+    codes = codes.reshape(-1) if bits == 8 else codes.view("<u2").reshape(-1)
+    expected = np.where(values > 0, np.minimum(np.round(values**gamma * enc.levels), enc.levels), 0)
+    assert np.any(expected == 0) and np.any(expected == 1)
+    np.testing.assert_array_equal(codes, expected)
+
+
 def test_entropy_coded_values_equal_plain_codes(tmp_path, llama3, documents):
     """pow8-ans stores exactly the pow8 codes: every document decodes to the same values."""
     plain = open_store(write_store(tmp_path / "plain", llama3, documents, "pow8"), llama3)
