@@ -213,8 +213,7 @@ class ContextCodedEncoding(PowerEncoding):
 
     def pack_values(self, value_bytes, contexts):
         codes = value_bytes.reshape(-1)
-        full = rans.chained_contexts(contexts, 5, self.PREVIOUS, codes)
-        counts = np.bincount(full * 256 + codes, minlength=self.num_contexts * 256).reshape(self.num_contexts, 256)
+        full, counts = rans.chained_contexts(contexts, 5, self.PREVIOUS, codes, self.num_contexts)
         used = np.flatnonzero(counts.sum(axis=1))
         freq = rans.quantise(counts[used])
         dense = np.zeros((self.num_contexts, 256), np.uint16)

@@ -55,23 +55,32 @@ def _quantise(counts, freq):
                 assigned -= step
 
 
-def chained_contexts(groups: np.ndarray, width: int, buckets: np.ndarray, symbols: np.ndarray) -> np.ndarray:
+def chained_contexts(groups: np.ndarray, width: int, buckets: np.ndarray, symbols: np.ndarray, num_contexts: int) -> tuple[np.ndarray, np.ndarray]:
+    """The context of every symbol, and the (num_contexts, 256) symbol counts per context."""
     out = np.empty(len(groups), np.int64)
-    _chain(groups, width, buckets.astype(np.int64), symbols, out)
-    return out
+    counts = np.zeros((num_contexts, 256), np.int64)
+    _chain(groups, width, buckets.astype(np.int64), symbols, out, counts)
+    return out, counts
 
 
 @numba.njit(cache=True, nogil=True)
-def _chain(groups, width, buckets, symbols, out):
+def _chain(groups, width, buckets, symbols, out, counts):
     for i in range(len(groups)):
         g = groups[i]
         out[i] = (g >> 1) * width + (0 if g & 1 else buckets[symbols[i - 1]])
+        counts[out[i], symbols[i]] += 1
+
+
+def cumulative(freq: np.ndarray) -> np.ndarray:
+    """(C, A+1) cumulative frequencies: row r, column a is the sum of freq[r, :a]."""
+    cum = np.zeros((freq.shape[0], freq.shape[1] + 1), np.uint32)
+    np.cumsum(freq, axis=1, out=cum[:, 1:])
+    return cum
 
 
 def tables(freq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(C, A+1) cumulative frequencies and the (C, TOTAL) slot → symbol table."""
-    cum = np.zeros((freq.shape[0], freq.shape[1] + 1), np.uint32)
-    np.cumsum(freq, axis=1, out=cum[:, 1:])
+    cum = cumulative(freq)
     slots = np.zeros((freq.shape[0], TOTAL), np.uint8)
     for r in range(freq.shape[0]):
         if cum[r, -1]:
@@ -99,7 +108,7 @@ def _encode(symbols, contexts, freq, cum, out):
 
 def encode(symbols: np.ndarray, contexts: np.ndarray, freq: np.ndarray) -> np.ndarray:
     """uint16 words (in decoding order) of ``symbols`` coded with ``freq[contexts[i]]``."""
-    cum, _ = tables(freq)
+    cum = cumulative(freq)
     out = np.empty(2 * len(symbols) + 2, np.uint16)
     n = _encode(np.ascontiguousarray(symbols), np.ascontiguousarray(contexts), freq, cum, out)
     return out[:n][::-1].copy()
