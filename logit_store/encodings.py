@@ -32,7 +32,8 @@ Encodings (see FORMAT.md for the exact formulas):
 
 Measured on SmolLM2-135M over 200 KB of KJV (benchmarks/store.py, format 2): ``pow8`` 27.9
 bytes per text byte at mean KL 7.7e-5 bits/position (max 4.4e-4); ``pow8-ans`` 19.7 B at the same
-KL, reading 3–5× slower; ``float16`` 84 B at 2.3e-7; ``log8`` 40 B at 5.8e-5; ``pow12`` 59 B at
+KL, reading about half as fast (~0.7M positions/s/core against ~1.3–1.8M, short of the 1M
+goal, so ``pow8`` stays the default) and writing ~320k; ``float16`` 84 B at 2.3e-7; ``log8`` 40 B at 5.8e-5; ``pow12`` 59 B at
 7.6e-7.
 """
 
