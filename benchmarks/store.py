@@ -193,7 +193,7 @@ def measure(vocab, docs, encoding: str, params: dict | None, workdir: Path) -> d
     warm.document(0)
     store = LogitStore(directory)
     store.set_trie(trie)
-    store.vocab  # opening a store (vocabulary checksum and hash) is once per run, not per position
+    _ = store.vocab  # opening a store (vocabulary checksum and hash) is once per run, not per position
     start = time.process_time()
     decoded = [store.document(i) for i in range(len(store))]
     read_s = time.process_time() - start
