@@ -169,7 +169,7 @@ def parse_chunk(raw: bytes, docs: np.ndarray, encoding: Encoding, version: int, 
             if not encoding.needs_contexts:
                 return encoding.unpack_values(section, s, None, where), None
             layouts = _chunk_layouts(tokens, counts, layout_of, where)
-            contexts = np.concatenate([encoding.contexts(layout) for layout in layouts]) if layouts else np.zeros(0, np.int16)
+            contexts = np.concatenate([encoding.contexts(x) for x in layouts]) if layouts else np.zeros(0, np.int16)
             return encoding.unpack_values(section, s, contexts, where), layouts
     positions = unshuffle_planes(take(p * j, "positions"), p, j)
     if version == 1:
@@ -199,6 +199,8 @@ def _chunk_layouts(tokens: np.ndarray, counts: dict, layout_of: LayoutOf | None,
         except ValueError as exc:
             raise UserError(f"{where}: corrupt token ids ({exc})") from None
         if layout.num_values != expected:
-            raise UserError(f"{where}: corrupt token ids ({layout.num_values} values in its supports, the index says {expected})")
+            raise UserError(
+                f"{where}: corrupt token ids ({layout.num_values} values in its supports, the index says {expected})"
+            )
         layouts.append(layout)
     return layouts

@@ -55,7 +55,9 @@ def _quantise(counts, freq):
                 assigned -= step
 
 
-def chained_contexts(groups: np.ndarray, width: int, buckets: np.ndarray, symbols: np.ndarray, num_contexts: int) -> tuple[np.ndarray, np.ndarray]:
+def chained_contexts(
+    groups: np.ndarray, width: int, buckets: np.ndarray, symbols: np.ndarray, num_contexts: int
+) -> tuple[np.ndarray, np.ndarray]:
     """The context of every symbol, and the (num_contexts, 256) symbol counts per context."""
     out = np.empty(len(groups), np.int64)
     counts = np.zeros((num_contexts, 256), np.int64)
