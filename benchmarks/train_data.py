@@ -82,10 +82,10 @@ def decompressions_per_epoch(store: Path, world_size: int, num_workers: int, seq
     reads = 0
     original = ShardReader.read_chunk
 
-    def counted(self, c):
+    def counted(self, c, *rest):
         nonlocal reads
         reads += 1
-        return original(self, c)
+        return original(self, c, *rest)
 
     ShardReader.read_chunk = counted
     try:

@@ -15,6 +15,7 @@ from functools import cached_property
 import numpy as np
 
 from distill.errors import UserError
+from distill.stream import StreamLayout
 from logit_store.encodings import Encoding
 
 
@@ -55,6 +56,7 @@ class EncodedDocument:
     text_bytes: int
     key: str | None
     contexts: np.ndarray | None = None  # (S,) model contexts, for entropy-coded encodings (not stored)
+    layout: StreamLayout | None = None  # its stream layout, when decoding its values needed it (not stored)
 
     @property
     def num_positions(self) -> int:
@@ -94,7 +96,7 @@ class ChunkData:
     decoded on first use (reading only token ids never decodes them)."""
 
     token_ids: np.ndarray  # (T,) uint32, all documents
-    decode_values: Callable[[], np.ndarray]  # → (S, k) value bytes
+    decode_values: Callable[[], tuple[np.ndarray, list | None]]  # → (S, k) value bytes, layouts if it made them
     position_bytes: np.ndarray  # (P, j)
     dropped_mass: np.ndarray  # (T + n,) float32
     keys: bytes
@@ -105,8 +107,12 @@ class ChunkData:
     key_length: np.ndarray
 
     @cached_property
-    def value_bytes(self) -> np.ndarray:
+    def _decoded(self) -> tuple[np.ndarray, list | None]:
         return self.decode_values()
+
+    @property
+    def value_bytes(self) -> np.ndarray:
+        return self._decoded[0]
 
     def tokens(self, d: int) -> np.ndarray:
         return self.token_ids[self.token_start[d] : self.token_start[d + 1]]
@@ -119,6 +125,7 @@ class ChunkData:
         return EncodedDocument(
             token_ids=self.token_ids[t0:t1],
             value_bytes=self.value_bytes[self.value_start[d] : self.value_start[d + 1]],
+            layout=None if self._decoded[1] is None else self._decoded[1][d],
             position_bytes=self.position_bytes[self.position_start[d] : self.position_start[d + 1]],
             dropped_mass=self.dropped_mass[t0 + d : t1 + d + 1],
             text_bytes=int(text_bytes),
@@ -126,10 +133,10 @@ class ChunkData:
         )
 
 
-ContextsOf = Callable[[np.ndarray, int], np.ndarray]  # (token ids, expected values) → (S,) contexts
+LayoutOf = Callable[[np.ndarray], StreamLayout]  # token ids → stream layout (ValueError if impossible)
 
 
-def parse_chunk(raw: bytes, docs: np.ndarray, encoding: Encoding, version: int, contexts_of: ContextsOf | None, where: str) -> ChunkData:
+def parse_chunk(raw: bytes, docs: np.ndarray, encoding: Encoding, version: int, layout_of: LayoutOf | None, where: str) -> ChunkData:
     """Split a chunk's raw bytes by its documents' table entries; every length is checked
     against ``raw`` before it is used."""
     n = len(docs)
@@ -152,15 +159,18 @@ def parse_chunk(raw: bytes, docs: np.ndarray, encoding: Encoding, version: int, 
     if version == 1:
         section = take(s * k, "values")
 
-        def decode_values() -> np.ndarray:
-            return unshuffle_planes(section, s, k)
+        def decode_values() -> tuple[np.ndarray, None]:
+            return unshuffle_planes(section, s, k), None
     else:
         (packed_length,) = struct.unpack("<Q", take(8, "value length"))
         section = take(packed_length, "values")
 
-        def decode_values() -> np.ndarray:
-            contexts = _chunk_contexts(tokens, counts, contexts_of, where) if encoding.needs_contexts else None
-            return encoding.unpack_values(section, s, contexts, where)
+        def decode_values() -> tuple[np.ndarray, list | None]:
+            if not encoding.needs_contexts:
+                return encoding.unpack_values(section, s, None, where), None
+            layouts = _chunk_layouts(tokens, counts, layout_of, where)
+            contexts = np.concatenate([encoding.contexts(x) for x in layouts]) if layouts else np.zeros(0, np.int16)
+            return encoding.unpack_values(section, s, contexts, where), layouts
     positions = unshuffle_planes(take(p * j, "positions"), p, j)
     if version == 1:
         dropped = unshuffle_planes(take(4 * (t + n), "dropped mass"), t + n, 4).view("<f4").reshape(-1)
@@ -177,15 +187,20 @@ def parse_chunk(raw: bytes, docs: np.ndarray, encoding: Encoding, version: int, 
     )  # fmt: skip
 
 
-def _chunk_contexts(tokens: np.ndarray, counts: dict, contexts_of: ContextsOf | None, where: str) -> np.ndarray:
-    if contexts_of is None:
+def _chunk_layouts(tokens: np.ndarray, counts: dict, layout_of: LayoutOf | None, where: str) -> list[StreamLayout]:
+    """The stream layout of every document (each checked against its value count)."""
+    if layout_of is None:
         raise ValueError("an entropy-coded chunk needs the vocabulary to be decoded")
-    parts = []
+    layouts = []
     for d in range(len(counts["tokens"]) - 1):
-        ids = tokens[counts["tokens"][d] : counts["tokens"][d + 1]]
         expected = int(counts["values"][d + 1] - counts["values"][d])
         try:
-            parts.append(contexts_of(ids, expected))
+            layout = layout_of(tokens[counts["tokens"][d] : counts["tokens"][d + 1]])
         except ValueError as exc:
             raise UserError(f"{where}: corrupt token ids ({exc})") from None
-    return np.concatenate(parts) if parts else np.zeros(0, np.int32)
+        if layout.num_values != expected:
+            raise UserError(
+                f"{where}: corrupt token ids ({layout.num_values} values in its supports, the index says {expected})"
+            )
+        layouts.append(layout)
+    return layouts

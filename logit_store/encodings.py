@@ -32,7 +32,8 @@ Encodings (see FORMAT.md for the exact formulas):
 
 Measured on SmolLM2-135M over 200 KB of KJV (benchmarks/store.py, format 2): ``pow8`` 27.9
 bytes per text byte at mean KL 7.7e-5 bits/position (max 4.4e-4); ``pow8-ans`` 19.7 B at the same
-KL, reading 3–5× slower; ``float16`` 84 B at 2.3e-7; ``log8`` 40 B at 5.8e-5; ``pow12`` 59 B at
+KL, reading about half as fast (~0.7M positions/s/core against ~1.3–1.8M, short of the 1M
+goal, so ``pow8`` stays the default) and writing ~320k; ``float16`` 84 B at 2.3e-7; ``log8`` 40 B at 5.8e-5; ``pow12`` 59 B at
 7.6e-7.
 """
 
@@ -207,19 +208,13 @@ class ContextCodedEncoding(PowerEncoding):
 
     def contexts(self, layout) -> np.ndarray:
         """(S,) per value: 2 × (symbol + 260 × min(depth, 2)) + (1 if it is its position's first value)."""
-        starts = layout.position_node == 0
-        at = np.arange(len(starts))
-        depth = at - np.maximum.accumulate(np.where(starts, at, 0))
-        sizes = np.diff(layout.offsets)
-        base = layout.support.astype(np.int32) + np.int32(ALPHABET_SIZE) * np.repeat(np.minimum(depth, self.DEPTHS - 1), sizes).astype(np.int32)
-        groups = 2 * base
-        groups[layout.offsets[:-1][sizes > 0]] += 1
+        groups = np.empty(len(layout.support), np.int16)  # < 2 × 780
+        _context_groups(layout.position_node, layout.offsets, layout.support, self.DEPTHS - 1, groups)
         return groups
 
     def pack_values(self, value_bytes, contexts):
         codes = value_bytes.reshape(-1)
-        full = rans.chained_contexts(contexts, 5, self.PREVIOUS, codes)
-        counts = np.bincount(full * 256 + codes, minlength=self.num_contexts * 256).reshape(self.num_contexts, 256)
+        full, counts = rans.chained_contexts(contexts, 5, self.PREVIOUS, codes, self.num_contexts)
         used = np.flatnonzero(counts.sum(axis=1))
         freq = rans.quantise(counts[used])
         dense = np.zeros((self.num_contexts, 256), np.uint16)
@@ -255,6 +250,17 @@ class ContextCodedEncoding(PowerEncoding):
         return rans.decode(words, contexts, 5, self.PREVIOUS, used, freq, self.num_contexts)
 
 
+@numba.njit(cache=True, nogil=True)
+def _context_groups(position_node, offsets, support, max_depth, groups):
+    start = 0  # the last token-start position (node 0); position 0 counts as one
+    for p in range(len(offsets) - 1):
+        if position_node[p] == 0:
+            start = p
+        base = ALPHABET_SIZE * min(p - start, max_depth)
+        for at in range(offsets[p], offsets[p + 1]):
+            groups[at] = 2 * (support[at] + base) + (1 if at == offsets[p] else 0)
+
+
 def _renormalise(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     sums = np.add.reduceat(values.astype(np.float64), offsets[:-1]) if len(values) else np.zeros(0)
     return (values / np.repeat(sums, np.diff(offsets))).astype(np.float32)
@@ -287,12 +293,15 @@ def _encode_log(values, offsets, step, codes, tails):
 
 @numba.njit(cache=True, nogil=True)
 def _encode_pow(values, offsets, gamma, levels, codes, tails):
+    # Below this, p**gamma * levels < 0.5 by a margin far beyond rounding error: code 0 without
+    # the (costly) power, which most values of a byte distribution need.
+    surely_zero = (0.5 / levels) ** (1.0 / gamma) * (1.0 - 1e-9)
     for i in range(len(offsets) - 1):
         total, count = 0.0, 0
         for at in range(offsets[i], offsets[i + 1]):
             p = values[at]
             c = 0
-            if p > 0.0:
+            if p >= surely_zero:
                 c = min(round(p**gamma * levels), levels)
             if c == 0:
                 total += max(p, 0.0)

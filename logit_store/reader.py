@@ -183,18 +183,14 @@ class LogitStore(StoreBase):
         s = int(np.searchsorted(self._shard_start, i, side="right") - 1)
         return s, i - int(self._shard_start[s])
 
-    def _contexts_of(self, token_ids: np.ndarray, expected_values: int) -> np.ndarray:
-        layout = stream_layout(self.trie, token_ids.astype(np.int64))
-        if layout.num_values != expected_values:
-            raise ValueError(f"{layout.num_values} values in its supports, the index says {expected_values}")
-        return self.encoding.contexts(layout)
+    def _layout_of(self, token_ids: np.ndarray) -> StreamLayout:
+        return stream_layout(self.trie, token_ids.astype(np.int64))
 
     def _chunk(self, s: int, c: int) -> ChunkData:
         key = (s, c)
         data = self._cache.get(key)
         if data is None:
-            contexts_of = self._contexts_of if self.encoding.needs_contexts else None
-            data = self.shards[s].read_chunk(c, contexts_of)
+            data = self.shards[s].read_chunk(c, self._layout_of if self.encoding.needs_contexts else None)
             self._cache[key] = data
             while len(self._cache) > self._cache_size:
                 self._cache.popitem(last=False)
@@ -229,10 +225,12 @@ class LogitStore(StoreBase):
         token_ids = enc.token_ids.astype(np.int64)
         shard, local = self.document_location(i)
         where = f"shard {shard} document {local} (store document {i})"
-        try:
-            layout = stream_layout(self.trie, token_ids)
-        except ValueError as exc:
-            raise UserError(f"{where}: corrupt token ids ({exc})") from None
+        layout = enc.layout  # made while decoding the values, for entropy-coded encodings
+        if layout is None:
+            try:
+                layout = stream_layout(self.trie, token_ids)
+            except ValueError as exc:
+                raise UserError(f"{where}: corrupt token ids ({exc})") from None
         if layout.num_values != len(enc.value_bytes) or layout.num_positions != len(enc.position_bytes):
             raise UserError(f"{where}: stored values do not match its tokens' supports (corrupt)")
         if enc.text_bytes != layout_text_bytes(layout, self.vocab):

@@ -29,8 +29,8 @@ import zstandard
 from distill.errors import UserError
 from logit_store.chunk import (
     ChunkData,
-    ContextsOf,
     EncodedDocument,
+    LayoutOf,
     build_chunk,
     parse_chunk,
 )
@@ -215,7 +215,7 @@ class ShardReader:
     def num_docs(self) -> int:
         return len(self.docs)
 
-    def read_chunk(self, c: int, contexts_of: ContextsOf | None = None) -> ChunkData:
+    def read_chunk(self, c: int, layout_of: LayoutOf | None = None) -> ChunkData:
         chunk = self.chunks[c]
         where = f"shard {self.name} chunk {c}"
         try:
@@ -239,4 +239,4 @@ class ShardReader:
         if len(raw) != raw_length:
             raise UserError(f"{where}: corrupt (decompressed size differs from the index)")
         first, n = int(chunk["first_doc"]), int(chunk["num_docs"])
-        return parse_chunk(raw, self.docs[first : first + n], self.encoding, self.version, contexts_of, where)
+        return parse_chunk(raw, self.docs[first : first + n], self.encoding, self.version, layout_of, where)

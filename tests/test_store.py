@@ -113,6 +113,7 @@ def test_round_trip_every_encoding(tmp_path, llama3, documents, encoding):
         np.testing.assert_array_equal(doc.token_ids, ids)
         np.testing.assert_array_equal(doc.layout.symbols, dist.layout.symbols)
         np.testing.assert_array_equal(doc.layout.support, dist.layout.support)
+        np.testing.assert_array_equal(doc.layout.offsets, dist.layout.offsets)
         np.testing.assert_allclose(doc.dropped_mass, dist.dropped_mass, rtol=2**-8)  # bfloat16
         assert doc.text_bytes == nbytes
         assert doc.key == (None if k == 3 else f"doc-{k}")
@@ -128,6 +129,26 @@ def test_round_trip_every_encoding(tmp_path, llama3, documents, encoding):
     kl = np.concatenate(kls)
     mean_bound, max_bound = KL_BOUNDS[encoding]
     assert kl.mean() <= mean_bound and kl.max() <= max_bound, (kl.mean(), kl.max())
+
+
+@pytest.mark.parametrize("bits,gamma", [(8, 0.47), (12, 0.5), (16, 0.3), (8, 1.0)])
+def test_power_codes_follow_the_formula(bits, gamma):
+    """Power-law codes are min(round(p**gamma * N), N) (FORMAT.md), also for values just around
+    the code-0 boundary, where the encoder skips the power."""
+    from logit_store.encodings import PowerEncoding
+
+    enc = PowerEncoding(bits, gamma)
+    rng = np.random.default_rng(bits)
+    boundary = (0.5 / enc.levels) ** (1 / gamma)
+    values = np.concatenate([
+        rng.dirichlet(np.full(200, 0.05), 50).reshape(-1), boundary * (1 + rng.uniform(-1e-8, 1e-8, 5000)),
+        [0.0, 1.0, boundary, np.nextafter(boundary, 0), np.nextafter(boundary, 1)],
+    ])  # fmt: skip
+    codes, _ = enc.encode(values, np.array([0, len(values)]))
+    codes = codes.reshape(-1) if bits == 8 else codes.view("<u2").reshape(-1)
+    expected = np.where(values > 0, np.minimum(np.round(values**gamma * enc.levels), enc.levels), 0)
+    assert np.any(expected == 0) and np.any(expected == 1)
+    np.testing.assert_array_equal(codes, expected)
 
 
 def test_entropy_coded_values_equal_plain_codes(tmp_path, llama3, documents):
@@ -316,19 +337,21 @@ def test_cli_inspect_and_verify(tmp_path, default_store, capsys):
 HEADER_FLIP_CHUNK = 16 + 40  # inside the first chunk of a shard
 
 
-def test_rans_round_trip_and_corrupt_streams():
+@pytest.mark.parametrize("lowest", [0, 1])
+def test_rans_round_trip_and_corrupt_streams(lowest):
     """The coder gives back exactly its symbols (contexts chained on the previous symbol) and
-    refuses a cut stream, a wrong final state and a context without a table."""
+    refuses a cut stream, a wrong final state and a context without a table. ``lowest`` 1: no
+    code 0 at all, so no value takes the decoder's code-0 shortcut."""
     from logit_store import rans
 
     rng = np.random.default_rng(5)
     n, groups_count, width = 20_000, 7, 5
     groups = 2 * rng.integers(0, groups_count, n, dtype=np.int32) + (rng.random(n) < 0.2).astype(np.int32)
     groups[0] |= 1
-    symbols = np.minimum(rng.geometric(0.3, n) - 1, 255).astype(np.uint8)
+    symbols = np.minimum(rng.geometric(0.3, n) - 1 + lowest, 255).astype(np.uint8)
     buckets = np.array([1] + [2] * 2 + [3] * 7 + [4] * 246, np.int64)
-    full = rans.chained_contexts(groups, width, buckets, symbols)
-    counts = np.bincount(full * 256 + symbols, minlength=groups_count * width * 256).reshape(-1, 256)
+    full, counts = rans.chained_contexts(groups, width, buckets, symbols, groups_count * width)
+    np.testing.assert_array_equal(counts, np.bincount(full * 256 + symbols, minlength=counts.size).reshape(-1, 256))
     used = np.flatnonzero(counts.sum(axis=1))
     freq = rans.quantise(counts[used])
     assert np.all(freq.sum(axis=1) == rans.TOTAL) and np.all((freq > 0) == (counts[used] > 0))
