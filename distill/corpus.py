@@ -83,7 +83,9 @@ def _text_documents(path: Path, name: str, separator: str | None) -> Iterator[tu
 
 def _record_text(record: dict, text_field: str, where: str) -> bytes:
     if text_field not in record:
-        raise UserError(f"{where}: no field {text_field!r} (fields: {', '.join(sorted(record)) or 'none'}); use --text-field")
+        raise UserError(
+            f"{where}: no field {text_field!r} (fields: {', '.join(sorted(record)) or 'none'}); use --text-field"
+        )
     value = record[text_field]
     if value is None:
         return b""
@@ -129,7 +131,9 @@ def _parquet_documents(path: Path, name: str, text_field: str) -> Iterator[tuple
     except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for a bad file
         raise UserError(f"{path}: not a readable parquet file ({str(exc).splitlines()[0]})") from None
     if text_field not in table.schema_arrow.names:
-        raise UserError(f"{path}: no column {text_field!r} (columns: {', '.join(table.schema_arrow.names)}); use --text-field")
+        raise UserError(
+            f"{path}: no column {text_field!r} (columns: {', '.join(table.schema_arrow.names)}); use --text-field"
+        )
     row = 0
     for batch in table.iter_batches(columns=[text_field]):
         for value in batch.column(0).to_pylist():
@@ -149,7 +153,9 @@ def _dataset_documents(spec: CorpusSpec, from_disk: bool = False) -> Iterator[tu
         else:
             dataset = datasets.load_dataset(spec.source, spec.config, split=spec.split, streaming=spec.streaming)
     except Exception as exc:  # noqa: BLE001 - datasets raises many types for a bad source
-        raise UserError(f"cannot load dataset {spec.source!r} (split {spec.split!r}): {str(exc).splitlines()[0]}") from None
+        raise UserError(
+            f"cannot load dataset {spec.source!r} (split {spec.split!r}): {str(exc).splitlines()[0]}"
+        ) from None
     name = Path(spec.source).name if from_disk else spec.source  # a key never holds a local path
     for i, record in enumerate(dataset):
         where = f"{spec.source}[{spec.split}][{i}]"
