@@ -127,7 +127,9 @@ class SplitBatches(IterableDataset):
     def __iter__(self):
         info = get_worker_info()
         if (info.num_workers if info is not None else 0) != self.num_workers:
-            raise RuntimeError(f"iterate with {self.num_workers} DataLoader workers (use .loader()), not {info and info.num_workers}")
+            raise RuntimeError(
+                f"iterate with {self.num_workers} DataLoader workers (use .loader()), not {info and info.num_workers}"
+            )
         worker_id = info.id if info is not None else 0
         given, due = self.seek()
         worker = (worker_id + due) % self.workers
@@ -200,8 +202,13 @@ class PackedStreamDataset(SplitBatches):
     def order_settings(self) -> dict:
         sizes = np.array([len(piece) for piece in self.pieces], dtype=np.int64)
         layout = hashlib.sha256(self.symbols.tobytes() + sizes.tobytes()).hexdigest()
-        return {**super().order_settings(), "seq_len": self.seq_len, "shuffle": self.shuffle, "seed": self.seed,
-                "documents": layout}  # fmt: skip
+        return {
+            **super().order_settings(),
+            "seq_len": self.seq_len,
+            "shuffle": self.shuffle,
+            "seed": self.seed,
+            "documents": layout,
+        }
 
     def split(self, g: int) -> Split:
         """Split ``g`` in the current epoch."""
