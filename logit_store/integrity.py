@@ -30,7 +30,9 @@ def completion_path(directory: Path, writer_id: int) -> Path:
 
 
 def write_completion(directory: Path, completion: Completion) -> None:
-    text = json.dumps({"writer_id": completion.writer_id, "shards": completion.shards, "documents": completion.documents})
+    text = json.dumps(
+        {"writer_id": completion.writer_id, "shards": completion.shards, "documents": completion.documents}
+    )
     write_atomic(completion_path(directory, completion.writer_id), (text + "\n").encode(), f"w{completion.writer_id}")
 
 
