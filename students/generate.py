@@ -66,7 +66,9 @@ def generate_bytes(model, tokenizer, prompt: str, options: GenerateOptions) -> b
     context = model.config.max_position_embeddings
     symbols = tokenizer(prompt).input_ids
     prompt_len = len(symbols)
-    sampling = {} if options.greedy else {"temperature": options.temperature, "top_k": options.top_k, "top_p": options.top_p}
+    sampling = (
+        {} if options.greedy else {"temperature": options.temperature, "top_k": options.top_k, "top_p": options.top_p}
+    )
     produced = 0
     while produced < options.max_new_bytes and symbols[-1] != EOS:  # a byte at least every other symbol
         window = symbols if len(symbols) < context else symbols[-max(context // 2, 1) :]
