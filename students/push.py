@@ -30,7 +30,9 @@ class UploadFile:
 def upload_plan(folder: Path) -> list[UploadFile]:
     """The files export wrote (no dotfiles), sorted by path."""
     folder = Path(folder)
-    planned = sorted(name for name in exported_files(folder) if not any(part.startswith(".") for part in name.split("/")))
+    planned = sorted(
+        name for name in exported_files(folder) if not any(part.startswith(".") for part in name.split("/"))
+    )
     missing = [name for name in planned if not (folder / name).is_file()]
     if missing:
         raise UserError(f"{folder} lacks {missing[0]}, which export wrote: export again")
@@ -81,7 +83,10 @@ def push_folder(
     if revision and revision != "main":
         api.create_branch(repo_id, branch=revision, exist_ok=True)
     info = api.upload_folder(
-        repo_id=repo_id, folder_path=folder, commit_message=commit_message, revision=revision,
+        repo_id=repo_id,
+        folder_path=folder,
+        commit_message=commit_message,
+        revision=revision,
         allow_patterns=[glob.escape(f.path) for f in files],
     )
     return str(info.commit_url)
