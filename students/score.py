@@ -178,7 +178,9 @@ def all_windows(packed: PackedStream, context: int, stride: int, per_document: b
 
 
 @torch.no_grad()
-def window_nll(model, packed: PackedStream, spans: list[tuple[int, int, int]], mode: str, batch_size: int, progress: bool) -> np.ndarray:
+def window_nll(
+    model, packed: PackedStream, spans: list[tuple[int, int, int]], mode: str, batch_size: int, progress: bool
+) -> np.ndarray:
     """The student's NLL (nats) of every position's target, each from one of the windows ``spans``."""
     nll = np.zeros(len(packed.inputs), dtype=np.float64)
     context = max(end - start for start, _, end in spans)
@@ -196,7 +198,9 @@ def window_nll(model, packed: PackedStream, spans: list[tuple[int, int, int]], m
         logprobs = torch.log_softmax(logits, -1)
         for row, (start, first, end) in enumerate(batch):
             targets = torch.from_numpy(packed.targets[first:end])
-            picked = logprobs[row, first - start : end - start].gather(-1, targets.clamp(max=logits.shape[-1] - 1).unsqueeze(-1))
+            picked = logprobs[row, first - start : end - start].gather(
+                -1, targets.clamp(max=logits.shape[-1] - 1).unsqueeze(-1)
+            )
             nll[first:end] = -picked.squeeze(-1).double().numpy()
     return nll
 
@@ -247,13 +251,15 @@ def summarise(sources: list[Path], packed: PackedStream, nll: np.ndarray) -> lis
     for index, path in enumerate(sources):
         here = packed.scored & (packed.source == index)
         is_store = path.is_dir() and bool(packed.teacher_nll[here].any())
-        results.append(SourceScore(
-            name=path.name or str(path),
-            documents=int((here & (packed.targets == EOS)).sum()),
-            bytes=int((counted & (packed.source == index)).sum()),
-            student_nll=float(nll[here].sum()),
-            teacher_nll=float(packed.teacher_nll[here].sum()) if is_store else None,
-        ))
+        results.append(
+            SourceScore(
+                name=path.name or str(path),
+                documents=int((here & (packed.targets == EOS)).sum()),
+                bytes=int((counted & (packed.source == index)).sum()),
+                student_nll=float(nll[here].sum()),
+                teacher_nll=float(packed.teacher_nll[here].sum()) if is_store else None,
+            )
+        )
     teachers = [r.teacher_nll for r in results]
     total = SourceScore(
         name="total",
