@@ -17,7 +17,7 @@ SAMPLE_DOCUMENTS = {
     "cjk": "天地玄黄，宇宙洪荒。日本語のテキストと한국어".encode(),
     "arabic": "السلام عليكم ورحمة الله وبركاته".encode(),
     "combining": "e\u0301 a\u0308 n\u0303 Z\u0351\u0352\u0357\u0358 q\u0307\u0323".encode(),
-    "whitespace": "a\tb\r\n\r\nc" .encode() + b" " * 37 + b"d\t\t\t\n\n\n    e",
+    "whitespace": "a\tb\r\n\r\nc".encode() + b" " * 37 + b"d\t\t\t\n\n\n    e",
     "long_tokens": ("=" * 80 + "\n" + "-" * 64 + " " * 128 + "x").encode(),
     "invalid_utf8": b"ok \xff\xfe bad \xc3( cut \xe2\x82 end\x80",
     "special_literal": "<|begin_of_text|>hello<|end_of_text|> <|eot_id|>".encode(),
