@@ -32,9 +32,20 @@ from students.trainer import TrainConfig, train
 def trained(tmp_path_factory):
     out = tmp_path_factory.mktemp("run")
     config = TrainConfig(
-        train_stores=["train"], eval_store="eval", output_dir=str(out), preset="tiny", hidden_size=32,
-        num_layers=2, num_heads=2, intermediate_size=64, seq_len=16, batch_size=2, max_steps=3,
-        eval_every=0, checkpoint_every=0, progress=False,
+        train_stores=["train"],
+        eval_store="eval",
+        output_dir=str(out),
+        preset="tiny",
+        hidden_size=32,
+        num_layers=2,
+        num_heads=2,
+        intermediate_size=64,
+        seq_len=16,
+        batch_size=2,
+        max_steps=3,
+        eval_every=0,
+        checkpoint_every=0,
+        progress=False,
     )
     train(config, SYNTHETIC_SOURCE)
     return out
@@ -43,7 +54,10 @@ def trained(tmp_path_factory):
 @pytest.fixture(scope="module")
 def exported(trained, tmp_path_factory, llama3_tokenizer_path):
     return export_student(
-        trained, tmp_path_factory.mktemp("hf") / "student", teacher_tokenizer=llama3_tokenizer_path, repo_id="me/byte-student"
+        trained,
+        tmp_path_factory.mktemp("hf") / "student",
+        teacher_tokenizer=llama3_tokenizer_path,
+        repo_id="me/byte-student",
     )
 
 
@@ -80,7 +94,14 @@ def test_generate_cli(exported, capsys):
 def test_model_card_has_metadata_and_snippet_runs(exported, capsys):
     card = (exported / "README.md").read_text()
     header = card.split("---")[1]
-    for key in ("license", "teacher", "training_bytes", "heldout_bpb_student", "heldout_bpb_teacher", "heldout_kl_bits_per_byte"):
+    for key in (
+        "license",
+        "teacher",
+        "training_bytes",
+        "heldout_bpb_student",
+        "heldout_bpb_teacher",
+        "heldout_kl_bits_per_byte",
+    ):
         assert re.search(rf"^{key}: ", header, re.M), key
     code = re.search(r"```python\n(.*?)```", card, re.S).group(1)
     assert 'repo = "me/byte-student"' in code
