@@ -84,8 +84,16 @@ def write_store(directory, llama3, documents, encoding="pow8", **kwargs):
     vocab, converter, _ = llama3
     kwargs.setdefault("docs_per_shard", 3)
     kwargs.setdefault("chunk_bytes", 4_000)
-    with StoreWriter(directory, vocab, encoding=encoding, teacher="random-llama3", settings={"t": 1.0},
-                     corpus_hash="c0ffee", trie=converter.trie, **kwargs) as writer:  # fmt: skip
+    with StoreWriter(
+        directory,
+        vocab,
+        encoding=encoding,
+        teacher="random-llama3",
+        settings={"t": 1.0},
+        corpus_hash="c0ffee",
+        trie=converter.trie,
+        **kwargs,
+    ) as writer:
         for k, (ids, dist, nbytes) in enumerate(documents):
             writer.add_distributions(dist, key=None if k == 3 else f"doc-{k}", text_bytes=nbytes, token_ids=ids)
     return directory
@@ -165,8 +173,15 @@ def test_random_access_equals_iteration(default_store, llama3, documents):
 def test_resume_after_crash_matches_uninterrupted(tmp_path, llama3, documents):
     vocab, converter, _ = llama3
     full = write_store(tmp_path / "full", llama3, documents, docs_per_shard=2, chunk_bytes=1)
-    kwargs = dict(encoding="pow8", teacher="random-llama3", settings={"t": 1.0}, corpus_hash="c0ffee",
-                  trie=converter.trie, docs_per_shard=2, chunk_bytes=1)  # fmt: skip
+    kwargs = dict(
+        encoding="pow8",
+        teacher="random-llama3",
+        settings={"t": 1.0},
+        corpus_hash="c0ffee",
+        trie=converter.trie,
+        docs_per_shard=2,
+        chunk_bytes=1,
+    )
     crashed = tmp_path / "crashed"
     writer = StoreWriter(crashed, vocab, **kwargs)
     assert writer.num_existing_documents == 0
@@ -174,8 +189,10 @@ def test_resume_after_crash_matches_uninterrupted(tmp_path, llama3, documents):
         writer.add_distributions(dist, key=None if k == 3 else f"doc-{k}", text_bytes=nbytes, token_ids=ids)
     writer.abandon()  # killed: shards 0 and 1 complete, shard 2 only a .tmp
     assert sorted(p.name for p in crashed.iterdir() if p.name.startswith("shard")) == [
-        "shard-00000-00000.bds", "shard-00000-00001.bds", "shard-00000-00002.bds.tmp"
-    ]  # fmt: skip
+        "shard-00000-00000.bds",
+        "shard-00000-00001.bds",
+        "shard-00000-00002.bds.tmp",
+    ]
     assert len(open_store(crashed, llama3)) == 4  # the reader ignores the partial shard
     with StoreWriter(crashed, vocab, **kwargs) as writer:
         assert writer.num_existing_documents == 4
@@ -194,18 +211,39 @@ def test_writer_rejects_a_different_store(tmp_path, llama3, documents):
     vocab, converter, _ = llama3
     directory = write_store(tmp_path / "s", llama3, documents[:2])
     with pytest.raises(UserError, match="encoding"):
-        StoreWriter(directory, vocab, encoding="float16", teacher="random-llama3", settings={"t": 1.0},
-                    corpus_hash="c0ffee", trie=converter.trie)  # fmt: skip
+        StoreWriter(
+            directory,
+            vocab,
+            encoding="float16",
+            teacher="random-llama3",
+            settings={"t": 1.0},
+            corpus_hash="c0ffee",
+            trie=converter.trie,
+        )
     with pytest.raises(UserError, match="settings"):
-        StoreWriter(directory, vocab, teacher="random-llama3", settings={"t": 2.0}, corpus_hash="c0ffee",
-                    trie=converter.trie)  # fmt: skip
+        StoreWriter(
+            directory, vocab, teacher="random-llama3", settings={"t": 2.0}, corpus_hash="c0ffee", trie=converter.trie
+        )
     other_vocab = dataclasses.replace(vocab, adds_prefix_space=True)
     with pytest.raises(UserError, match="vocab_hash"):
-        StoreWriter(directory, other_vocab, teacher="random-llama3", settings={"t": 1.0}, corpus_hash="c0ffee",
-                    trie=converter.trie)  # fmt: skip
+        StoreWriter(
+            directory,
+            other_vocab,
+            teacher="random-llama3",
+            settings={"t": 1.0},
+            corpus_hash="c0ffee",
+            trie=converter.trie,
+        )
     # a second writer id appends its own shards to the same store
-    with StoreWriter(directory, vocab, teacher="random-llama3", settings={"t": 1.0}, corpus_hash="c0ffee",
-                     trie=converter.trie, writer_id=1) as writer:  # fmt: skip
+    with StoreWriter(
+        directory,
+        vocab,
+        teacher="random-llama3",
+        settings={"t": 1.0},
+        corpus_hash="c0ffee",
+        trie=converter.trie,
+        writer_id=1,
+    ) as writer:
         assert writer.num_existing_documents == 0
         writer.add_distributions(documents[4][1], token_ids=documents[4][0])
     store = open_store(directory, llama3)
