@@ -86,8 +86,12 @@ def test_batched_full_alphabet_with_padding():
     targets[1, 4:] = PAD
     out = distill_loss(logits, targets, mask, probs, alpha=0.5)
     flat = _hand_loss(
-        logits.reshape(-1, ALPHABET_SIZE).double().tolist(), targets.reshape(-1).tolist(),
-        mask.reshape(-1).tolist(), probs.reshape(-1, ALPHABET_SIZE).double().tolist(), 0.5, 1.0,
+        logits.reshape(-1, ALPHABET_SIZE).double().tolist(),
+        targets.reshape(-1).tolist(),
+        mask.reshape(-1).tolist(),
+        probs.reshape(-1, ALPHABET_SIZE).double().tolist(),
+        0.5,
+        1.0,
     )
     assert out.total.item() == pytest.approx(flat[0], rel=1e-5)
     assert out.num_targets.item() == 10
