@@ -47,7 +47,10 @@ def test_round_trip_through_auto_tokenizer(tokenizer, text):
 def test_random_unicode_round_trips(tokenizer):
     rng = random.Random(0)
     for _ in range(50):
-        text = "".join(chr(rng.choice([rng.randrange(32, 0x2FF), rng.randrange(0x4E00, 0x9FFF), rng.randrange(0x1F300, 0x1FAFF)])) for _ in range(20))
+        text = "".join(
+            chr(rng.choice([rng.randrange(32, 0x2FF), rng.randrange(0x4E00, 0x9FFF), rng.randrange(0x1F300, 0x1FAFF)]))
+            for _ in range(20)
+        )
         ids = tokenizer(text, add_special_tokens=False).input_ids
         assert ids == list(text.encode("utf-8"))
         assert tokenizer.decode(ids) == text
@@ -63,6 +66,7 @@ def test_ids_and_invalid_utf8(tokenizer):
 
 
 # ------------------------------------------------------------ the stream tokenizer (<eot> marks)
+
 
 @pytest.fixture(scope="module")
 def stream_tokenizer(llama3_tokenizer_path):
@@ -97,7 +101,9 @@ def test_an_invalid_byte_without_a_token_is_refused_like_the_dump(llama3_tokeniz
 
     spec = json.loads(open(llama3_tokenizer_path, encoding="utf-8").read())
     del spec["model"]["vocab"]["ÿ"]  # byte 0xFF: never valid UTF-8; some vocabularies (SmolLM2) lack it
-    spec["model"]["merges"] = [m for m in spec["model"]["merges"] if "ÿ" not in (m if isinstance(m, str) else " ".join(m))]
+    spec["model"]["merges"] = [
+        m for m in spec["model"]["merges"] if "ÿ" not in (m if isinstance(m, str) else " ".join(m))
+    ]
     teacher = TeacherTokens(json.dumps(spec))
     assert teacher.pieces(b"ok \xfe") == [b"ok", b" ", b"\xfe"]
     with pytest.raises(ValueError, match="no token for the byte 0xFF"):
