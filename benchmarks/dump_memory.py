@@ -118,7 +118,8 @@ def main() -> None:
             )
         )
         print(
-            f"random Llama (hidden 64) over the Llama-3 vocabulary, CPU, 1 thread, --head-rows {head_rows}; settings / {args.scale}"
+            f"random Llama (hidden 64) over the Llama-3 vocabulary, CPU, 1 thread, --head-rows {head_rows}; "
+            f"settings / {args.scale}"
         )
         print(f"{'run':<40}{'text bytes':>12}{'tokens':>10}{'seconds':>9}{'peak RSS':>12}")
         peaks = []
