@@ -97,7 +97,8 @@ def _record_text(record: dict, text_field: str, where: str) -> bytes:
         return value.encode("utf-8")
     except UnicodeEncodeError as exc:  # a lone surrogate such as "\ud800": valid JSON, not text
         raise UserError(
-            f"{where}: field {text_field!r} holds a lone surrogate ({value[exc.start]!r} at character {exc.start}), which is not text"
+            f"{where}: field {text_field!r} holds a lone surrogate ({value[exc.start]!r} at character {exc.start}), "
+            "which is not text"
         ) from None
 
 
