@@ -89,33 +89,39 @@ class DumpConfig:
     stride: int = field(
         default=512,
         metadata={
-            "help": "overlap between windows: every prediction sees at least this many earlier tokens of its document (or all of them)"
+            "help": "overlap between windows: every prediction sees at least this many earlier tokens of its document "
+            "(or all of them)"
         },
     )
     batch_tokens: int = field(default=8192, metadata={"help": "padded tokens per teacher forward batch"})
     group_tokens: int = field(
         default=32768,
         metadata={
-            "help": "tokens read and ordered by length together (their converted values wait for their documents to be complete)"
+            "help": "tokens read and ordered by length together "
+            "(their converted values wait for their documents to be complete)"
         },
     )
     head_rows: int = field(
         default=1024,
         metadata={
-            "help": "teacher rows whose float32 logits exist at once: the LM head and the conversion run in chunks of this many rows (the logits' memory, independent of batch, group and document size)"
+            "help": "teacher rows whose float32 logits exist at once: the LM head and the conversion run in chunks "
+            "of this many rows (the logits' memory, independent of batch, group and document size)"
         },
     )
     conversion: str = field(
         default="auto",
         metadata={
-            "help": "auto: on the device next to the forward on CUDA, Numba in a background thread on CPU; torch: the device path on any device (as CUDA runs it)",
+            "help": "auto: on the device next to the forward on CUDA, Numba in a background thread on CPU; "
+            "torch: the device path on any device (as CUDA runs it)",
             "choices": ["auto", "numba", "torch"],
         },
     )
     writers: int | None = field(
         default=None,
         metadata={
-            "help": "fixed number of store writers the documents are dealt to, recorded in the store (default: the store's own on resume, else processes × --num-shards); any number of processes up to it can resume"
+            "help": "fixed number of store writers the documents are dealt to, recorded in the store "
+            "(default: the store's own on resume, else processes × --num-shards); "
+            "any number of processes up to it can resume"
         },
     )
     device: str = field(default="auto", metadata={"help": "cpu, cuda, cuda:N or auto (the accelerate device)"})
@@ -172,12 +178,14 @@ class DumpSummary:
         store = f"{self.store_bytes:,} bytes in shards ({self.bytes_per_text_byte:.2f} per text byte)"
         if not self.documents:
             return [
-                f"documents           0 (+{self.skipped_existing:,} already stored, {self.empty_skipped:,} empty skipped): nothing left to dump",
+                f"documents           0 (+{self.skipped_existing:,} already stored, "
+                f"{self.empty_skipped:,} empty skipped): nothing left to dump",
                 f"store size          {store}",
             ]
         mean_dropped = self.dropped_mass_sum / max(self.teacher_rows, 1)
         return [
-            f"documents           {self.documents:,} (+{self.skipped_existing:,} already stored, {self.empty_skipped:,} empty skipped)",
+            f"documents           {self.documents:,} (+{self.skipped_existing:,} already stored, "
+            f"{self.empty_skipped:,} empty skipped)",
             f"text bytes          {self.text_bytes:,}",
             f"teacher tokens      {self.tokens:,}",
             f"stream positions    {self.positions:,}",
