@@ -59,13 +59,15 @@ def inspect(config: InspectConfig) -> int:
         f"tokens:          {stats['tokens']:,}",
         f"shards/chunks:   {stats['shards']} / {stats['chunks']}",
         f"size on disk:    {_human(stats['size_on_disk'])} ({stats['size_on_disk']:,} bytes)",
-        f"bytes/text byte: {bpb:.2f} ({stats['shard_bytes_per_text_byte']:.2f} in shards, without the one-off vocabulary file)"
+        f"bytes/text byte: {bpb:.2f} "
+        f"({stats['shard_bytes_per_text_byte']:.2f} in shards, without the one-off vocabulary file)"
         if bpb is not None
         else "bytes/text byte: n/a",
     ]
     if stats["unfinished_writers"]:
         lines.append(
-            f"unfinished:      writers {stats['unfinished_writers']} have no completion record (still writing, or stopped)"
+            f"unfinished:      writers {stats['unfinished_writers']} have no completion record "
+            "(still writing, or stopped)"
         )
     print("\n".join(lines))
     return 0
