@@ -119,7 +119,8 @@ def clear_previous_export(output: Path) -> None:
     others = sorted(p.name for p in output.iterdir() if not p.name.startswith("."))
     if others:
         raise UserError(
-            f"{output} is not empty and not a bytedistill export (it holds {', '.join(others[:3])}); give an empty folder"
+            f"{output} is not empty and not a bytedistill export (it holds {', '.join(others[:3])}); "
+            "give an empty folder"
         )
 
 
@@ -282,7 +283,11 @@ that were never trained. `bytedistill generate` and `bytedistill score` slide a 
 
 ## Evaluation with lm-evaluation-harness
 
-`lm_eval --model hf --model_args pretrained={repo_id or "your-name/byte-student"},trust_remote_code=True --tasks wikitext`
-(`bits_per_byte` of rolling-loglikelihood tasks matches `bytedistill score`).
+```bash
+lm_eval --model hf --tasks wikitext \\
+    --model_args pretrained={repo_id or "your-name/byte-student"},trust_remote_code=True
+```
+
+`bits_per_byte` of rolling-loglikelihood tasks matches `bytedistill score`.
 """
     return ModelCard(f"---\n{metadata.to_yaml()}\n---\n\n{body}")
