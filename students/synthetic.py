@@ -3,8 +3,8 @@
 The "teacher" is a fixed random bigram model over the 260-symbol alphabet (some transitions
 have probability exactly 0, ``<pad>`` never follows anything). :class:`BigramStreamDataset`
 yields the same dicts as ``logit_store.dataset.PackedStreamDataset``, so the trainer runs on it
-unchanged (and resumes it the same way); ``SYNTHETIC_SOURCE`` plugs it into :func:`students.trainer.train`. The store "paths"
-only pick the sample: a different name gives different sequences from the same teacher.
+unchanged (and resumes it the same way); ``SYNTHETIC_SOURCE`` plugs it into :func:`students.trainer.train`.
+The store "paths" only pick the sample: a different name gives different sequences from the same teacher.
 """
 
 from __future__ import annotations
