@@ -94,7 +94,8 @@ class TrainConfig:
     eval_bytes: int = field(
         default=1_000_000,
         metadata={
-            "help": "evaluate on the held-out documents, in store order, until their streams reach about this many symbols (0: all)"
+            "help": "evaluate on the held-out documents, in store order, "
+            "until their streams reach about this many symbols (0: all)"
         },
     )
     checkpoint_every: int = field(
