@@ -164,7 +164,8 @@ def test_lm_eval_bits_per_byte_equals_score(exported, tmp_path, monkeypatch):
     ]
     (tmp_path / "docs.jsonl").write_text("\n".join(json.dumps({"text": d}) for d in docs))
     (tmp_path / "local.yaml").write_text(
-        f"task: bytedistill_local\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {tmp_path / 'docs.jsonl'}\n"
+        "task: bytedistill_local\ndataset_path: json\n"
+        f"dataset_kwargs:\n  data_files:\n    test: {tmp_path / 'docs.jsonl'}\n"
         'test_split: test\noutput_type: loglikelihood_rolling\ndoc_to_text: ""\ndoc_to_target: "{{text}}"\n'
         "metric_list:\n  - metric: bits_per_byte\n    aggregation: bits_per_byte\n    higher_is_better: false\n"
     )
