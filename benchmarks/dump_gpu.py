@@ -34,12 +34,20 @@ from distill.teacher import Teacher
 from distill.vocab import load_teacher_tokenizer, vocab_from_tokenizer
 
 SHAPES = {
-    "8b": dict(
-        hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8
-    ),
-    "tiny": dict(
-        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2
-    ),
+    "8b": {
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+    },
+    "tiny": {
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+    },
 }
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "llama3_8b_gpu" / "dump.yaml"
 BATCH_SETTINGS = ("max_length", "stride", "batch_tokens", "group_tokens", "head_rows", "encoding")
