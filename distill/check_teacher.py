@@ -88,8 +88,10 @@ class TeacherCheck:
             f"prefix handling  {prefix}",
             f"output layer     {rows}",
             f"single bytes     {self.byte_note()}",
-            f"sample           {len(SAMPLE)} documents, {sum(map(len, SAMPLE.values())):,} bytes, "
-            f"{self.tokens:,} tokens",
+            (
+                f"sample           {len(SAMPLE)} documents, {sum(map(len, SAMPLE.values())):,} bytes, "
+                f"{self.tokens:,} tokens"
+            ),
             (
                 f"conversion       max relative difference from the brute force {self.conversion_error:.1e} "
                 f"(Numba and torch), identity {self.identity_error:.1e}"
