@@ -178,23 +178,29 @@ class DumpSummary:
         store = f"{self.store_bytes:,} bytes in shards ({self.bytes_per_text_byte:.2f} per text byte)"
         if not self.documents:
             return [
-                f"documents           0 (+{self.skipped_existing:,} already stored, "
-                f"{self.empty_skipped:,} empty skipped): nothing left to dump",
+                (
+                    f"documents           0 (+{self.skipped_existing:,} already stored, "
+                    f"{self.empty_skipped:,} empty skipped): nothing left to dump"
+                ),
                 f"store size          {store}",
             ]
         mean_dropped = self.dropped_mass_sum / max(self.teacher_rows, 1)
         return [
-            f"documents           {self.documents:,} (+{self.skipped_existing:,} already stored, "
-            f"{self.empty_skipped:,} empty skipped)",
+            (
+                f"documents           {self.documents:,} (+{self.skipped_existing:,} already stored, "
+                f"{self.empty_skipped:,} empty skipped)"
+            ),
             f"text bytes          {self.text_bytes:,}",
             f"teacher tokens      {self.tokens:,}",
             f"stream positions    {self.positions:,}",
             f"store size          {store}",
             f"teacher BPB         {self.teacher_bpb:.4f}",
             f"dropped special mass {mean_dropped:.3g} per teacher row (mean)",
-            f"time                {self.seconds:.1f} s after {self.setup_seconds:.1f} s of setup "
-            f"({self.tokens / max(self.seconds, 1e-9):,.0f} tokens/s); "
-            f"{self.outside_forward_seconds / max(self.seconds, 1e-9):.1%} of it outside the teacher forward",
+            (
+                f"time                {self.seconds:.1f} s after {self.setup_seconds:.1f} s of setup "
+                f"({self.tokens / max(self.seconds, 1e-9):,.0f} tokens/s); "
+                f"{self.outside_forward_seconds / max(self.seconds, 1e-9):.1%} of it outside the teacher forward"
+            ),
         ]
 
 
