@@ -284,7 +284,7 @@ def load_teacher_tokenizer(source: str | Path, gguf_file: str | None = None):
 
         try:
             return Tokenizer.from_file(str(path))
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             raise UserError(f"cannot read tokenizer {path}: {str(exc).splitlines()[0]}") from exc
     source, gguf_file = split_gguf_path(source, gguf_file)
     path = Path(source)
@@ -296,7 +296,7 @@ def load_teacher_tokenizer(source: str | Path, gguf_file: str | None = None):
     try:
         kwargs = {"gguf_file": gguf_file} if gguf_file else {}
         tokenizer = AutoTokenizer.from_pretrained(str(path if path.exists() else source), **kwargs)
-    except Exception as exc:  # noqa: BLE001 - transformers raises many types for a bad source
+    except Exception as exc:  # transformers raises many types for a bad source
         raise UserError(f"cannot load a tokenizer from {source}: {str(exc).splitlines()[0]}") from exc
     if not getattr(tokenizer, "is_fast", False):
         raise UserError(f"{source}: only fast (tokenizers-backed) tokenizers are supported")
