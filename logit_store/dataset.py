@@ -28,6 +28,7 @@ batch due next comes first. Resuming costs one chunk per split, at step 10 as at
 from __future__ import annotations
 
 import hashlib
+import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import islice
@@ -236,7 +237,7 @@ class PackedStreamDataset(SplitBatches):
         documents = np.arange(len(self.symbols))
         total = -(-int(self.symbols.sum()) // self.seq_len)
         bounds = [total * g // self.num_splits for g in range(self.num_splits + 1)]
-        return [Split(documents, start * self.seq_len, end - start) for start, end in zip(bounds, bounds[1:])]
+        return [Split(documents, start * self.seq_len, end - start) for start, end in itertools.pairwise(bounds)]
 
     def num_windows(self, split: int) -> int:
         return self.split(split).num_windows
