@@ -29,9 +29,9 @@ from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 from distill.alphabet import BOS, EOS, PAD
 from distill.errors import UserError
 from students import stream_tokenizer
+from students.checkpoints import latest_checkpoint
 from students.stream_tokenizer import TEACHER_TOKENIZER_FILE, TeacherTokens
 from students.tokenizer import build_tokenizer
-from students.checkpoints import latest_checkpoint
 
 EXPORT_RECORD = "bytedistill_export.json"
 REMOTE_CODE_FILE = "tokenization_bytedistill.py"
