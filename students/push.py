@@ -57,7 +57,7 @@ def check_loadable(folder: Path) -> None:
     for name, loader in (("AutoModelForCausalLM", AutoModelForCausalLM), ("AutoTokenizer", AutoTokenizer)):
         try:
             loader.from_pretrained(folder)
-        except Exception as exc:  # noqa: BLE001 - any failure means the folder is not publishable
+        except Exception as exc:  # any failure means the folder is not publishable
             reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise UserError(f"cannot push {folder}: it does not load with {name}: {reason}") from exc
 
