@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from typing import ClassVar
 
 from tokenizers import Tokenizer
 from transformers import PreTrainedTokenizer
@@ -127,8 +128,8 @@ class ByteStreamTokenizer(PreTrainedTokenizer):
     ``skip_special_tokens=True`` and shows invalid UTF-8 as U+FFFD.
     """
 
-    vocab_files_names = {"teacher_tokenizer_file": TEACHER_TOKENIZER_FILE}
-    model_input_names = ["input_ids", "attention_mask"]
+    vocab_files_names: ClassVar[dict[str, str]] = {"teacher_tokenizer_file": TEACHER_TOKENIZER_FILE}
+    model_input_names: ClassVar[list[str]] = ["input_ids", "attention_mask"]
 
     def __init__(self, teacher_tokenizer_file: str | None = None, **kwargs):
         if teacher_tokenizer_file is None:
