@@ -214,7 +214,11 @@ def start_run(config: TrainConfig, source: DataSource) -> tuple[Run, bool]:
     accelerator = _accelerator(config, Path(config.log_dir) if config.log_dir else output_dir / "logs")
     set_seed(config.seed)
     model, optimizer = accelerator.prepare(*_model_and_optimizer(config))
-    common = dict(rank=accelerator.process_index, world_size=accelerator.num_processes, num_workers=config.num_workers)
+    common = {
+        "rank": accelerator.process_index,
+        "world_size": accelerator.num_processes,
+        "num_workers": config.num_workers,
+    }
     train_set = source.build(
         config.train_stores,
         config.seq_len,
