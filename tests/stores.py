@@ -10,7 +10,25 @@ import numpy as np
 from logit_store import StoreWriter
 from tests.conftest import random_logits
 
-WORDS = "in the beginning god created heaven and earth light was good day night waters 🚀 天地 naïve".split()
+WORDS = [
+    "in",
+    "the",
+    "beginning",
+    "god",
+    "created",
+    "heaven",
+    "and",
+    "earth",
+    "light",
+    "was",
+    "good",
+    "day",
+    "night",
+    "waters",
+    "🚀",
+    "天地",
+    "naïve",
+]
 
 
 def random_texts(count: int, seed: int, min_words: int = 4, max_words: int = 40) -> list[bytes]:
