@@ -158,7 +158,7 @@ def test_torch_path_agrees_with_numba(dtype, llama3_encoder, llama3_converter, l
 
 def test_torch_path_small_element_budget(monkeypatch, llama3_encoder, llama3_converter, llama3_vocab):
     """Splitting a document's ranges into many small device batches changes nothing."""
-    import distill.convert_torch as convert_torch
+    from distill import convert_torch
 
     ids = llama3_encoder.encode(SAMPLE_DOCUMENTS["english"])
     logits = random_logits(len(ids) + 1, llama3_vocab.size, seed=11)
