@@ -21,7 +21,7 @@ from tests.launch import cpu_launch
 from tests.teachers import save_tiny_llama3_teacher
 
 DOCUMENTS = {
-    "genesis.txt": "In the beginning God created the heaven and the earth.\nAnd the earth was without form.".encode(),
+    "genesis.txt": b"In the beginning God created the heaven and the earth.\nAnd the earth was without form.",
     "invalid.txt": b"bytes \xff\xfe that are not UTF-8 \xc3( and then some",
     "special.txt": "a literal <|begin_of_text|> and <|end_of_text|> in text 🙂".encode(),
     "empty.txt": b"",
@@ -173,6 +173,7 @@ def test_two_process_accelerate_launch_matches_one_process(teacher_dir, corpus_d
     launch, env = cpu_launch(2)
     proc = subprocess.run(
         launch + ["-m", "distill.cli"] + dump_args(teacher_dir, corpus_dir, double),
+        check=False,
         env=env,
         capture_output=True,
         text=True,
