@@ -102,10 +102,10 @@ def test_model_card_has_metadata_and_snippet_runs(exported, capsys):
         "heldout_bpb_teacher",
         "heldout_kl_bits_per_byte",
     ):
-        assert re.search(rf"^{key}: ", header, re.M), key
-    code = re.search(r"```python\n(.*?)```", card, re.S).group(1)
+        assert re.search(rf"^{key}: ", header, re.MULTILINE), key
+    code = re.search(r"```python\n(.*?)```", card, re.DOTALL).group(1)
     assert 'repo = "me/byte-student"' in code
-    exec(code.replace('"me/byte-student"', repr(str(exported))), {})
+    exec(code.replace('"me/byte-student"', repr(str(exported))), {})  # noqa: S102 - runs the model card's own snippet
     assert capsys.readouterr().out.startswith("The meaning of life is")
 
 
