@@ -8,6 +8,7 @@ import base64
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import ClassVar
 
 import pytest
 from transformers import LlamaForCausalLM
@@ -23,9 +24,9 @@ SECRETS = {".env": "HF_TOKEN=hf_secret", ".git-credentials": "https://me:pw@hf.c
 
 
 class FakeHub(BaseHTTPRequestHandler):
-    requests: list = []
-    commits: list = []
-    tokens: list = []
+    requests: ClassVar[list] = []
+    commits: ClassVar[list] = []
+    tokens: ClassVar[list] = []
 
     def log_message(self, *args):  # keep the test output quiet
         pass
@@ -38,7 +39,7 @@ class FakeHub(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def do_POST(self):  # noqa: N802 - http.server's naming
+    def do_POST(self):  # http.server's naming
         body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
         self.requests.append((self.path, body))
         self.tokens.append(self.headers.get("Authorization"))
