@@ -56,7 +56,7 @@ def test_loss_matches_hand_computation(alpha, temperature):
 def test_gradient_matches_finite_differences(temperature):
     logits, targets, mask, probs = _example()
     logits.requires_grad_(True)
-    func = lambda x: distill_loss(x, targets, mask, probs, alpha=0.6, temperature=temperature).total  # noqa: E731
+    func = lambda x: distill_loss(x, targets, mask, probs, alpha=0.6, temperature=temperature).total
     assert torch.autograd.gradcheck(func, (logits,), eps=1e-6, atol=1e-8)
 
 
