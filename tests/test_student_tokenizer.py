@@ -1,6 +1,7 @@
 """The byte tokenizer: ids are bytes, specials at 256-259, AutoTokenizer loads it, exact round trips."""
 
 import random
+from pathlib import Path
 
 import pytest
 from tokenizers import Tokenizer as _Tokenizer
@@ -99,7 +100,7 @@ def test_a_tokenizer_that_is_not_byte_level_is_refused():
 def test_an_invalid_byte_without_a_token_is_refused_like_the_dump(llama3_tokenizer_path):
     import json
 
-    spec = json.loads(open(llama3_tokenizer_path, encoding="utf-8").read())
+    spec = json.loads(Path(llama3_tokenizer_path).read_text(encoding="utf-8"))
     del spec["model"]["vocab"]["ÿ"]  # byte 0xFF: never valid UTF-8; some vocabularies (SmolLM2) lack it
     spec["model"]["merges"] = [
         m for m in spec["model"]["merges"] if "ÿ" not in (m if isinstance(m, str) else " ".join(m))
