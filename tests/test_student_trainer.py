@@ -14,24 +14,24 @@ from safetensors.torch import load_file
 
 from distill.config import parse_config
 from distill.errors import UserError
-from students.synthetic import SYNTHETIC_SOURCE
 from students.checkpoints import checkpoint_dir, latest_checkpoint
+from students.synthetic import SYNTHETIC_SOURCE
 from students.trainer import TrainConfig, learning_rate, train
 from tests.launch import cpu_launch
 from tests.stores import random_texts, write_random_store
 
-TINY = dict(
-    preset="tiny",
-    hidden_size=32,
-    num_layers=2,
-    num_heads=2,
-    intermediate_size=64,
-    seq_len=16,
-    batch_size=2,
-    progress=False,
-    warmup_steps=2,
-    lr=3e-3,
-)
+TINY = {
+    "preset": "tiny",
+    "hidden_size": 32,
+    "num_layers": 2,
+    "num_heads": 2,
+    "intermediate_size": 64,
+    "seq_len": 16,
+    "batch_size": 2,
+    "progress": False,
+    "warmup_steps": 2,
+    "lr": 3e-3,
+}
 
 
 def _config(out: Path, **overrides) -> TrainConfig:
@@ -42,7 +42,7 @@ def _config(out: Path, **overrides) -> TrainConfig:
 
 def test_resumed_run_equals_uninterrupted_run(tmp_path):
     # 2 micro-batches per step, 16 batches per epoch: step 12 crosses an epoch boundary
-    common = dict(max_steps=12, grad_accum=2)
+    common = {"max_steps": 12, "grad_accum": 2}
     full = train(_config(tmp_path / "full", **common), SYNTHETIC_SOURCE)
     first = train(_config(tmp_path / "parts", stop_at_step=5, **common), SYNTHETIC_SOURCE)
     assert first.step == 5 and latest_checkpoint(tmp_path / "parts").name == "step-00000005"
@@ -113,7 +113,7 @@ def test_two_process_cpu_accelerate_launch(tmp_path):
     )
     launch, env = cpu_launch(2)
     cmd = launch + [str(script)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = tmp_path / "out"
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -197,7 +197,14 @@ def reset_accelerate():
 
 
 def test_bf16_autocast_trains_with_float32_loss(tmp_path, stores, reset_accelerate):
-    common = dict(max_steps=4, grad_accum=1, eval_every=0, num_workers=0, checkpoint_every=0, eval_store=None)
+    common = {
+        "max_steps": 4,
+        "grad_accum": 1,
+        "eval_every": 0,
+        "num_workers": 0,
+        "checkpoint_every": 0,
+        "eval_store": None,
+    }
     exact = train(_store_config(tmp_path / "fp32", stores, **common))
     reset_accelerate()
     mixed = train(_store_config(tmp_path / "bf16", stores, mixed_precision="bf16", **common))
@@ -208,7 +215,7 @@ def test_bf16_autocast_trains_with_float32_loss(tmp_path, stores, reset_accelera
 
 @pytest.mark.slow
 def test_evaluation_is_the_same_with_one_and_two_processes(tmp_path, stores):
-    flags = dict(max_steps=1, checkpoint_every=0, num_workers=0, batch_size=3)
+    flags = {"max_steps": 1, "checkpoint_every": 0, "num_workers": 0, "batch_size": 3}
     train(_store_config(tmp_path / "one", stores, **flags))
     config = _store_config(tmp_path / "two", stores, **flags)
     args = [
@@ -218,7 +225,7 @@ def test_evaluation_is_the_same_with_one_and_two_processes(tmp_path, stores):
     ]
     launch, env = cpu_launch(2)
     cmd = launch + ["-m", "students.train_cli", "--train-stores", stores[0], *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (latest_checkpoint(tmp_path / "two") / "data_position_rank1.json").is_file()  # really two ranks
     one, two = _metrics(tmp_path / "one")[0], _metrics(tmp_path / "two")[0]
