@@ -8,7 +8,7 @@ position the student never trained is run.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -46,12 +46,12 @@ class _NoEmptyToken(LogitsProcessor):
 
 @dataclass
 class GenerateOptions:
-    max_new_bytes: int = 200
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    greedy: bool = False
-    seed: int = 0
+    max_new_bytes: int = field(default=200, metadata={"help": "bytes to generate (<eot> marks not counted)"})
+    temperature: float = field(default=1.0, metadata={"help": "sampling temperature"})
+    top_k: int = field(default=0, metadata={"help": "sample from the k most likely symbols (0: all)"})
+    top_p: float = field(default=1.0, metadata={"help": "nucleus sampling mass"})
+    greedy: bool = field(default=False, metadata={"help": "take the most likely symbol instead of sampling"})
+    seed: int = field(default=0, metadata={"help": "random seed for sampling"})
 
 
 def load_folder(folder: Path):

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import pairwise
 from pathlib import Path
 
@@ -62,13 +62,28 @@ class SourceScore:
 
 @dataclass
 class ScoreOptions:
-    mode: str = "stream"
-    context: int | None = None  # default: the model's trained context (max_position_embeddings)
-    stride: int | None = None  # default: context (non-overlapping windows, as train evaluates)
-    packed: bool = True  # documents back to back, as train evaluates; False: each document on its own
-    batch_size: int = 8
-    text_field: str = "text"
-    progress: bool = True
+    mode: str = field(
+        default="stream",
+        metadata={
+            "help": "stream: the training stream with the teacher's <eot> marks; plain: bytes only; "
+            "plain-renormalised: bytes only, P over bytes + <eos>",
+            "choices": list(MODES),
+        },
+    )
+    context: int | None = field(
+        default=None, metadata={"help": "window length in symbols (default and maximum: the trained context)"}
+    )
+    stride: int | None = field(
+        default=None,
+        metadata={"help": "window step (default: the context, as train evaluates; smaller: more context per position)"},
+    )
+    packed: bool = field(
+        default=True,
+        metadata={"help": "documents back to back as train evaluates (false: each document on its own, as lm-eval)"},
+    )
+    batch_size: int = field(default=8, metadata={"help": "windows per forward pass"})
+    text_field: str = field(default="text", metadata={"help": "field of each .jsonl record holding the text"})
+    progress: bool = field(default=True, metadata={"help": "show a progress bar"})
 
 
 # ------------------------------------------------------------------------------ documents
