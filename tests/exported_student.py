@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from distill.cli import main as bytedistill
-from tests.teachers import save_tiny_llama3_teacher
+from tests.teachers import dump_args, save_tiny_llama3_teacher
 
 TRAIN = [
     "In the beginning God created the heaven and the earth.\nAnd the earth was without form, and void.",
@@ -45,20 +45,8 @@ def build(root: Path) -> Exported:
     texts.mkdir()
     for i, data in enumerate([t.encode() for t in HELDOUT] + HELDOUT_BYTES):
         (texts / f"doc{i}.txt").write_bytes(data)
-    common = [
-        "--teacher",
-        str(teacher),
-        "--max-length",
-        "64",
-        "--stride",
-        "16",
-        "--batch-tokens",
-        "256",
-        "--progress",
-        "false",
-    ]
     for corpus, store in ((root / "train.jsonl", root / "store/train"), (texts, root / "store/heldout")):
-        assert bytedistill(["dump", *common, "--corpus", str(corpus), "--output", str(store)]) == 0
+        assert bytedistill(dump_args(teacher, corpus, store)) == 0
     run = root / "student"
     assert (
         bytedistill(

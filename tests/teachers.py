@@ -143,3 +143,9 @@ def save_tiny_teacher(folder: Path, tokenizer, vocab_size: int, seed: int = 0, *
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+def dump_args(teacher, corpus, output, *extra) -> list[str]:
+    """``bytedistill dump`` of ``corpus`` with a tiny teacher: short windows, no progress bar."""
+    small = ["--max-length", "64", "--stride", "16", "--batch-tokens", "256", "--progress", "false"]
+    return ["dump", "--teacher", str(teacher), "--corpus", str(corpus), "--output", str(output), *small, *extra]

@@ -18,7 +18,7 @@ from distill.cli import main as cli_main
 from distill.windows import plan_windows
 from logit_store.store import LogitStore, store_content_hash
 from tests.launch import cpu_launch
-from tests.teachers import save_tiny_llama3_teacher
+from tests.teachers import dump_args, save_tiny_llama3_teacher
 
 DOCUMENTS = {
     "genesis.txt": b"In the beginning God created the heaven and the earth.\nAnd the earth was without form.",
@@ -40,27 +40,6 @@ def corpus_dir(tmp_path_factory) -> Path:
     for name, data in DOCUMENTS.items():
         (folder / name).write_bytes(data)
     return folder
-
-
-def dump_args(teacher, corpus, output, *extra) -> list[str]:
-    return [
-        "dump",
-        "--teacher",
-        str(teacher),
-        "--corpus",
-        str(corpus),
-        "--output",
-        str(output),
-        "--max-length",
-        "64",
-        "--stride",
-        "16",
-        "--batch-tokens",
-        "256",
-        "--progress",
-        "false",
-        *extra,
-    ]
 
 
 def teacher_token_nll(model, token_ids: np.ndarray, prefix: int, end_of_text, special, max_length, stride) -> float:
@@ -118,29 +97,34 @@ def test_stream_nll_equals_teacher_token_nll(encoding, rel, conversion, teacher_
     assert len(plan_windows(len(store.document(list(texts).index("long.txt")).token_ids), 1, 64, 16)) > 1
 
 
+# small windows and groups: a dump of lorem_corpus writes many shards, so it can be killed midway
+KILLABLE = [
+    "--max-length",
+    "64",
+    "--stride",
+    "16",
+    "--batch-tokens",
+    "64",
+    "--group-tokens",
+    "64",
+    "--progress",
+    "false",
+]
+
+
+def lorem_corpus(folder: Path, count: int) -> Path:
+    """``count`` text documents of growing length."""
+    folder.mkdir()
+    for i in range(count):
+        (folder / f"doc{i:02d}.txt").write_bytes(f"Document {i}: ".encode() + b"lorem ipsum dolor sit amet " * (5 + i))
+    return folder
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("conversion", ["numba", "torch"])
 def test_killed_dump_resumes_to_the_same_store(conversion, teacher_dir, tmp_path):
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    for i in range(24):
-        (corpus / f"doc{i:02d}.txt").write_bytes(f"Document {i}: ".encode() + b"lorem ipsum dolor sit amet " * (5 + i))
-    args = [
-        "--max-length",
-        "64",
-        "--stride",
-        "16",
-        "--batch-tokens",
-        "64",
-        "--group-tokens",
-        "64",
-        "--docs-per-shard",
-        "2",
-        "--conversion",
-        conversion,
-        "--progress",
-        "false",
-    ]
+    corpus = lorem_corpus(tmp_path / "corpus", 24)
+    args = [*KILLABLE, "--docs-per-shard", "2", "--conversion", conversion]
     command = [sys.executable, "-m", "distill.cli", "dump", "--teacher", str(teacher_dir), "--corpus", str(corpus)]
 
     whole = tmp_path / "whole"
@@ -376,26 +360,8 @@ def test_killed_two_process_dump_resumes_with_one_or_three(teacher_dir, tmp_path
     job or by 3, hold every document exactly once — the same store as one uninterrupted run."""
     import shutil
 
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    for i in range(30):
-        (corpus / f"doc{i:02d}.txt").write_bytes(f"Document {i}: ".encode() + b"lorem ipsum dolor sit amet " * (5 + i))
-    args = [
-        "--max-length",
-        "64",
-        "--stride",
-        "16",
-        "--batch-tokens",
-        "64",
-        "--group-tokens",
-        "64",
-        "--docs-per-shard",
-        "1",
-        "--writers",
-        "6",
-        "--progress",
-        "false",
-    ]
+    corpus = lorem_corpus(tmp_path / "corpus", 30)
+    args = [*KILLABLE, "--docs-per-shard", "1", "--writers", "6"]
 
     def command(output, jobs, index):
         return [

@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from distill.cli import main as bytedistill
 from logit_store.store import LogitStore
-from tests.teachers import save_tiny_llama3_teacher
+from tests.teachers import dump_args, save_tiny_llama3_teacher
 
 TRAIN = [
     "In the beginning God created the heaven and the earth.",
@@ -25,24 +25,7 @@ def test_dump_train_export_generate_push(tmp_path, llama3_tokenizer_path, capsys
     teacher = save_tiny_llama3_teacher(tmp_path / "teacher", llama3_tokenizer_path)
     for name, docs in (("train", TRAIN), ("heldout", HELDOUT)):
         (tmp_path / f"{name}.jsonl").write_text("\n".join(json.dumps({"text": d}) for d in docs))
-        args = [
-            "dump",
-            "--teacher",
-            str(teacher),
-            "--corpus",
-            str(tmp_path / f"{name}.jsonl"),
-            "--output",
-            str(tmp_path / "store" / name),
-            "--max-length",
-            "64",
-            "--stride",
-            "16",
-            "--batch-tokens",
-            "256",
-            "--progress",
-            "false",
-        ]
-        assert bytedistill(args) == 0
+        assert bytedistill(dump_args(teacher, tmp_path / f"{name}.jsonl", tmp_path / "store" / name)) == 0
         assert bytedistill(["verify", str(tmp_path / "store" / name)]) == 0
     assert len(LogitStore(tmp_path / "store/train")) == len(TRAIN)
 
