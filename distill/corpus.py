@@ -51,7 +51,6 @@ class CorpusCounts:
     documents: int = 0
     bytes: int = 0
     empty_skipped: int = 0
-    heldout_skipped: int = 0
 
 
 def _suffix(path: Path) -> str:
@@ -222,7 +221,6 @@ def select_documents(spec: CorpusSpec, counts: CorpusCounts | None = None) -> It
         if spec.max_bytes is not None and counts.bytes >= spec.max_bytes:
             return
         if spec.subset != "all" and in_heldout(data, spec.heldout_fraction) != (spec.subset == "heldout"):
-            counts.heldout_skipped += 1
             continue
         if not data:
             counts.empty_skipped += 1

@@ -104,10 +104,6 @@ class ShardFile:
     def num_docs(self) -> int:
         return len(self.docs)
 
-    @property
-    def bytes_written(self) -> int:
-        return self._offset
-
     def write_chunk(self, docs: list[EncodedDocument]) -> None:
         raw = build_chunk(docs, self.encoding, FORMAT_VERSION)
         if len(raw) > MAX_CHUNK_RAW:

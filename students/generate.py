@@ -85,9 +85,3 @@ def generate_bytes(model, tokenizer, prompt: str, options: GenerateOptions) -> b
         symbols += new
         produced += sum(1 for s in new if s < NUM_BYTES)
     return decode_bytes(symbols[prompt_len:])[: options.max_new_bytes]
-
-
-def generate_text(folder: Path, prompt: str, options: GenerateOptions | None = None) -> str:
-    """The continuation of ``prompt`` as text (invalid UTF-8 shown as U+FFFD)."""
-    model, tokenizer = load_folder(folder)
-    return generate_bytes(model, tokenizer, prompt, options or GenerateOptions()).decode("utf-8", errors="replace")

@@ -30,7 +30,6 @@ SEQ_LEN = 32
 class Exported:
     teacher: Path
     heldout_store: Path
-    heldout_texts: Path
     run: Path
     folder: Path
 
@@ -88,4 +87,4 @@ def build(root: Path) -> Exported:
     )
     folder = root / "model"
     assert bytedistill(["export", str(run), str(folder), "--teacher", "tiny-llama3"]) == 0
-    return Exported(teacher, root / "store/heldout", texts, run, folder)
+    return Exported(teacher, root / "store/heldout", run, folder)
