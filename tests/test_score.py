@@ -169,23 +169,20 @@ def test_lm_eval_bits_per_byte_equals_score(exported, tmp_path, monkeypatch):
         'test_split: test\noutput_type: loglikelihood_rolling\ndoc_to_text: ""\ndoc_to_target: "{{text}}"\n'
         "metric_list:\n  - metric: bits_per_byte\n    aggregation: bits_per_byte\n    higher_is_better: false\n"
     )
-    results = lm_eval.simple_evaluate(
-        model="hf",
-        model_args=f"pretrained={exported.folder},trust_remote_code=True",
-        tasks=["bytedistill_local"],
-        task_manager=TaskManager(include_path=str(tmp_path)),
-        batch_size=4,
-        device="cpu",
-    )
-    harness = results["results"]["bytedistill_local"]["bits_per_byte,none"]
+
+    def harness_bpb(model_args: str) -> float:
+        results = lm_eval.simple_evaluate(
+            model="hf",
+            model_args=model_args,
+            tasks=["bytedistill_local"],
+            task_manager=TaskManager(include_path=str(tmp_path)),
+            batch_size=4,
+            device="cpu",
+        )
+        return results["results"]["bytedistill_local"]["bits_per_byte,none"]
+
+    harness = harness_bpb(f"pretrained={exported.folder},trust_remote_code=True")
     ours = score(exported.folder, [tmp_path / "docs.jsonl"], ScoreOptions(packed=False, progress=False))[-1]
     assert harness == pytest.approx(ours.student_bpb, rel=0.01)
-    plain = lm_eval.simple_evaluate(
-        model="hf",
-        model_args=f"pretrained={exported.folder}",
-        tasks=["bytedistill_local"],
-        task_manager=TaskManager(include_path=str(tmp_path)),
-        batch_size=4,
-        device="cpu",
-    )["results"]["bytedistill_local"]["bits_per_byte,none"]
+    plain = harness_bpb(f"pretrained={exported.folder}")
     assert plain != pytest.approx(ours.student_bpb, rel=0.01)  # without remote code: plain bytes, another number
