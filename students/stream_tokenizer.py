@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import os
 import re
-from typing import ClassVar
 
 from tokenizers import Tokenizer
 from transformers import PreTrainedTokenizer
@@ -128,8 +127,9 @@ class ByteStreamTokenizer(PreTrainedTokenizer):
     ``skip_special_tokens=True`` and shows invalid UTF-8 as U+FFFD.
     """
 
-    vocab_files_names: ClassVar[dict[str, str]] = {"teacher_tokenizer_file": TEACHER_TOKENIZER_FILE}
-    model_input_names: ClassVar[list[str]] = ["input_ids", "attention_mask"]
+    # transformers reads these class attributes; ClassVar would need one more import in the shipped file
+    vocab_files_names = {"teacher_tokenizer_file": TEACHER_TOKENIZER_FILE}  # noqa: RUF012
+    model_input_names = ["input_ids", "attention_mask"]  # noqa: RUF012
 
     def __init__(self, teacher_tokenizer_file: str | None = None, **kwargs):
         if teacher_tokenizer_file is None:
