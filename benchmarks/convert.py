@@ -67,7 +67,9 @@ def main() -> None:
     t_floor = min(t_floor, best_of(lambda: torch.softmax(logits_t, dim=-1), args.repeats))
     bytes_per_token = len(vocab.bytes_of(ids)) / len(ids)
 
-    print(f"Llama-3 vocabulary: V = {vocab.size:,}; {len(ids)} KJV tokens ({bytes_per_token:.2f} bytes/token), one thread")
+    print(
+        f"Llama-3 vocabulary: V = {vocab.size:,}; {len(ids)} KJV tokens ({bytes_per_token:.2f} bytes/token), one thread"
+    )
     print(f"{'what':<46}{'time':>12}{'tokens/s':>14}")
     print(f"{'trie build (first call, incl. JIT cache)':<46}{first_build:>11.3f}s{'':>14}")
     print(f"{'trie build (warm)':<46}{build:>11.3f}s{'':>14}")

@@ -62,8 +62,10 @@ def main() -> None:
     for name, value in rows:
         print(f"{name:<40}{value:>16}")
     print(f"share outside the forward = {s.outside_forward_seconds / s.seconds:.1%} (goal <= 10%)")
-    print(f"conversion+encoding+writing, had it not overlapped the forward = "
-          f"{s.convert_write_seconds / (s.forward_seconds + s.convert_write_seconds):.1%} of the pass")
+    print(
+        f"conversion+encoding+writing, had it not overlapped the forward = "
+        f"{s.convert_write_seconds / (s.forward_seconds + s.convert_write_seconds):.1%} of the pass"
+    )
 
 
 if __name__ == "__main__":

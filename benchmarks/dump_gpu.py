@@ -34,8 +34,20 @@ from distill.teacher import Teacher
 from distill.vocab import load_teacher_tokenizer, vocab_from_tokenizer
 
 SHAPES = {
-    "8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8),
-    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2),
+    "8b": {
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+    },
+    "tiny": {
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+    },
 }
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "llama3_8b_gpu" / "dump.yaml"
 BATCH_SETTINGS = ("max_length", "stride", "batch_tokens", "group_tokens", "head_rows", "encoding")
@@ -45,11 +57,21 @@ def random_teacher(shape: str, device: torch.device) -> Teacher:
     tokenizer = load_teacher_tokenizer(str(llama3_tokenizer_json()))
     vocab = vocab_from_tokenizer(tokenizer, name="llama3")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    config = LlamaConfig(vocab_size=vocab.size, max_position_embeddings=8192, tie_word_embeddings=False, **SHAPES[shape])
+    config = LlamaConfig(
+        vocab_size=vocab.size, max_position_embeddings=8192, tie_word_embeddings=False, **SHAPES[shape]
+    )
     torch.manual_seed(0)
     with torch.device(device):
         model = LlamaForCausalLM(config).to(dtype).eval()
-    return Teacher(model, model.get_output_embeddings(), tokenizer, vocab, name=f"random-llama3-{shape}", device=device, dtype=dtype)
+    return Teacher(
+        model,
+        model.get_output_embeddings(),
+        tokenizer,
+        vocab,
+        name=f"random-llama3-{shape}",
+        device=device,
+        dtype=dtype,
+    )
 
 
 def write_corpus(path: Path, text_bytes: int) -> None:
@@ -83,8 +105,11 @@ def main() -> None:
     parser.add_argument("--device", default="cuda", help="torch device")
     parser.add_argument("--tokens", type=int, default=400_000, help="about this many teacher tokens of KJV text")
     for name in BATCH_SETTINGS:
-        parser.add_argument(f"--{name.replace('_', '-')}", type=type(DumpConfig.__dataclass_fields__[name].default),
-                            help=f"override {name} of {EXAMPLE.name}")
+        parser.add_argument(
+            f"--{name.replace('_', '-')}",
+            type=type(DumpConfig.__dataclass_fields__[name].default),
+            help=f"override {name} of {EXAMPLE.name}",
+        )
     args = parser.parse_args()
     example = yaml.safe_load(EXAMPLE.read_text())
     settings = {k: getattr(args, k) if getattr(args, k) is not None else example[k] for k in BATCH_SETTINGS}
@@ -93,22 +118,38 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         write_corpus(tmp / "kjv.jsonl", 4 * args.tokens)
-        warm = DumpConfig(teacher=teacher.name, corpus=str(tmp / "kjv.jsonl"), output=str(tmp / "warm"), max_docs=2, progress=False, **settings)
+        warm = DumpConfig(
+            teacher=teacher.name,
+            corpus=str(tmp / "kjv.jsonl"),
+            output=str(tmp / "warm"),
+            max_docs=2,
+            progress=False,
+            **settings,
+        )
         dump_with_teacher(warm, teacher)  # compiles kernels, builds the device tables
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         start = time.perf_counter()
-        config = DumpConfig(teacher=teacher.name, corpus=str(tmp / "kjv.jsonl"), output=str(tmp / "store"), progress=False, **settings)
+        config = DumpConfig(
+            teacher=teacher.name, corpus=str(tmp / "kjv.jsonl"), output=str(tmp / "store"), progress=False, **settings
+        )
         s = dump_with_teacher(config, teacher)
         wall = time.perf_counter() - start
         peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
-    terms = dump_memory.memory_terms(teacher, batch_tokens=settings["batch_tokens"], max_length=settings["max_length"],
-                                     head_rows=settings["head_rows"], group_tokens=settings["group_tokens"],
-                                     device_conversion=device.type == "cuda")
+    terms = dump_memory.memory_terms(
+        teacher,
+        batch_tokens=settings["batch_tokens"],
+        max_length=settings["max_length"],
+        head_rows=settings["head_rows"],
+        group_tokens=settings["group_tokens"],
+        device_conversion=device.type == "cuda",
+    )
     formula = sum(t.bytes for t in terms if t.on_device)
     difference, deterministic = conversion_difference(teacher, kjv_chapters()[0][1], settings["max_length"])
-    print(f"random Llama-3 {args.shape} teacher ({teacher.dtype} trunk, float32 head) on {device}; "
-          + ", ".join(f"{k} {v}" for k, v in settings.items()))
+    print(
+        f"random Llama-3 {args.shape} teacher ({teacher.dtype} trunk, float32 head) on {device}; "
+        + ", ".join(f"{k} {v}" for k, v in settings.items())
+    )
     rows = [
         ("documents", f"{s.documents:,}"),
         ("teacher tokens", f"{s.tokens:,}"),
@@ -125,8 +166,10 @@ def main() -> None:
     ]
     for name, value in rows:
         print(f"{name:<36}{value:>32}")
-    print(f"share outside the forward = {s.outside_forward_seconds / s.seconds:.1%} (goal <= 5%); "
-          f"{s.tokens / s.seconds:,.0f} tokens/s")
+    print(
+        f"share outside the forward = {s.outside_forward_seconds / s.seconds:.1%} (goal <= 5%); "
+        f"{s.tokens / s.seconds:,.0f} tokens/s"
+    )
 
 
 if __name__ == "__main__":

@@ -33,9 +33,18 @@ HEAD_ROWS = 1024
 
 def save_teacher(folder: Path) -> None:
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=128_256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
-                         bos_token_id=128_000, eos_token_id=128_001, tie_word_embeddings=False)
+    config = LlamaConfig(
+        vocab_size=128_256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        bos_token_id=128_000,
+        eos_token_id=128_001,
+        tie_word_embeddings=False,
+    )
     LlamaForCausalLM(config).save_pretrained(folder)
 
 
@@ -56,9 +65,19 @@ def write_corpus(path: Path, target_bytes: int, long_document: int = 0) -> int:
 
 
 def child(args) -> None:
-    config = DumpConfig(teacher=args.teacher, tokenizer=str(llama3_tokenizer_json()), corpus=args.corpus,
-                        output=args.output, group_tokens=args.group_tokens, head_rows=args.head_rows,
-                        batch_tokens=2048, max_length=512, stride=128, threads=1, progress=False)
+    config = DumpConfig(
+        teacher=args.teacher,
+        tokenizer=str(llama3_tokenizer_json()),
+        corpus=args.corpus,
+        output=args.output,
+        group_tokens=args.group_tokens,
+        head_rows=args.head_rows,
+        batch_tokens=2048,
+        max_length=512,
+        stride=128,
+        threads=1,
+        progress=False,
+    )
     s = run_dump(config)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     print(json.dumps({"peak": peak, "tokens": s.tokens, "seconds": s.seconds}))
@@ -66,7 +85,9 @@ def child(args) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--scale", type=int, default=64, help="divide group sizes, document length and --head-rows by this")
+    parser.add_argument(
+        "--scale", type=int, default=64, help="divide group sizes, document length and --head-rows by this"
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     for name in ("teacher", "corpus", "output"):
         parser.add_argument(f"--{name}", help=argparse.SUPPRESS)
@@ -82,20 +103,49 @@ def main() -> None:
         save_teacher(tmp / "teacher")
         base_bytes = 4 * GROUPS[-1] // args.scale  # about one largest group of tokens
         base = write_corpus(tmp / "base.jsonl", base_bytes)
-        long = write_corpus(tmp / "long.jsonl", 10 * base_bytes - LONG_DOCUMENT // args.scale, LONG_DOCUMENT // args.scale)
-        runs = [(f"group {g // 1024}k tokens / {args.scale}", tmp / "base.jsonl", base, g // args.scale) for g in GROUPS]
-        runs.append((f"10x corpus + {LONG_DOCUMENT // args.scale // 1000} KB document", tmp / "long.jsonl", long, GROUPS[0] // args.scale))
-        print(f"random Llama (hidden 64) over the Llama-3 vocabulary, CPU, 1 thread, --head-rows {head_rows}; settings / {args.scale}")
+        long = write_corpus(
+            tmp / "long.jsonl", 10 * base_bytes - LONG_DOCUMENT // args.scale, LONG_DOCUMENT // args.scale
+        )
+        runs = [
+            (f"group {g // 1024}k tokens / {args.scale}", tmp / "base.jsonl", base, g // args.scale) for g in GROUPS
+        ]
+        runs.append(
+            (
+                f"10x corpus + {LONG_DOCUMENT // args.scale // 1000} KB document",
+                tmp / "long.jsonl",
+                long,
+                GROUPS[0] // args.scale,
+            )
+        )
+        print(
+            f"random Llama (hidden 64) over the Llama-3 vocabulary, CPU, 1 thread, --head-rows {head_rows}; "
+            f"settings / {args.scale}"
+        )
         print(f"{'run':<40}{'text bytes':>12}{'tokens':>10}{'seconds':>9}{'peak RSS':>12}")
         peaks = []
         for n, (name, corpus, size, group) in enumerate(runs):
-            command = [sys.executable, "-m", "benchmarks.dump_memory", "--child", "--teacher", str(tmp / "teacher"),
-                       "--corpus", str(corpus), "--output", str(tmp / f"store{n}"), "--group-tokens", str(group),
-                       "--head-rows", str(head_rows)]
+            command = [
+                sys.executable,
+                "-m",
+                "benchmarks.dump_memory",
+                "--child",
+                "--teacher",
+                str(tmp / "teacher"),
+                "--corpus",
+                str(corpus),
+                "--output",
+                str(tmp / f"store{n}"),
+                "--group-tokens",
+                str(group),
+                "--head-rows",
+                str(head_rows),
+            ]
             proc = subprocess.run(command, capture_output=True, text=True, check=True)
             result = json.loads(proc.stdout.strip().splitlines()[-1])
             peaks.append(result["peak"])
-            print(f"{name:<40}{size:>12,}{result['tokens']:>10,}{result['seconds']:>9.1f}{result['peak'] / 1e6:>9.0f} MB")
+            print(
+                f"{name:<40}{size:>12,}{result['tokens']:>10,}{result['seconds']:>9.1f}{result['peak'] / 1e6:>9.0f} MB"
+            )
     print(f"memory growth = {max(peaks) / min(peaks):.3f} (max / min peak RSS; goal <= 1.1)")
 
 

@@ -49,7 +49,9 @@ def documented_path_documents(folder: Path, store_path: Path) -> list[Document]:
 def measure(folder: Path, store: Path) -> tuple[list[tuple[str, float]], int]:
     quiet = {"progress": False}
     stream = score(folder, [store], ScoreOptions(mode="stream", **quiet))[-1]
-    documented = score_documents(load_model(folder), [store], documented_path_documents(folder, store), ScoreOptions(**quiet))[-1]
+    documented = score_documents(
+        load_model(folder), [store], documented_path_documents(folder, store), ScoreOptions(**quiet)
+    )[-1]
     plain = score(folder, [store], ScoreOptions(mode="plain", **quiet))[-1]
     renormalised = score(folder, [store], ScoreOptions(mode="plain-renormalised", **quiet))[-1]
     assert documented.bytes == stream.bytes == plain.bytes, "every row must score the same bytes"
@@ -63,7 +65,12 @@ def measure(folder: Path, store: Path) -> tuple[list[tuple[str, float]], int]:
 
 
 def table(rows: list[tuple[str, float]], store: Path, n_bytes: int) -> str:
-    lines = [f"Held-out store `{store.name}`, {n_bytes:,} text bytes.", "", "| how the text reaches the student | held-out BPB |", "|---|---|"]
+    lines = [
+        f"Held-out store `{store.name}`, {n_bytes:,} text bytes.",
+        "",
+        "| how the text reaches the student | held-out BPB |",
+        "|---|---|",
+    ]
     lines += [f"| {name} | {value:.4f} |" for name, value in rows]
     return "\n".join(lines)
 
@@ -77,16 +84,22 @@ def write_card(folder: Path, text: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("model", nargs="?", type=Path, default=Path("runs/quickstart/model"), help="exported model folder")
-    parser.add_argument("store", nargs="?", type=Path, default=Path("runs/quickstart/store/heldout"), help="held-out logit store")
+    parser.add_argument(
+        "model", nargs="?", type=Path, default=Path("runs/quickstart/model"), help="exported model folder"
+    )
+    parser.add_argument(
+        "store", nargs="?", type=Path, default=Path("runs/quickstart/store/heldout"), help="held-out logit store"
+    )
     parser.add_argument("--write-card", action="store_true", help="put the table into the folder's model card")
     args = parser.parse_args()
     rows, n_bytes = measure(args.model, args.store)
     text = table(rows, args.store, n_bytes)
     print(text)
     stream, documented, plain = rows[1][1], rows[2][1], rows[3][1]
-    print(f"\nsummary: documented path {100 * (documented / stream - 1):+.2f}% vs the stream (goal: within 1%); "
-          f"plain bytes {100 * (plain / stream - 1):+.1f}%")
+    print(
+        f"\nsummary: documented path {100 * (documented / stream - 1):+.2f}% vs the stream (goal: within 1%); "
+        f"plain bytes {100 * (plain / stream - 1):+.1f}%"
+    )
     if args.write_card:
         write_card(args.model, text)
 

@@ -47,10 +47,17 @@ def main() -> None:
         runs = {}
         for alpha in ALPHAS:
             config = TrainConfig(
-                train_stores=[str(store)], output_dir=str(Path(tmp) / f"alpha-{alpha}"), preset=args.preset,
-                seq_len=args.seq_len, batch_size=args.batch_size, max_steps=args.warmup + args.steps, alpha=alpha,
-                num_workers=args.num_workers, progress=False, mixed_precision=args.mixed_precision,
-            )  # fmt: skip
+                train_stores=[str(store)],
+                output_dir=str(Path(tmp) / f"alpha-{alpha}"),
+                preset=args.preset,
+                seq_len=args.seq_len,
+                batch_size=args.batch_size,
+                max_steps=args.warmup + args.steps,
+                alpha=alpha,
+                num_workers=args.num_workers,
+                progress=False,
+                mixed_precision=args.mixed_precision,
+            )
             runs[alpha] = start_run(config, STORE_SOURCE)[0]
         for step in range(args.warmup + args.steps):
             for alpha, run in runs.items():
@@ -60,14 +67,18 @@ def main() -> None:
                     torch.cuda.synchronize()
                 if step >= args.warmup:
                     times[alpha].append(time.perf_counter() - start)
-    print(f"device: {device}; {args.preset} preset, seq {args.seq_len} x batch {args.batch_size}, "
-          f"{args.num_workers} workers, mixed precision {args.mixed_precision}, {args.steps} timed steps each")  # fmt: skip
+    print(
+        f"device: {device}; {args.preset} preset, seq {args.seq_len} x batch {args.batch_size}, "
+        f"{args.num_workers} workers, mixed precision {args.mixed_precision}, {args.steps} timed steps each"
+    )
     print("alpha | median s/step | steps/s | min s/step")
     median = {alpha: statistics.median(t) for alpha, t in times.items()}
     for alpha, t in times.items():
         print(f"{alpha:<5} | {median[alpha]:>13.4f} | {1 / median[alpha]:>7.2f} | {min(t):.4f}")
-    print(f"ratio {median[0.9] / median[0.0]:.2f} (KD time per step / CE time per step, medians; goal <= 1.10 on CPU; "
-          f"device {device}; timed on a shared, loaded machine)")  # fmt: skip
+    print(
+        f"ratio {median[0.9] / median[0.0]:.2f} (KD time per step / CE time per step, medians; goal <= 1.10 on CPU; "
+        f"device {device}; timed on a shared, loaded machine)"
+    )
 
 
 if __name__ == "__main__":

@@ -44,9 +44,27 @@ def benchmark_store(kilobytes: int) -> Path:
             if total >= kilobytes * 1000:
                 break
     print(f"dumping {total:,} bytes of KJV with a tiny random teacher to {store} ...", flush=True)
-    args = ["dump", "--teacher", str(teacher), "--corpus", str(corpus), "--output", str(store), "--max-length", "512",
-            "--stride", "128", "--batch-tokens", "512", "--group-tokens", "2048", "--docs-per-shard", "2",
-            "--progress", "false"]  # fmt: skip
+    args = [
+        "dump",
+        "--teacher",
+        str(teacher),
+        "--corpus",
+        str(corpus),
+        "--output",
+        str(store),
+        "--max-length",
+        "512",
+        "--stride",
+        "128",
+        "--batch-tokens",
+        "512",
+        "--group-tokens",
+        "2048",
+        "--docs-per-shard",
+        "2",
+        "--progress",
+        "false",
+    ]
     if bytedistill(args) != 0:
         raise SystemExit("dump failed")
     return store
@@ -113,8 +131,11 @@ def teacher_rows(store: Path, documents: int = 40) -> dict[str, float]:
         doc = store.document(i)
         exact = densify(doc.layout, doc.values).astype(np.float64)
         half = densify(doc.layout, doc.values).astype(np.float16).astype(np.float64)
-        terms = np.where(exact > 0, exact * (np.log(exact, where=exact > 0, out=np.zeros_like(exact)) -
-                                              np.log(np.maximum(half, 1e-300))), 0.0)  # fmt: skip
+        terms = np.where(
+            exact > 0,
+            exact * (np.log(exact, where=exact > 0, out=np.zeros_like(exact)) - np.log(np.maximum(half, 1e-300))),
+            0.0,
+        )
         kl.append(terms.sum(1) / np.log(2))
         support.append(np.diff(doc.layout.offsets))
     kl, support = np.concatenate(kl), np.concatenate(support)
@@ -132,7 +153,9 @@ def main() -> None:
     store = benchmark_store(args.kilobytes)
     stats = LogitStore(store).stats()
     chunks = stats["chunks"]
-    print(f"store: {stats['documents']} documents, {stats['positions']:,} positions, {chunks} chunks, {stats['encoding']}")
+    print(
+        f"store: {stats['documents']} documents, {stats['positions']:,} positions, {chunks} chunks, {stats['encoding']}"
+    )
 
     print("\nsplits (ranks x workers) | chunk decompressions per epoch | chunks")
     reads = {}
@@ -154,8 +177,10 @@ def main() -> None:
     print(f"sparse float32 + int16 | {sparse:>14.0f} | 0 / 0  (mean support {rows['support']:.1f})")
 
     once = all(n == chunks for n in reads.values())
-    print(f"\nsummary: decompressions per epoch = chunks for every split count: {'yes' if once else 'NO'}; "
-          f"2 workers / 1 worker = {rates[2] / rates[1]:.2f}x (goal >= 1.7x; timed on a shared, loaded 2-core machine)")
+    print(
+        f"\nsummary: decompressions per epoch = chunks for every split count: {'yes' if once else 'NO'}; "
+        f"2 workers / 1 worker = {rates[2] / rates[1]:.2f}x (goal >= 1.7x; timed on a shared, loaded 2-core machine)"
+    )
 
 
 if __name__ == "__main__":

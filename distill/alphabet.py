@@ -8,8 +8,3 @@ PAD = 259  # padding, never a target
 ALPHABET_SIZE = 260
 
 SPECIAL_NAMES = {EOT: "<eot>", BOS: "<bos>", EOS: "<eos>", PAD: "<pad>"}
-
-
-def symbol_name(symbol: int) -> str:
-    """A printable name for one symbol: the special's name or the byte as ``0xNN``."""
-    return SPECIAL_NAMES.get(symbol, f"0x{symbol:02X}")

@@ -39,9 +39,16 @@ TOLERANCE = 1e-9  # relative, float64 brute force against float64 conversion
 
 @dataclass
 class CheckTeacherConfig:
-    teacher: str = field(metadata={"help": "teacher or its tokenizer: model folder, Hub id, tokenizer.json or .gguf file", "positional": True})
+    teacher: str = field(
+        metadata={
+            "help": "teacher or its tokenizer: model folder, Hub id, tokenizer.json or .gguf file",
+            "positional": True,
+        }
+    )
     gguf_file: str | None = field(default=None, metadata={"help": "GGUF file name inside a teacher folder"})
-    end_of_text: list[str] | None = field(default=None, metadata={"help": "end-of-text token(s) (default: the usual names + the tokenizer's eos)"})
+    end_of_text: list[str] | None = field(
+        default=None, metadata={"help": "end-of-text token(s) (default: the usual names + the tokenizer's eos)"}
+    )
     seed: int = field(default=0, metadata={"help": "seed of the random logits for the conversion check"})
 
 
@@ -81,7 +88,10 @@ class TeacherCheck:
             f"prefix handling  {prefix}",
             f"output layer     {rows}",
             f"single bytes     {self.byte_note()}",
-            f"sample           {len(SAMPLE)} documents, {sum(map(len, SAMPLE.values())):,} bytes, {self.tokens:,} tokens",
+            (
+                f"sample           {len(SAMPLE)} documents, {sum(map(len, SAMPLE.values())):,} bytes, "
+                f"{self.tokens:,} tokens"
+            ),
             (
                 f"conversion       max relative difference from the brute force {self.conversion_error:.1e} "
                 f"(Numba and torch), identity {self.identity_error:.1e}"
@@ -217,4 +227,3 @@ class BruteForce:
             q = self._probabilities(logits[0])
             total -= np.log(q[self.regular[self.table[:, 0] == ord(" ")]].sum())
         return float(total)
-

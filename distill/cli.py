@@ -58,7 +58,9 @@ def build_parser() -> ArgumentParser:
     for name, command in COMMANDS.items():
         doc = inspect.getdoc(command) or ""
         sub = config_parser(config_class(command), prog=f"bytedistill {name}", description=doc)
+        own_mode = sub.parser_mode  # add_subcommand gives it the parent's; keep its own (lone values as lists)
         subcommands.add_subcommand(name, sub, help=doc.split("\n\n")[0].rstrip("."))
+        sub.parser_mode = own_mode
     return parser
 
 
@@ -72,6 +74,9 @@ def _without_command_prefix(message: str, name: str | None) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if not argv:
+        build_parser().print_help(sys.stderr)
+        return 2
     name = argv[0] if argv and argv[0] in COMMANDS else None
     prefix = f"bytedistill {name}" if name else "bytedistill"
     try:

@@ -6,7 +6,7 @@ alike: ``lr: 3e-4`` in YAML is a float), refuses unknown keys, reads ``--config 
 wherever they stand) and writes a run's full config with ``--print-config``. Field metadata drives the
 rest: ``help`` (the ``--help`` text), ``choices``, and ``positional`` (an argument without a flag).
 Flags are the field names with dashes (``max_length`` -> ``--max-length``); a file may spell keys
-either way.
+either way, and may give a list field one value without brackets (``train_stores: a`` is ``[a]``).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from argparse import ArgumentError
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
-from jsonargparse import ActionConfigFile, ArgumentParser, Namespace
+from jsonargparse import ActionConfigFile, ArgumentParser, Namespace, get_loader, set_loader
 
 from distill.errors import UserError
 
@@ -63,15 +63,40 @@ def _add_field(parser: ArgumentParser, field: dataclasses.Field, annotation: Any
         parser.add_argument("--" + field.name.replace("_", "-"), default=default, **kwargs)
 
 
+def _scalars_as_lists(loaded: Any, list_keys: frozenset[str]) -> Any:
+    """A loaded config mapping with a lone value under a list field's key made a one-item list."""
+    if not isinstance(loaded, dict):
+        return loaded
+    return {
+        k: [v] if k.replace("-", "_") in list_keys and not isinstance(v, list) and v is not None else v
+        for k, v in loaded.items()
+    }
+
+
+def _yaml_mode(config_cls: type, hints: dict[str, Any]) -> str:
+    """A ``jsonargparse`` parser mode: its YAML loader, but a lone value for a list field is a one-item list."""
+    mode = f"yaml:{config_cls.__module__}.{config_cls.__qualname__}"
+    list_keys = frozenset(f.name for f in dataclasses.fields(config_cls) if _list_item_type(hints[f.name]))
+    yaml_load = get_loader("yaml")
+    set_loader(mode, lambda text: _scalars_as_lists(yaml_load(text), list_keys))
+    return mode
+
+
 def config_parser(config_cls: type, prog: str | None = None, description: str | None = None) -> ArgumentParser:
     """A parser with one argument per field of ``config_cls``, ``--config`` and ``--print-config``."""
-    parser = ArgumentParser(prog=prog, description=description, exit_on_error=False, print_config="--print-config")
+    hints = typing.get_type_hints(config_cls)
+    parser = ArgumentParser(
+        prog=prog,
+        description=description,
+        exit_on_error=False,
+        print_config="--print-config",
+        parser_mode=_yaml_mode(config_cls, hints),
+    )
     parser.add_argument(
         "--config",
         action=ActionConfigFile,
         help="YAML or JSON file with any of the options below (flags win)",
     )
-    hints = typing.get_type_hints(config_cls)
     for field in dataclasses.fields(config_cls):
         _add_field(parser, field, hints[field.name])
     return parser

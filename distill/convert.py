@@ -132,11 +132,24 @@ class Converter:
         t = self.trie
         order, end_of_text, dropped_ids = self.column_tables(columns)
         return _convert_rows(
-            logits, token_ids[first_row : min(stop, len(token_ids))], order, t.node_lo, t.node_hi, t.node_n_exact,
-            t.node_parent, t.child_offsets, t.child_nodes, t.token_node, end_of_text, dropped_ids,
-            layout.position_node[first_position:], layout.offsets[first_position:], values, dropped[first_row:stop],
+            logits,
+            token_ids[first_row : min(stop, len(token_ids))],
+            order,
+            t.node_lo,
+            t.node_hi,
+            t.node_n_exact,
+            t.node_parent,
+            t.child_offsets,
+            t.child_nodes,
+            t.token_node,
+            end_of_text,
+            dropped_ids,
+            layout.position_node[first_position:],
+            layout.offsets[first_position:],
+            values,
+            dropped[first_row:stop],
             np.empty(t.max_depth + 1, np.int64),
-        )  # fmt: skip
+        )
 
     def convert_torch(self, token_ids, logits, columns: str = "teacher") -> DocumentDistributions:
         """Device path: ``logits`` is a (m+1, V) torch tensor on any device; only the support
@@ -227,9 +240,24 @@ def _log_range_mass(g, p, lo, hi, shift):
 
 @numba.njit(cache=True, nogil=True)
 def _convert_rows(
-    logits, token_ids, order, node_lo, node_hi, node_n_exact, node_parent, child_offsets,
-    child_nodes, token_node, end_of_text_ids, dropped_ids, position_node, offsets, values, dropped, path,
-):  # fmt: skip
+    logits,
+    token_ids,
+    order,
+    node_lo,
+    node_hi,
+    node_n_exact,
+    node_parent,
+    child_offsets,
+    child_nodes,
+    token_node,
+    end_of_text_ids,
+    dropped_ids,
+    position_node,
+    offsets,
+    values,
+    dropped,
+    path,
+):
     """Fill ``values`` and ``dropped``; return log M(start node) at the first row (0 at the root)."""
     g = np.empty(len(order), np.float64)  # the row's logits in byte-string order
     p = np.empty(len(order), np.float64)  # exp(g - shift)
@@ -253,7 +281,9 @@ def _convert_rows(
         length = path_to_node(token_node[token_ids[j]], node_parent, path)
         first = _index_on_path(start, path, length)
         for k in range(first + 1, length + 1):
-            _node_values(g, p, path[k], node_lo, node_hi, node_n_exact, child_offsets, child_nodes, values, offsets[pos])  # fmt: skip
+            _node_values(
+                g, p, path[k], node_lo, node_hi, node_n_exact, child_offsets, child_nodes, values, offsets[pos]
+            )
             pos += 1
     return context
 

@@ -42,7 +42,9 @@ class _Segments:
         lengths = np.empty(offsets[-1], dtype=np.int64)
         parent = np.repeat(np.arange(trie.num_nodes), n_children)
         kids = trie.child_nodes
-        lengths[offsets[parent] + np.arange(len(kids)) - trie.child_offsets[parent]] = trie.node_hi[kids] - trie.node_lo[kids]
+        lengths[offsets[parent] + np.arange(len(kids)) - trie.child_offsets[parent]] = (
+            trie.node_hi[kids] - trie.node_lo[kids]
+        )
         exact = np.flatnonzero(trie.node_n_exact > 0)
         lengths[offsets[exact] + n_children[exact]] = trie.node_n_exact[exact]
         return cls(offsets, lengths)
@@ -96,9 +98,10 @@ class TorchConversion:
             part[is_root] = root[torch.from_numpy(root_rows).to(self.device)].reshape(-1)
             inner = np.flatnonzero(node != 0)
             row_of = layout.position_row[q0:q1][inner] - first_row - r0
-            part[~is_root] = torch.cat([torch.zeros(0, dtype=torch.float64, device=self.device)] + [
-                self._inner(block, row_of[k], node[inner[k]]) for k in self._split_by_elements(node[inner])
-            ])
+            part[~is_root] = torch.cat(
+                [torch.zeros(0, dtype=torch.float64, device=self.device)]
+                + [self._inner(block, row_of[k], node[inner[k]]) for k in self._split_by_elements(node[inner])]
+            )
         return values.cpu().numpy(), dropped.cpu().numpy()
 
     def _root(self, block: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -133,12 +136,17 @@ class TorchConversion:
         peak = _finite(torch.segment_reduce(logits, "max", lengths=sizes, unsafe=True))
         p = torch.exp(logits - torch.repeat_interleave(peak, sizes, output_size=len(index)))
         counts = self.segments.count(nodes)
-        masses = torch.segment_reduce(p, "sum", lengths=torch.from_numpy(self.segments.lengths_of(nodes)).to(device), unsafe=True)
+        masses = torch.segment_reduce(
+            p, "sum", lengths=torch.from_numpy(self.segments.lengths_of(nodes)).to(device), unsafe=True
+        )
         counts_t = torch.from_numpy(counts).to(device)
         z = torch.segment_reduce(masses, "sum", lengths=counts_t, unsafe=True)
         total = int(counts.sum())
-        return _normalise(masses, torch.repeat_interleave(z, counts_t, output_size=total),
-                          torch.repeat_interleave(counts_t, counts_t, output_size=total))
+        return _normalise(
+            masses,
+            torch.repeat_interleave(z, counts_t, output_size=total),
+            torch.repeat_interleave(counts_t, counts_t, output_size=total),
+        )
 
     def _split_by_elements(self, nodes: np.ndarray):
         """Index slices of consecutive positions whose ranges hold at most MAX_ELEMENTS elements."""

@@ -51,7 +51,6 @@ class CorpusCounts:
     documents: int = 0
     bytes: int = 0
     empty_skipped: int = 0
-    heldout_skipped: int = 0
 
 
 def _suffix(path: Path) -> str:
@@ -83,7 +82,9 @@ def _text_documents(path: Path, name: str, separator: str | None) -> Iterator[tu
 
 def _record_text(record: dict, text_field: str, where: str) -> bytes:
     if text_field not in record:
-        raise UserError(f"{where}: no field {text_field!r} (fields: {', '.join(sorted(record)) or 'none'}); use --text-field")
+        raise UserError(
+            f"{where}: no field {text_field!r} (fields: {', '.join(sorted(record)) or 'none'}); use --text-field"
+        )
     value = record[text_field]
     if value is None:
         return b""
@@ -95,7 +96,8 @@ def _record_text(record: dict, text_field: str, where: str) -> bytes:
         return value.encode("utf-8")
     except UnicodeEncodeError as exc:  # a lone surrogate such as "\ud800": valid JSON, not text
         raise UserError(
-            f"{where}: field {text_field!r} holds a lone surrogate ({value[exc.start]!r} at character {exc.start}), which is not text"
+            f"{where}: field {text_field!r} holds a lone surrogate ({value[exc.start]!r} at character {exc.start}), "
+            "which is not text"
         ) from None
 
 
@@ -129,7 +131,9 @@ def _parquet_documents(path: Path, name: str, text_field: str) -> Iterator[tuple
     except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for a bad file
         raise UserError(f"{path}: not a readable parquet file ({str(exc).splitlines()[0]})") from None
     if text_field not in table.schema_arrow.names:
-        raise UserError(f"{path}: no column {text_field!r} (columns: {', '.join(table.schema_arrow.names)}); use --text-field")
+        raise UserError(
+            f"{path}: no column {text_field!r} (columns: {', '.join(table.schema_arrow.names)}); use --text-field"
+        )
     row = 0
     for batch in table.iter_batches(columns=[text_field]):
         for value in batch.column(0).to_pylist():
@@ -149,7 +153,9 @@ def _dataset_documents(spec: CorpusSpec, from_disk: bool = False) -> Iterator[tu
         else:
             dataset = datasets.load_dataset(spec.source, spec.config, split=spec.split, streaming=spec.streaming)
     except Exception as exc:  # noqa: BLE001 - datasets raises many types for a bad source
-        raise UserError(f"cannot load dataset {spec.source!r} (split {spec.split!r}): {str(exc).splitlines()[0]}") from None
+        raise UserError(
+            f"cannot load dataset {spec.source!r} (split {spec.split!r}): {str(exc).splitlines()[0]}"
+        ) from None
     name = Path(spec.source).name if from_disk else spec.source  # a key never holds a local path
     for i, record in enumerate(dataset):
         where = f"{spec.source}[{spec.split}][{i}]"
@@ -215,7 +221,6 @@ def select_documents(spec: CorpusSpec, counts: CorpusCounts | None = None) -> It
         if spec.max_bytes is not None and counts.bytes >= spec.max_bytes:
             return
         if spec.subset != "all" and in_heldout(data, spec.heldout_fraction) != (spec.subset == "heldout"):
-            counts.heldout_skipped += 1
             continue
         if not data:
             counts.empty_skipped += 1

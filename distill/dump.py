@@ -47,31 +47,98 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 @dataclass
 class DumpConfig:
     teacher: str = field(metadata={"help": "teacher: a model folder, a Hub id, or a .gguf file"})
-    corpus: str = field(metadata={"help": ".txt/.jsonl/.jsonl.zst/.parquet file or folder, a save_to_disk folder, or a dataset name"})
+    corpus: str = field(
+        metadata={"help": ".txt/.jsonl/.jsonl.zst/.parquet file or folder, a save_to_disk folder, or a dataset name"}
+    )
     output: str = field(metadata={"help": "store directory to write (rerun the same command to resume)"})
-    tokenizer: str | None = field(default=None, metadata={"help": "tokenizer source if not the teacher's own (folder, tokenizer.json, .gguf)"})
+    tokenizer: str | None = field(
+        default=None, metadata={"help": "tokenizer source if not the teacher's own (folder, tokenizer.json, .gguf)"}
+    )
     gguf_file: str | None = field(default=None, metadata={"help": "GGUF file name inside a teacher folder"})
-    end_of_text: list[str] | None = field(default=None, metadata={"help": "end-of-text token(s) whose mass becomes <eos> (default: the usual names + the tokenizer's eos)"})
-    text_field: str = field(default="text", metadata={"help": "record field holding the text (jsonl, parquet, datasets)"})
-    separator: str | None = field(default=None, metadata={"help": "split .txt files into documents on this exact string (default: one document per file)"})
+    end_of_text: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "end-of-text token(s) whose mass becomes <eos> (default: the usual names + the tokenizer's eos)"
+        },
+    )
+    text_field: str = field(
+        default="text", metadata={"help": "record field holding the text (jsonl, parquet, datasets)"}
+    )
+    separator: str | None = field(
+        default=None,
+        metadata={"help": "split .txt files into documents on this exact string (default: one document per file)"},
+    )
     dataset_split: str = field(default="train", metadata={"help": "split of a datasets source"})
     dataset_config: str | None = field(default=None, metadata={"help": "configuration name of a datasets source"})
     streaming: bool = field(default=False, metadata={"help": "stream a datasets source instead of downloading it"})
-    subset: str = field(default="all", metadata={"help": "which side of the deterministic held-out split to distil", "choices": ["all", "train", "heldout"]})
-    heldout_fraction: float = field(default=0.0, metadata={"help": "fraction of documents (by a hash of their key) in the held-out side"})
-    max_docs: int | None = field(default=None, metadata={"help": "stop after this many documents (before the split across workers)"})
+    subset: str = field(
+        default="all",
+        metadata={
+            "help": "which side of the deterministic held-out split to distil",
+            "choices": ["all", "train", "heldout"],
+        },
+    )
+    heldout_fraction: float = field(
+        default=0.0, metadata={"help": "fraction of documents (by a hash of their key) in the held-out side"}
+    )
+    max_docs: int | None = field(
+        default=None, metadata={"help": "stop after this many documents (before the split across workers)"}
+    )
     max_bytes: int | None = field(default=None, metadata={"help": "stop after this many bytes of text"})
     max_length: int = field(default=2048, metadata={"help": "teacher window length in tokens, its BOS included"})
-    stride: int = field(default=512, metadata={"help": "overlap between windows: every prediction sees at least this many earlier tokens of its document (or all of them)"})
+    stride: int = field(
+        default=512,
+        metadata={
+            "help": "overlap between windows: every prediction sees at least this many earlier tokens of its document "
+            "(or all of them)"
+        },
+    )
     batch_tokens: int = field(default=8192, metadata={"help": "padded tokens per teacher forward batch"})
-    group_tokens: int = field(default=32768, metadata={"help": "tokens read and ordered by length together (their converted values wait for their documents to be complete)"})
-    head_rows: int = field(default=1024, metadata={"help": "teacher rows whose float32 logits exist at once: the LM head and the conversion run in chunks of this many rows (the logits' memory, independent of batch, group and document size)"})
-    conversion: str = field(default="auto", metadata={"help": "auto: on the device next to the forward on CUDA, Numba in a background thread on CPU; torch: the device path on any device (as CUDA runs it)", "choices": ["auto", "numba", "torch"]})
-    writers: int | None = field(default=None, metadata={"help": "fixed number of store writers the documents are dealt to, recorded in the store (default: the store's own on resume, else processes × --num-shards); any number of processes up to it can resume"})
+    group_tokens: int = field(
+        default=32768,
+        metadata={
+            "help": "tokens read and ordered by length together "
+            "(their converted values wait for their documents to be complete)"
+        },
+    )
+    head_rows: int = field(
+        default=1024,
+        metadata={
+            "help": "teacher rows whose float32 logits exist at once: the LM head and the conversion run in chunks "
+            "of this many rows (the logits' memory, independent of batch, group and document size)"
+        },
+    )
+    conversion: str = field(
+        default="auto",
+        metadata={
+            "help": "auto: on the device next to the forward on CUDA, Numba in a background thread on CPU; "
+            "torch: the device path on any device (as CUDA runs it)",
+            "choices": ["auto", "numba", "torch"],
+        },
+    )
+    writers: int | None = field(
+        default=None,
+        metadata={
+            "help": "fixed number of store writers the documents are dealt to, recorded in the store "
+            "(default: the store's own on resume, else processes × --num-shards); "
+            "any number of processes up to it can resume"
+        },
+    )
     device: str = field(default="auto", metadata={"help": "cpu, cuda, cuda:N or auto (the accelerate device)"})
-    dtype: str = field(default="auto", metadata={"help": "teacher dtype: auto (bfloat16 on GPU, float32 on CPU), float32, bfloat16, float16", "choices": ["auto", "float32", "bfloat16", "float16"]})
-    encoding: str = field(default=DEFAULT_ENCODING, metadata={"help": "value encoding of the store: pow8, log8, float16, pow12, pow16 (see logit_store/FORMAT.md)"})
-    docs_per_shard: int | None = field(default=None, metadata={"help": "close a shard after this many documents (default: by size)"})
+    dtype: str = field(
+        default="auto",
+        metadata={
+            "help": "teacher dtype: auto (bfloat16 on GPU, float32 on CPU), float32, bfloat16, float16",
+            "choices": ["auto", "float32", "bfloat16", "float16"],
+        },
+    )
+    encoding: str = field(
+        default=DEFAULT_ENCODING,
+        metadata={"help": "value encoding of the store: pow8, log8, float16, pow12, pow16 (see logit_store/FORMAT.md)"},
+    )
+    docs_per_shard: int | None = field(
+        default=None, metadata={"help": "close a shard after this many documents (default: by size)"}
+    )
     num_shards: int = field(default=1, metadata={"help": "split the corpus across this many independent jobs"})
     shard_index: int = field(default=0, metadata={"help": "which of --num-shards this job is (0-based)"})
     threads: int | None = field(default=None, metadata={"help": "torch CPU threads (default: torch's choice)"})
@@ -111,21 +178,29 @@ class DumpSummary:
         store = f"{self.store_bytes:,} bytes in shards ({self.bytes_per_text_byte:.2f} per text byte)"
         if not self.documents:
             return [
-                f"documents           0 (+{self.skipped_existing:,} already stored, {self.empty_skipped:,} empty skipped): nothing left to dump",
+                (
+                    f"documents           0 (+{self.skipped_existing:,} already stored, "
+                    f"{self.empty_skipped:,} empty skipped): nothing left to dump"
+                ),
                 f"store size          {store}",
             ]
         mean_dropped = self.dropped_mass_sum / max(self.teacher_rows, 1)
         return [
-            f"documents           {self.documents:,} (+{self.skipped_existing:,} already stored, {self.empty_skipped:,} empty skipped)",
+            (
+                f"documents           {self.documents:,} (+{self.skipped_existing:,} already stored, "
+                f"{self.empty_skipped:,} empty skipped)"
+            ),
             f"text bytes          {self.text_bytes:,}",
             f"teacher tokens      {self.tokens:,}",
             f"stream positions    {self.positions:,}",
             f"store size          {store}",
             f"teacher BPB         {self.teacher_bpb:.4f}",
             f"dropped special mass {mean_dropped:.3g} per teacher row (mean)",
-            f"time                {self.seconds:.1f} s after {self.setup_seconds:.1f} s of setup "
-            f"({self.tokens / max(self.seconds, 1e-9):,.0f} tokens/s); "
-            f"{self.outside_forward_seconds / max(self.seconds, 1e-9):.1%} of it outside the teacher forward",
+            (
+                f"time                {self.seconds:.1f} s after {self.setup_seconds:.1f} s of setup "
+                f"({self.tokens / max(self.seconds, 1e-9):,.0f} tokens/s); "
+                f"{self.outside_forward_seconds / max(self.seconds, 1e-9):.1%} of it outside the teacher forward"
+            ),
         ]
 
 
@@ -232,7 +307,9 @@ def run_dump(config: DumpConfig) -> DumpSummary:
     return dump_with_teacher(config, teacher, worker, config.num_shards * state.num_processes, started)
 
 
-def dump_with_teacher(config: DumpConfig, teacher: Teacher, worker: int = 0, workers: int = 1, started: float | None = None) -> DumpSummary:
+def dump_with_teacher(
+    config: DumpConfig, teacher: Teacher, worker: int = 0, workers: int = 1, started: float | None = None
+) -> DumpSummary:
     """The dump pass of worker ``worker`` of ``workers`` with a loaded teacher (the benchmarks
     build random teachers in memory); ``started`` is when the setup began."""
     _validate(config)
@@ -259,7 +336,14 @@ def dump_with_teacher(config: DumpConfig, teacher: Teacher, worker: int = 0, wor
         counts = CorpusCounts()
         skip = {w: s.num_existing_documents for w, s in stores.items()}
         documents = _worker_documents(select_documents(spec, counts), num_writers, skip)
-        bar = tqdm(desc=f"dump[{worker}]", unit="tok", unit_scale=True, disable=not config.progress, position=worker, dynamic_ncols=True)
+        bar = tqdm(
+            desc=f"dump[{worker}]",
+            unit="tok",
+            unit_scale=True,
+            disable=not config.progress,
+            position=worker,
+            dynamic_ncols=True,
+        )
         conversion = torch_conversion(converter, device, "sorted") if on_device else None
         sink = _Sink(stores, converter, conversion, summary, bar)
         try:
@@ -267,7 +351,9 @@ def dump_with_teacher(config: DumpConfig, teacher: Teacher, worker: int = 0, wor
                 sink.add(group)
                 forward_start, converted = time.perf_counter(), summary.device_convert_seconds
                 _run_teacher(teacher, group, config, sink, bar)
-                summary.forward_seconds += time.perf_counter() - forward_start - (summary.device_convert_seconds - converted)
+                summary.forward_seconds += (
+                    time.perf_counter() - forward_start - (summary.device_convert_seconds - converted)
+                )
             sink.close()
             for store in stores.values():
                 with _store_errors(store):
@@ -284,15 +370,24 @@ def dump_with_teacher(config: DumpConfig, teacher: Teacher, worker: int = 0, wor
     return summary
 
 
-def _open_stores(config: DumpConfig, spec: CorpusSpec, teacher: Teacher, converter: Converter, mine: list[int], num_writers: int) -> dict:
+def _open_stores(
+    config: DumpConfig, spec: CorpusSpec, teacher: Teacher, converter: Converter, mine: list[int], num_writers: int
+) -> dict:
     """This worker's store writers by writer id (each resumes its own shards)."""
     from logit_store.store import StoreWriter
 
     settings, fingerprint = store_settings(config, teacher, num_writers), corpus_fingerprint(spec)
     return {
         w: StoreWriter(
-            config.output, teacher.vocab, encoding=config.encoding, teacher=teacher.name, settings=settings,
-            corpus_hash=fingerprint, writer_id=w, docs_per_shard=config.docs_per_shard, trie=converter.trie,
+            config.output,
+            teacher.vocab,
+            encoding=config.encoding,
+            teacher=teacher.name,
+            settings=settings,
+            corpus_hash=fingerprint,
+            writer_id=w,
+            docs_per_shard=config.docs_per_shard,
+            trie=converter.trie,
         )
         for w in mine
     }
@@ -301,9 +396,13 @@ def _open_stores(config: DumpConfig, spec: CorpusSpec, teacher: Teacher, convert
 def _check_memory(config: DumpConfig, teacher: Teacher, on_device: bool) -> None:
     """Print the peak-memory formula's terms; refuse settings that cannot fit the device."""
     terms = dump_memory.memory_terms(
-        teacher, batch_tokens=config.batch_tokens, max_length=config.max_length, head_rows=config.head_rows,
-        group_tokens=config.group_tokens, device_conversion=on_device,
-    )  # fmt: skip
+        teacher,
+        batch_tokens=config.batch_tokens,
+        max_length=config.max_length,
+        head_rows=config.head_rows,
+        group_tokens=config.group_tokens,
+        device_conversion=on_device,
+    )
     print(dump_memory.describe(terms, teacher.device), file=sys.stderr)
     problem = dump_memory.over_budget(terms, teacher.device)
     if problem:
@@ -323,7 +422,9 @@ def _worker_documents(documents, writers: int, skip: dict[int, int]) -> Iterator
             yield index, key, data, writer
 
 
-def _groups(documents, encoder: DocumentEncoder, converter: Converter, teacher: Teacher, config: DumpConfig) -> Iterator[list[PendingDocument]]:
+def _groups(
+    documents, encoder: DocumentEncoder, converter: Converter, teacher: Teacher, config: DumpConfig
+) -> Iterator[list[PendingDocument]]:
     prefix = len(teacher.context_prefix)
     group: list[PendingDocument] = []
     tokens = 0
@@ -413,7 +514,9 @@ class _Sink:
     GIL) and all store writing; on the device path the main thread converts on the device right
     after the head. A failure in the thread surfaces at the main thread's next hand-over."""
 
-    def __init__(self, stores: dict, converter: Converter, conversion: TorchConversion | None, summary: DumpSummary, bar):
+    def __init__(
+        self, stores: dict, converter: Converter, conversion: TorchConversion | None, summary: DumpSummary, bar
+    ):
         self.stores, self.converter, self.conversion = stores, converter, conversion
         self.summary, self.bar = summary, bar
         self.pending: deque[PendingDocument] = deque()  # corpus order, not yet written
@@ -446,7 +549,9 @@ class _Sink:
     def _convert_numba(self, logits: np.ndarray, pieces) -> None:
         start = time.perf_counter()
         for doc, first_row, a, b in pieces:
-            self.converter.convert_rows_numba(doc.layout, doc.token_ids, logits[a:b], first_row, doc.values, doc.dropped, "sorted")
+            self.converter.convert_rows_numba(
+                doc.layout, doc.token_ids, logits[a:b], first_row, doc.values, doc.dropped, "sorted"
+            )
             doc.rows_left -= b - a
         self.summary.convert_write_seconds += time.perf_counter() - start
         self._write_complete()

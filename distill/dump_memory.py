@@ -27,7 +27,9 @@ class MemoryTerm:
     on_device: bool  # False: host memory even when the teacher runs on a GPU
 
 
-def memory_terms(teacher, *, batch_tokens: int, max_length: int, head_rows: int, group_tokens: int, device_conversion: bool) -> list[MemoryTerm]:
+def memory_terms(
+    teacher, *, batch_tokens: int, max_length: int, head_rows: int, group_tokens: int, device_conversion: bool
+) -> list[MemoryTerm]:
     """Estimated peak bytes of each part of the dump, with the flag that scales it."""
     model, config = teacher.model, teacher.model.config
     hidden = config.hidden_size
@@ -72,8 +74,10 @@ def over_budget(terms: list[MemoryTerm], device: torch.device) -> str | None:
     if need <= have:
         return None
     largest = max((t for t in on_device if t.flag != "--dtype"), key=lambda t: t.bytes)
-    return (f"the dump needs about {_gb(need)} on {device}, which has {_gb(have)}: {largest.name} take "
-            f"{_gb(largest.bytes)}; lower {largest.flag}")
+    return (
+        f"the dump needs about {_gb(need)} on {device}, which has {_gb(have)}: {largest.name} take "
+        f"{_gb(largest.bytes)}; lower {largest.flag}"
+    )
 
 
 def _gb(n: int) -> str:

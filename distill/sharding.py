@@ -43,7 +43,9 @@ class WriterLock:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(self._fd)
-            raise UserError(f"another dump is writing writer {writer_id} of {directory}: wait for it or stop it first") from None
+            raise UserError(
+                f"another dump is writing writer {writer_id} of {directory}: wait for it or stop it first"
+            ) from None
 
     def __enter__(self) -> WriterLock:
         return self

@@ -49,7 +49,9 @@ class StreamLayout:
 
 
 @numba.njit(cache=True, nogil=True)
-def _layout(token_ids, start_node, max_depth, token_node, node_parent, node_byte, node_n_exact, child_offsets, child_nodes):
+def _layout(
+    token_ids, start_node, max_depth, token_node, node_parent, node_byte, node_n_exact, child_offsets, child_nodes
+):
     m = len(token_ids)
     path = np.empty(max_depth + 1, np.int64)
     total_bytes = 0
@@ -86,8 +88,11 @@ def _layout(token_ids, start_node, max_depth, token_node, node_parent, node_byte
     symbols[pos] = EOS
     for i in range(positions):
         node = position_node[i]
-        offsets[i + 1] = offsets[i] + child_offsets[node + 1] - child_offsets[node] + (
-            1 if node == 0 or node_n_exact[node] > 0 else 0
+        offsets[i + 1] = (
+            offsets[i]
+            + child_offsets[node + 1]
+            - child_offsets[node]
+            + (1 if node == 0 or node_n_exact[node] > 0 else 0)
         )
     support = np.empty(offsets[positions], np.int16)
     for i in range(positions):

@@ -45,12 +45,16 @@ class Teacher:
         self.head = permuted_head(self.model.get_output_embeddings(), column_order, dtype=torch.float32)
 
     @torch.no_grad()
-    def hidden_rows(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, rows: list[np.ndarray]) -> torch.Tensor:
+    def hidden_rows(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, rows: list[np.ndarray]
+    ) -> torch.Tensor:
         """The trunk's last hidden states at positions ``rows[b]`` of each sequence ``b``, stacked."""
         hidden = self.model.base_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
         batch_index = np.concatenate([np.full(len(r), b) for b, r in enumerate(rows)])
         position_index = np.concatenate(rows)
-        return hidden[torch.from_numpy(batch_index).to(hidden.device), torch.from_numpy(position_index).to(hidden.device)]
+        return hidden[
+            torch.from_numpy(batch_index).to(hidden.device), torch.from_numpy(position_index).to(hidden.device)
+        ]
 
     @torch.no_grad()
     def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -114,8 +118,9 @@ def fit_output_layer(vocab: TeacherVocab, rows: int) -> TeacherVocab:
         logger.warning(
             "the teacher's output layer has %d rows past the tokenizer's %d ids (padding): their mass "
             "is dropped with the special tokens' and counted in the dropped special mass",
-            rows - vocab.size, vocab.size,
-        )  # fmt: skip
+            rows - vocab.size,
+            vocab.size,
+        )
     return vocab.padded_to(rows)
 
 

@@ -156,9 +156,7 @@ def _model_vocab(spec: dict) -> dict[str, int]:
     raise UserError(f"tokenizer model of type {model.get('type')!r} has no readable vocabulary")
 
 
-def vocab_from_tokenizer(
-    tokenizer, *, name: str = "", end_of_text: list[str] | None = None
-) -> TeacherVocab:
+def vocab_from_tokenizer(tokenizer, *, name: str = "", end_of_text: list[str] | None = None) -> TeacherVocab:
     """Build the byte view of a ``tokenizers.Tokenizer`` (or a ``transformers`` fast tokenizer).
 
     ``end_of_text`` names the end-of-text token(s); by default every token in
@@ -205,9 +203,7 @@ def vocab_from_tokenizer(
     eos_token = getattr(tokenizer, "eos_token", None)
     if not end_of_text and eos_token:
         names.append(eos_token)
-    by_name = {tok["content"]: i for i, tok in added.items()} | {
-        p: i for p, i in pieces.items() if i in special
-    }
+    by_name = {tok["content"]: i for i, tok in added.items()} | {p: i for p, i in pieces.items() if i in special}
     eot_ids = sorted({by_name[n] for n in names if n in by_name})
     if end_of_text and len(eot_ids) != len(set(end_of_text)):
         missing = [n for n in end_of_text if n not in by_name]
@@ -288,7 +284,7 @@ def load_teacher_tokenizer(source: str | Path, gguf_file: str | None = None):
 
         try:
             return Tokenizer.from_file(str(path))
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             raise UserError(f"cannot read tokenizer {path}: {str(exc).splitlines()[0]}") from exc
     source, gguf_file = split_gguf_path(source, gguf_file)
     path = Path(source)
@@ -300,7 +296,7 @@ def load_teacher_tokenizer(source: str | Path, gguf_file: str | None = None):
     try:
         kwargs = {"gguf_file": gguf_file} if gguf_file else {}
         tokenizer = AutoTokenizer.from_pretrained(str(path if path.exists() else source), **kwargs)
-    except Exception as exc:  # noqa: BLE001 - transformers raises many types for a bad source
+    except Exception as exc:  # transformers raises many types for a bad source
         raise UserError(f"cannot load a tokenizer from {source}: {str(exc).splitlines()[0]}") from exc
     if not getattr(tokenizer, "is_fast", False):
         raise UserError(f"{source}: only fast (tokenizers-backed) tokenizers are supported")

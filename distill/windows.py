@@ -36,7 +36,9 @@ def plan_windows(num_tokens: int, prefix_length: int, max_length: int, stride: i
         raise ValueError("a window needs a context prefix of at least one token")
     capacity = max_length - prefix_length
     if not 0 <= stride < capacity:
-        raise ValueError(f"stride must be in 0..{capacity - 1} for windows of {max_length} with a prefix of {prefix_length}")
+        raise ValueError(
+            f"stride must be in 0..{capacity - 1} for windows of {max_length} with a prefix of {prefix_length}"
+        )
     rows = num_tokens + 1
     windows = []
     row_start, token_start = 0, 0

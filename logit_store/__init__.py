@@ -20,6 +20,15 @@ from logit_store.store import (
 )
 
 __all__ = [
-    "DEFAULT_ENCODING", "ENCODINGS", "FORMAT_VERSION", "LogitStore", "MultiStore", "StoreWriter",
-    "StoredDocument", "get_encoding", "kl_bits_per_position", "open_stores", "store_content_hash",
+    "DEFAULT_ENCODING",
+    "ENCODINGS",
+    "FORMAT_VERSION",
+    "LogitStore",
+    "MultiStore",
+    "StoreWriter",
+    "StoredDocument",
+    "get_encoding",
+    "kl_bits_per_position",
+    "open_stores",
+    "store_content_hash",
 ]

@@ -21,9 +21,7 @@ class InspectConfig:
 @dataclass
 class VerifyConfig:
     store: str = field(metadata={"help": "logit store directory", "positional": True})
-    tolerance: float = field(
-        default=1e-3, metadata={"help": "largest allowed |sum of a position's probabilities - 1|"}
-    )
+    tolerance: float = field(default=1e-3, metadata={"help": "largest allowed |sum of a position's probabilities - 1|"})
     json: bool = field(default=False, metadata={"help": "print the summary as one JSON object"})
 
 
@@ -61,12 +59,16 @@ def inspect(config: InspectConfig) -> int:
         f"tokens:          {stats['tokens']:,}",
         f"shards/chunks:   {stats['shards']} / {stats['chunks']}",
         f"size on disk:    {_human(stats['size_on_disk'])} ({stats['size_on_disk']:,} bytes)",
-        f"bytes/text byte: {bpb:.2f} ({stats['shard_bytes_per_text_byte']:.2f} in shards, without the one-off vocabulary file)"
+        f"bytes/text byte: {bpb:.2f} "
+        f"({stats['shard_bytes_per_text_byte']:.2f} in shards, without the one-off vocabulary file)"
         if bpb is not None
         else "bytes/text byte: n/a",
     ]
     if stats["unfinished_writers"]:
-        lines.append(f"unfinished:      writers {stats['unfinished_writers']} have no completion record (still writing, or stopped)")
+        lines.append(
+            f"unfinished:      writers {stats['unfinished_writers']} have no completion record "
+            "(still writing, or stopped)"
+        )
     print("\n".join(lines))
     return 0
 
@@ -79,7 +81,9 @@ def verify_store(store: LogitStore, tolerance: float = 1e-3) -> dict:
     chunks = store.check_chunks()
     for i in range(len(store)):
         doc = store.document(i)
-        sums = np.add.reduceat(doc.values.astype(np.float64), doc.layout.offsets[:-1]) if len(doc.values) else np.zeros(0)
+        sums = (
+            np.add.reduceat(doc.values.astype(np.float64), doc.layout.offsets[:-1]) if len(doc.values) else np.zeros(0)
+        )
         err = float(np.abs(sums - 1).max()) if len(sums) else 0.0
         if not np.all(np.isfinite(doc.values)) or err > tolerance or (len(doc.values) and doc.values.min() < 0):
             shard, local = store.document_location(i)
@@ -92,10 +96,15 @@ def verify_store(store: LogitStore, tolerance: float = 1e-3) -> dict:
         positions += doc.num_positions
         worst = max(worst, err)
     return {
-        "ok": True, "shards": len(store.shards), "chunks": chunks, "documents": len(store),
+        "ok": True,
+        "shards": len(store.shards),
+        "chunks": chunks,
+        "documents": len(store),
         "unfinished_writers": store.unfinished_writers,
-        "positions": positions, "max_normalisation_error": worst, "seconds": round(time.time() - start, 3),
-    }  # fmt: skip
+        "positions": positions,
+        "max_normalisation_error": worst,
+        "seconds": round(time.time() - start, 3),
+    }
 
 
 def verify(config: VerifyConfig) -> int:

@@ -24,7 +24,16 @@ def store_content_hash(directory_or_store) -> str:
     for i in range(len(store)):
         d = store.encoded_document(i)
         key = None if d.key is None else d.key.encode("utf-8")
-        h.update(struct.pack("<QQQQq", len(d.token_ids), len(d.value_bytes), d.num_positions, d.text_bytes, -1 if key is None else len(key)))
+        h.update(
+            struct.pack(
+                "<QQQQq",
+                len(d.token_ids),
+                len(d.value_bytes),
+                d.num_positions,
+                d.text_bytes,
+                -1 if key is None else len(key),
+            )
+        )
         for part in (d.token_ids.astype("<u4"), d.value_bytes, d.position_bytes, d.dropped_mass.astype("<f4")):
             h.update(np.ascontiguousarray(part).tobytes())
         h.update(key or b"")

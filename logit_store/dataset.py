@@ -28,6 +28,7 @@ batch due next comes first. Resuming costs one chunk per split, at step 10 as at
 from __future__ import annotations
 
 import hashlib
+import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import islice
@@ -127,7 +128,9 @@ class SplitBatches(IterableDataset):
     def __iter__(self):
         info = get_worker_info()
         if (info.num_workers if info is not None else 0) != self.num_workers:
-            raise RuntimeError(f"iterate with {self.num_workers} DataLoader workers (use .loader()), not {info and info.num_workers}")
+            raise RuntimeError(
+                f"iterate with {self.num_workers} DataLoader workers (use .loader()), not {info and info.num_workers}"
+            )
         worker_id = info.id if info is not None else 0
         given, due = self.seek()
         worker = (worker_id + due) % self.workers
@@ -200,8 +203,13 @@ class PackedStreamDataset(SplitBatches):
     def order_settings(self) -> dict:
         sizes = np.array([len(piece) for piece in self.pieces], dtype=np.int64)
         layout = hashlib.sha256(self.symbols.tobytes() + sizes.tobytes()).hexdigest()
-        return {**super().order_settings(), "seq_len": self.seq_len, "shuffle": self.shuffle, "seed": self.seed,
-                "documents": layout}  # fmt: skip
+        return {
+            **super().order_settings(),
+            "seq_len": self.seq_len,
+            "shuffle": self.shuffle,
+            "seed": self.seed,
+            "documents": layout,
+        }
 
     def split(self, g: int) -> Split:
         """Split ``g`` in the current epoch."""
@@ -229,7 +237,7 @@ class PackedStreamDataset(SplitBatches):
         documents = np.arange(len(self.symbols))
         total = -(-int(self.symbols.sum()) // self.seq_len)
         bounds = [total * g // self.num_splits for g in range(self.num_splits + 1)]
-        return [Split(documents, start * self.seq_len, end - start) for start, end in zip(bounds, bounds[1:])]
+        return [Split(documents, start * self.seq_len, end - start) for start, end in itertools.pairwise(bounds)]
 
     def num_windows(self, split: int) -> int:
         return self.split(split).num_windows

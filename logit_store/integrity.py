@@ -30,7 +30,9 @@ def completion_path(directory: Path, writer_id: int) -> Path:
 
 
 def write_completion(directory: Path, completion: Completion) -> None:
-    text = json.dumps({"writer_id": completion.writer_id, "shards": completion.shards, "documents": completion.documents})
+    text = json.dumps(
+        {"writer_id": completion.writer_id, "shards": completion.shards, "documents": completion.documents}
+    )
     write_atomic(completion_path(directory, completion.writer_id), (text + "\n").encode(), f"w{completion.writer_id}")
 
 
@@ -76,7 +78,8 @@ def check_writer(directory: Path, writer_id: int, shards: list[ShardReader], ide
         if record is not None:
             if (record.writer_id, record.sequence) != (writer_id, sequence):
                 raise UserError(
-                    f"shard {shard.name} was written as {shard_name(record.writer_id, record.sequence)} (renamed or moved)"
+                    f"shard {shard.name} was written as {shard_name(record.writer_id, record.sequence)} "
+                    "(renamed or moved)"
                 )
             if record.first_document != documents:
                 raise UserError(
@@ -94,8 +97,9 @@ def check_writer(directory: Path, writer_id: int, shards: list[ShardReader], ide
         return False
     if (completion.shards, completion.documents) != (len(shards), documents):
         raise UserError(
-            f"{completion_path(directory, writer_id).name}: writer {writer_id} finished with {completion.shards} shards and {completion.documents} "
-            f"documents, the store holds {len(shards)} shards and {documents} documents (shards missing)"
+            f"{completion_path(directory, writer_id).name}: writer {writer_id} finished with "
+            f"{completion.shards} shards and {completion.documents} documents, "
+            f"the store holds {len(shards)} shards and {documents} documents (shards missing)"
         )
     return True
 

@@ -63,14 +63,26 @@ class MultiStore(StoreBase):
 
     def chunk_spans(self) -> list[tuple[int, int]]:
         """(first document, number of documents) of every chunk of every store, in document order."""
-        return [(start + first, n) for start, s in zip(self._start.tolist(), self.stores) for first, n in s.chunk_spans()]
+        return [
+            (start + first, n) for start, s in zip(self._start.tolist(), self.stores) for first, n in s.chunk_spans()
+        ]
 
     def document_positions(self) -> np.ndarray:
         return np.concatenate([s.document_positions() for s in self.stores])
 
     def stats(self) -> dict:
         each = [s.stats() for s in self.stores]
-        summed = ("documents", "text_bytes", "positions", "tokens", "values", "shards", "chunks", "size_on_disk", "shard_bytes")
+        summed = (
+            "documents",
+            "text_bytes",
+            "positions",
+            "tokens",
+            "values",
+            "shards",
+            "chunks",
+            "size_on_disk",
+            "shard_bytes",
+        )
         out = {k: sum(e[k] for e in each) for k in summed}
         out["bytes_per_text_byte"] = out["size_on_disk"] / out["text_bytes"] if out["text_bytes"] else None
         out["shard_bytes_per_text_byte"] = out["shard_bytes"] / out["text_bytes"] if out["text_bytes"] else None

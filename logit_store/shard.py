@@ -46,13 +46,25 @@ MAX_CHUNK_RAW = 1 << 28  # raw bytes of one chunk: a writer refuses more, a read
 SHARD_PATTERN = re.compile(r"^shard-(\d{5})-(\d{5})\.bds$")
 
 CHUNK_DTYPE = np.dtype(
-    [("offset", "<u8"), ("length", "<u8"), ("raw_length", "<u8"), ("first_doc", "<u8"),
-     ("num_docs", "<u8"), ("checksum", "V16")]
-)  # fmt: skip
+    [
+        ("offset", "<u8"),
+        ("length", "<u8"),
+        ("raw_length", "<u8"),
+        ("first_doc", "<u8"),
+        ("num_docs", "<u8"),
+        ("checksum", "V16"),
+    ]
+)
 DOC_DTYPE = np.dtype(
-    [("chunk", "<u8"), ("tokens", "<u8"), ("values", "<u8"), ("positions", "<u8"),
-     ("text_bytes", "<u8"), ("key_length", "<i8")]
-)  # fmt: skip
+    [
+        ("chunk", "<u8"),
+        ("tokens", "<u8"),
+        ("values", "<u8"),
+        ("positions", "<u8"),
+        ("text_bytes", "<u8"),
+        ("key_length", "<i8"),
+    ]
+)
 # v2: who wrote the shard, where it sits in the writer's sequence, and for which manifest
 RECORD_DTYPE = np.dtype([("writer_id", "<u4"), ("sequence", "<u4"), ("first_document", "<u8"), ("identity", "V16")])
 
@@ -81,7 +93,7 @@ class ShardFile:
         self.tmp_path = self.final_path.with_name(self.final_path.name + ".tmp")
         self.record = record
         self.encoding = encoding
-        self._file = open(self.tmp_path, "wb")
+        self._file = open(self.tmp_path, "wb")  # noqa: SIM115 - open until close() or abort()
         self._file.write(SHARD_MAGIC + struct.pack("<II", FORMAT_VERSION, 0))
         self._offset = HEADER_SIZE
         self._compressor = zstandard.ZstdCompressor(level=compression_level, write_checksum=True, threads=0)
@@ -92,14 +104,12 @@ class ShardFile:
     def num_docs(self) -> int:
         return len(self.docs)
 
-    @property
-    def bytes_written(self) -> int:
-        return self._offset
-
     def write_chunk(self, docs: list[EncodedDocument]) -> None:
         raw = build_chunk(docs, self.encoding, FORMAT_VERSION)
         if len(raw) > MAX_CHUNK_RAW:
-            raise UserError(f"a chunk of {len(raw):,} raw bytes exceeds the format's {MAX_CHUNK_RAW:,} (a document too long)")
+            raise UserError(
+                f"a chunk of {len(raw):,} raw bytes exceeds the format's {MAX_CHUNK_RAW:,} (a document too long)"
+            )
         frame = self._compressor.compress(raw)
         chunk = len(self.chunks)
         self.chunks.append((self._offset, len(frame), len(raw), len(self.docs), len(docs), checksum(frame)))
@@ -167,7 +177,9 @@ class ShardReader:
                 if checksum(head, 8) != trailer[48:56]:
                     raise UserError(f"shard {self.name}: index/footer corrupt (footer checksum mismatch)")
                 if version not in (1, 2):
-                    raise UserError(f"shard {self.name}: unknown shard format version {version} (this reader knows 1, 2)")
+                    raise UserError(
+                        f"shard {self.name}: unknown shard format version {version} (this reader knows 1, 2)"
+                    )
                 offset, length, num_chunks, num_docs = struct.unpack("<QQQQ", head[:32])
                 record_size = RECORD_DTYPE.itemsize if version >= 2 else 0
                 expected = record_size + num_chunks * CHUNK_DTYPE.itemsize + num_docs * DOC_DTYPE.itemsize
@@ -183,7 +195,9 @@ class ShardReader:
         self.record = None
         if version >= 2:
             r = np.frombuffer(index[:record_size], dtype=RECORD_DTYPE)[0]
-            self.record = ShardRecord(int(r["writer_id"]), int(r["sequence"]), int(r["first_document"]), bytes(r["identity"]))
+            self.record = ShardRecord(
+                int(r["writer_id"]), int(r["sequence"]), int(r["first_document"]), bytes(r["identity"])
+            )
         split = record_size + num_chunks * CHUNK_DTYPE.itemsize
         self.chunks = np.frombuffer(index[record_size:split], dtype=CHUNK_DTYPE)
         self.docs = np.frombuffer(index[split:], dtype=DOC_DTYPE)

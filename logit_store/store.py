@@ -11,6 +11,16 @@ from logit_store.vocab_file import VOCAB_FILE
 from logit_store.writer import StoreWriter
 
 __all__ = [
-    "FORMAT_VERSION", "MANIFEST", "VOCAB_FILE", "LogitStore", "MultiStore", "StoreWriter", "StoredDocument",
-    "as_store", "densify", "open_stores", "read_manifest", "store_content_hash",
-]  # fmt: skip
+    "FORMAT_VERSION",
+    "MANIFEST",
+    "VOCAB_FILE",
+    "LogitStore",
+    "MultiStore",
+    "StoreWriter",
+    "StoredDocument",
+    "as_store",
+    "densify",
+    "open_stores",
+    "read_manifest",
+    "store_content_hash",
+]

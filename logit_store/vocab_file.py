@@ -20,18 +20,24 @@ VOCAB_FILE = "vocab.bin"
 VOCAB_MAGIC = b"BDVOCAB\0"
 MAX_VOCAB_BODY = 64 << 20  # decompressed vocabulary bytes (Llama-3's is 1.6 MB)
 MAX_VOCAB_SIZE = 1 << 22
-MAX_TOKEN_BYTES = 1 << 16  # a bound on what a (crafted) vocab.bin may declare; the kernels size their buffers from the vocabulary
+MAX_TOKEN_BYTES = (
+    1 << 16
+)  # a bound on what a (crafted) vocab.bin may declare; the kernels size their buffers from the vocabulary
 
 
 def vocab_to_bytes(vocab: TeacherVocab) -> bytes:
     header = json.dumps(
         {
-            "name": vocab.name, "family": vocab.family, "size": vocab.size,
-            "special_ids": list(vocab.special_ids), "end_of_text_ids": list(vocab.end_of_text_ids),
-            "prefix_ids": list(vocab.prefix_ids), "adds_prefix_space": vocab.adds_prefix_space,
+            "name": vocab.name,
+            "family": vocab.family,
+            "size": vocab.size,
+            "special_ids": list(vocab.special_ids),
+            "end_of_text_ids": list(vocab.end_of_text_ids),
+            "prefix_ids": list(vocab.prefix_ids),
+            "adds_prefix_space": vocab.adds_prefix_space,
         },
         sort_keys=True,
-    ).encode()  # fmt: skip
+    ).encode()
     lengths = np.array([len(b) for b in vocab.token_bytes], dtype="<u4").tobytes()
     body = struct.pack("<I", len(header)) + header + lengths + b"".join(vocab.token_bytes)
     packed = zstandard.ZstdCompressor(level=9).compress(body)
@@ -87,8 +93,11 @@ def _parse_body(body: bytes) -> TeacherVocab:
     if any(not 0 <= i < size for i in ids):
         raise ValueError("a special id outside the vocabulary")
     return TeacherVocab(
-        token_bytes=token_bytes, special_ids=tuple(header["special_ids"]),
-        end_of_text_ids=tuple(header["end_of_text_ids"]), family=str(header["family"]),
-        prefix_ids=tuple(header["prefix_ids"]), name=str(header["name"]),
+        token_bytes=token_bytes,
+        special_ids=tuple(header["special_ids"]),
+        end_of_text_ids=tuple(header["end_of_text_ids"]),
+        family=str(header["family"]),
+        prefix_ids=tuple(header["prefix_ids"]),
+        name=str(header["name"]),
         adds_prefix_space=bool(header["adds_prefix_space"]),
-    )  # fmt: skip
+    )

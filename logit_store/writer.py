@@ -31,7 +31,7 @@ from logit_store.manifest import (
     read_manifest,
     settings_hash,
     write_atomic,
-)  # fmt: skip
+)
 from logit_store.reader import layout_text_bytes
 from logit_store.shard import (
     ShardFile,
@@ -193,7 +193,9 @@ class StoreWriter:
         dropped_mass = np.asarray(dropped_mass, dtype=np.float64)
         where = f"document {self.num_written} ({key or 'no key'})"
         if int(text_bytes) != layout_text_bytes(layout, self.vocab):
-            raise UserError(f"{where}: {text_bytes} text bytes given, its tokens hold {layout_text_bytes(layout, self.vocab)}")
+            raise UserError(
+                f"{where}: {text_bytes} text bytes given, its tokens hold {layout_text_bytes(layout, self.vocab)}"
+            )
         key = key or None  # an empty key is stored as no key
         if len(values) != offsets[-1]:
             raise UserError(f"{where}: {len(values)} values but its supports hold {offsets[-1]}")
@@ -205,10 +207,14 @@ class StoreWriter:
             raise UserError(f"{where}: dropped mass must be finite and non-negative")
         value_bytes, position_bytes = self.encoding.encode(values, offsets)
         doc = EncodedDocument(
-            token_ids=token_ids.astype(np.uint32), value_bytes=value_bytes, position_bytes=position_bytes,
-            dropped_mass=dropped_mass.astype(np.float32), text_bytes=int(text_bytes), key=key,
+            token_ids=token_ids.astype(np.uint32),
+            value_bytes=value_bytes,
+            position_bytes=position_bytes,
+            dropped_mass=dropped_mass.astype(np.float32),
+            text_bytes=int(text_bytes),
+            key=key,
             contexts=self.encoding.contexts(layout) if self.encoding.needs_contexts else None,
-        )  # fmt: skip
+        )
         self._pending.append(doc)
         size = doc.raw_size()
         self._pending_bytes += size
@@ -272,5 +278,3 @@ def _token_ids_of_layout(layout: StreamLayout, trie: VocabTrie) -> np.ndarray:
     first_id = np.full(trie.num_nodes, np.iinfo(np.int64).max, dtype=np.int64)
     np.minimum.at(first_id, trie.token_node[trie.order], trie.order)
     return first_id[token_nodes]
-
-

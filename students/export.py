@@ -29,9 +29,9 @@ from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 from distill.alphabet import BOS, EOS, PAD
 from distill.errors import UserError
 from students import stream_tokenizer
+from students.checkpoints import latest_checkpoint
 from students.stream_tokenizer import TEACHER_TOKENIZER_FILE, TeacherTokens
 from students.tokenizer import build_tokenizer
-from students.checkpoints import latest_checkpoint
 
 EXPORT_RECORD = "bytedistill_export.json"
 REMOTE_CODE_FILE = "tokenization_bytedistill.py"
@@ -118,7 +118,10 @@ def clear_previous_export(output: Path) -> None:
         (output / name).unlink(missing_ok=True)
     others = sorted(p.name for p in output.iterdir() if not p.name.startswith("."))
     if others:
-        raise UserError(f"{output} is not empty and not a bytedistill export (it holds {', '.join(others[:3])}); give an empty folder")
+        raise UserError(
+            f"{output} is not empty and not a bytedistill export (it holds {', '.join(others[:3])}); "
+            "give an empty folder"
+        )
 
 
 def export_student(
@@ -150,10 +153,14 @@ def export_student(
     tokenizer_config = json.loads(config_file.read_text(encoding="utf-8"))
     tokenizer_config["auto_map"] = stream_tokenizer.auto_map()
     config_file.write_text(json.dumps(tokenizer_config, indent=2) + "\n", encoding="utf-8")
-    card = model_card(info, model.config.max_position_embeddings, repo_id=repo_id, license=license, teacher=teacher, data=data)
+    card = model_card(
+        info, model.config.max_position_embeddings, repo_id=repo_id, license=license, teacher=teacher, data=data
+    )
     card.save(output / "README.md")
     written = sorted(p.relative_to(output).as_posix() for p in set(output.rglob("*")) - before if p.is_file())
-    (output / EXPORT_RECORD).write_text(json.dumps({"files": written + [EXPORT_RECORD]}, indent=2) + "\n", encoding="utf-8")
+    (output / EXPORT_RECORD).write_text(
+        json.dumps({"files": written + [EXPORT_RECORD]}, indent=2) + "\n", encoding="utf-8"
+    )
     return output
 
 
@@ -205,7 +212,9 @@ def model_card(
     config = info.get("config", {})
     described = info.get("data", {})
     teacher = _no_local_path(str(teacher or described.get("teacher") or "unknown"))
-    data = str(data or described.get("corpus") or ", ".join(Path(p).name for p in config.get("train_stores", [])) or "unknown")
+    data = str(
+        data or described.get("corpus") or ", ".join(Path(p).name for p in config.get("train_stores", [])) or "unknown"
+    )
     evaluation = info.get("last_eval") or {}
     train_bytes = info.get("train_bytes", 0)
     hub_teacher = "/" in teacher and not Path(teacher).exists() and teacher.count("/") == 1
@@ -225,10 +234,10 @@ def model_card(
     )
     body = f"""# Byte-level student of {teacher}
 
-A byte-level causal language model (Llama architecture, {info.get('parameters', 0):,} parameters,
+A byte-level causal language model (Llama architecture, {info.get("parameters", 0):,} parameters,
 260-symbol vocabulary) distilled with bytedistill from the token-level
 teacher **{teacher}** using its exact next-byte distributions
-(KL weight alpha = {config.get('alpha')}, temperature = {config.get('temperature')}).
+(KL weight alpha = {config.get("alpha")}, temperature = {config.get("temperature")}).
 
 | | value |
 |---|---|
@@ -236,10 +245,10 @@ teacher **{teacher}** using its exact next-byte distributions
 | training data | {data} |
 | training bytes | {train_bytes:,} |
 | trained context | {context} symbols (bytes and `<eot>` marks) |
-| held-out bits per byte, student | {_fmt(evaluation.get('student_bpb'))} |
-| held-out bits per byte, teacher | {_fmt(evaluation.get('teacher_bpb'))} |
-| KL(teacher ‖ student), bits per byte | {_fmt(evaluation.get('kl_per_byte'))} |
-| evaluated on | {evaluation.get('eval_bytes', 0):,} held-out bytes at step {evaluation.get('step', '-')} |
+| held-out bits per byte, student | {_fmt(evaluation.get("student_bpb"))} |
+| held-out bits per byte, teacher | {_fmt(evaluation.get("teacher_bpb"))} |
+| KL(teacher ‖ student), bits per byte | {_fmt(evaluation.get("kl_per_byte"))} |
+| evaluated on | {evaluation.get("eval_bytes", 0):,} held-out bytes at step {evaluation.get("step", "-")} |
 
 Bits per byte count every symbol's negative log-likelihood (including the `<eot>` token-boundary
 and `<eos>` symbols) divided by the number of UTF-8 bytes, so student and teacher are comparable.
@@ -274,7 +283,11 @@ that were never trained. `bytedistill generate` and `bytedistill score` slide a 
 
 ## Evaluation with lm-evaluation-harness
 
-`lm_eval --model hf --model_args pretrained={repo_id or "your-name/byte-student"},trust_remote_code=True --tasks wikitext`
-(`bits_per_byte` of rolling-loglikelihood tasks matches `bytedistill score`).
+```bash
+lm_eval --model hf --tasks wikitext \\
+    --model_args pretrained={repo_id or "your-name/byte-student"},trust_remote_code=True
+```
+
+`bits_per_byte` of rolling-loglikelihood tasks matches `bytedistill score`.
 """
     return ModelCard(f"---\n{metadata.to_yaml()}\n---\n\n{body}")

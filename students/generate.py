@@ -8,7 +8,7 @@ position the student never trained is run.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -46,12 +46,12 @@ class _NoEmptyToken(LogitsProcessor):
 
 @dataclass
 class GenerateOptions:
-    max_new_bytes: int = 200
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    greedy: bool = False
-    seed: int = 0
+    max_new_bytes: int = field(default=200, metadata={"help": "bytes to generate (<eot> marks not counted)"})
+    temperature: float = field(default=1.0, metadata={"help": "sampling temperature"})
+    top_k: int = field(default=0, metadata={"help": "sample from the k most likely symbols (0: all)"})
+    top_p: float = field(default=1.0, metadata={"help": "nucleus sampling mass"})
+    greedy: bool = field(default=False, metadata={"help": "take the most likely symbol instead of sampling"})
+    seed: int = field(default=0, metadata={"help": "random seed for sampling"})
 
 
 def load_folder(folder: Path):
@@ -66,7 +66,9 @@ def generate_bytes(model, tokenizer, prompt: str, options: GenerateOptions) -> b
     context = model.config.max_position_embeddings
     symbols = tokenizer(prompt).input_ids
     prompt_len = len(symbols)
-    sampling = {} if options.greedy else {"temperature": options.temperature, "top_k": options.top_k, "top_p": options.top_p}
+    sampling = (
+        {} if options.greedy else {"temperature": options.temperature, "top_k": options.top_k, "top_p": options.top_p}
+    )
     produced = 0
     while produced < options.max_new_bytes and symbols[-1] != EOS:  # a byte at least every other symbol
         window = symbols if len(symbols) < context else symbols[-max(context // 2, 1) :]
@@ -83,9 +85,3 @@ def generate_bytes(model, tokenizer, prompt: str, options: GenerateOptions) -> b
         symbols += new
         produced += sum(1 for s in new if s < NUM_BYTES)
     return decode_bytes(symbols[prompt_len:])[: options.max_new_bytes]
-
-
-def generate_text(folder: Path, prompt: str, options: GenerateOptions | None = None) -> str:
-    """The continuation of ``prompt`` as text (invalid UTF-8 shown as U+FFFD)."""
-    model, tokenizer = load_folder(folder)
-    return generate_bytes(model, tokenizer, prompt, options or GenerateOptions()).decode("utf-8", errors="replace")

@@ -30,7 +30,9 @@ class UploadFile:
 def upload_plan(folder: Path) -> list[UploadFile]:
     """The files export wrote (no dotfiles), sorted by path."""
     folder = Path(folder)
-    planned = sorted(name for name in exported_files(folder) if not any(part.startswith(".") for part in name.split("/")))
+    planned = sorted(
+        name for name in exported_files(folder) if not any(part.startswith(".") for part in name.split("/"))
+    )
     missing = [name for name in planned if not (folder / name).is_file()]
     if missing:
         raise UserError(f"{folder} lacks {missing[0]}, which export wrote: export again")
@@ -55,7 +57,7 @@ def check_loadable(folder: Path) -> None:
     for name, loader in (("AutoModelForCausalLM", AutoModelForCausalLM), ("AutoTokenizer", AutoTokenizer)):
         try:
             loader.from_pretrained(folder)
-        except Exception as exc:  # noqa: BLE001 - any failure means the folder is not publishable
+        except Exception as exc:  # any failure means the folder is not publishable
             reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise UserError(f"cannot push {folder}: it does not load with {name}: {reason}") from exc
 
@@ -81,7 +83,10 @@ def push_folder(
     if revision and revision != "main":
         api.create_branch(repo_id, branch=revision, exist_ok=True)
     info = api.upload_folder(
-        repo_id=repo_id, folder_path=folder, commit_message=commit_message, revision=revision,
+        repo_id=repo_id,
+        folder_path=folder,
+        commit_message=commit_message,
+        revision=revision,
         allow_patterns=[glob.escape(f.path) for f in files],
     )
     return str(info.commit_url)

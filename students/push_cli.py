@@ -40,7 +40,8 @@ def push(config: PushConfig) -> int:
         for f in files:
             print(f"{f.size:>14,}  {f.path}")
         print(
-            f"{sum(f.size for f in files):>14,}  total, {len(files)} files -> {config.repo_id}@{config.revision or 'main'}"
+            f"{sum(f.size for f in files):>14,}  total, {len(files)} files "
+            f"-> {config.repo_id}@{config.revision or 'main'}"
         )
         return 0
     url = push_folder(

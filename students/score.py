@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import pairwise
 from pathlib import Path
 
@@ -62,13 +62,28 @@ class SourceScore:
 
 @dataclass
 class ScoreOptions:
-    mode: str = "stream"
-    context: int | None = None  # default: the model's trained context (max_position_embeddings)
-    stride: int | None = None  # default: context (non-overlapping windows, as train evaluates)
-    packed: bool = True  # documents back to back, as train evaluates; False: each document on its own
-    batch_size: int = 8
-    text_field: str = "text"
-    progress: bool = True
+    mode: str = field(
+        default="stream",
+        metadata={
+            "help": "stream: the training stream with the teacher's <eot> marks; plain: bytes only; "
+            "plain-renormalised: bytes only, P over bytes + <eos>",
+            "choices": list(MODES),
+        },
+    )
+    context: int | None = field(
+        default=None, metadata={"help": "window length in symbols (default and maximum: the trained context)"}
+    )
+    stride: int | None = field(
+        default=None,
+        metadata={"help": "window step (default: the context, as train evaluates; smaller: more context per position)"},
+    )
+    packed: bool = field(
+        default=True,
+        metadata={"help": "documents back to back as train evaluates (false: each document on its own, as lm-eval)"},
+    )
+    batch_size: int = field(default=8, metadata={"help": "windows per forward pass"})
+    text_field: str = field(default="text", metadata={"help": "field of each .jsonl record holding the text"})
+    progress: bool = field(default=True, metadata={"help": "show a progress bar"})
 
 
 # ------------------------------------------------------------------------------ documents
@@ -178,7 +193,9 @@ def all_windows(packed: PackedStream, context: int, stride: int, per_document: b
 
 
 @torch.no_grad()
-def window_nll(model, packed: PackedStream, spans: list[tuple[int, int, int]], mode: str, batch_size: int, progress: bool) -> np.ndarray:
+def window_nll(
+    model, packed: PackedStream, spans: list[tuple[int, int, int]], mode: str, batch_size: int, progress: bool
+) -> np.ndarray:
     """The student's NLL (nats) of every position's target, each from one of the windows ``spans``."""
     nll = np.zeros(len(packed.inputs), dtype=np.float64)
     context = max(end - start for start, _, end in spans)
@@ -196,7 +213,9 @@ def window_nll(model, packed: PackedStream, spans: list[tuple[int, int, int]], m
         logprobs = torch.log_softmax(logits, -1)
         for row, (start, first, end) in enumerate(batch):
             targets = torch.from_numpy(packed.targets[first:end])
-            picked = logprobs[row, first - start : end - start].gather(-1, targets.clamp(max=logits.shape[-1] - 1).unsqueeze(-1))
+            picked = logprobs[row, first - start : end - start].gather(
+                -1, targets.clamp(max=logits.shape[-1] - 1).unsqueeze(-1)
+            )
             nll[first:end] = -picked.squeeze(-1).double().numpy()
     return nll
 
@@ -247,13 +266,15 @@ def summarise(sources: list[Path], packed: PackedStream, nll: np.ndarray) -> lis
     for index, path in enumerate(sources):
         here = packed.scored & (packed.source == index)
         is_store = path.is_dir() and bool(packed.teacher_nll[here].any())
-        results.append(SourceScore(
-            name=path.name or str(path),
-            documents=int((here & (packed.targets == EOS)).sum()),
-            bytes=int((counted & (packed.source == index)).sum()),
-            student_nll=float(nll[here].sum()),
-            teacher_nll=float(packed.teacher_nll[here].sum()) if is_store else None,
-        ))
+        results.append(
+            SourceScore(
+                name=path.name or str(path),
+                documents=int((here & (packed.targets == EOS)).sum()),
+                bytes=int((counted & (packed.source == index)).sum()),
+                student_nll=float(nll[here].sum()),
+                teacher_nll=float(packed.teacher_nll[here].sum()) if is_store else None,
+            )
+        )
     teachers = [r.teacher_nll for r in results]
     total = SourceScore(
         name="total",

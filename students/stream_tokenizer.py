@@ -92,7 +92,9 @@ class TeacherTokens:
         joined = b"".join(out)
         if joined != data:
             at = next((i for i, (a, b) in enumerate(zip(joined, data)) if a != b), min(len(joined), len(data)))
-            raise ValueError(f"the teacher tokenizer does not reproduce the text's bytes (first difference at byte {at})")
+            raise ValueError(
+                f"the teacher tokenizer does not reproduce the text's bytes (first difference at byte {at})"
+            )
         return out
 
 
@@ -125,8 +127,9 @@ class ByteStreamTokenizer(PreTrainedTokenizer):
     ``skip_special_tokens=True`` and shows invalid UTF-8 as U+FFFD.
     """
 
-    vocab_files_names = {"teacher_tokenizer_file": TEACHER_TOKENIZER_FILE}
-    model_input_names = ["input_ids", "attention_mask"]
+    # transformers reads these class attributes; ClassVar would need one more import in the shipped file
+    vocab_files_names = {"teacher_tokenizer_file": TEACHER_TOKENIZER_FILE}  # noqa: RUF012
+    model_input_names = ["input_ids", "attention_mask"]  # noqa: RUF012
 
     def __init__(self, teacher_tokenizer_file: str | None = None, **kwargs):
         if teacher_tokenizer_file is None:
@@ -177,7 +180,9 @@ class ByteStreamTokenizer(PreTrainedTokenizer):
         parts.append(pending.decode("utf-8", errors="replace"))
         return "".join(parts)
 
-    def build_inputs_with_special_tokens(self, token_ids_0: list[int], token_ids_1: list[int] | None = None) -> list[int]:
+    def build_inputs_with_special_tokens(
+        self, token_ids_0: list[int], token_ids_1: list[int] | None = None
+    ) -> list[int]:
         return [BOS] + token_ids_0 + (token_ids_1 or [])
 
     def get_special_tokens_mask(self, token_ids_0, token_ids_1=None, already_has_special_tokens=False) -> list[int]:
@@ -198,4 +203,3 @@ class ByteStreamTokenizer(PreTrainedTokenizer):
 def auto_map() -> dict[str, list[str | None]]:
     """The ``tokenizer_config.json`` entry that makes ``AutoTokenizer(..., trust_remote_code=True)`` load this class."""
     return {"AutoTokenizer": [f"tokenization_bytedistill.{ByteStreamTokenizer.__name__}", None]}
-

@@ -3,8 +3,8 @@
 The "teacher" is a fixed random bigram model over the 260-symbol alphabet (some transitions
 have probability exactly 0, ``<pad>`` never follows anything). :class:`BigramStreamDataset`
 yields the same dicts as ``logit_store.dataset.PackedStreamDataset``, so the trainer runs on it
-unchanged (and resumes it the same way); ``SYNTHETIC_SOURCE`` plugs it into :func:`students.trainer.train`. The store "paths"
-only pick the sample: a different name gives different sequences from the same teacher.
+unchanged (and resumes it the same way); ``SYNTHETIC_SOURCE`` plugs it into :func:`students.trainer.train`.
+The store "paths" only pick the sample: a different name gives different sequences from the same teacher.
 """
 
 from __future__ import annotations
@@ -58,13 +58,21 @@ class BigramStreamDataset(SplitBatches):
         self.teacher = bigram_teacher()
 
     def order_settings(self) -> dict:
-        return {**super().order_settings(), "seq_len": self.seq_len, "shuffle": self.shuffle, "seed": self.seed,
-                "sample": self.sample_seed, "num_sequences": self.num_sequences}  # fmt: skip
+        return {
+            **super().order_settings(),
+            "seq_len": self.seq_len,
+            "shuffle": self.shuffle,
+            "seed": self.seed,
+            "sample": self.sample_seed,
+            "num_sequences": self.num_sequences,
+        }
 
     def _split(self, split: int) -> list[int]:
         order = torch.arange(self.num_sequences)
         if self.shuffle:
-            order = order[torch.randperm(self.num_sequences, generator=torch.Generator().manual_seed(self.seed + self.epoch))]
+            order = order[
+                torch.randperm(self.num_sequences, generator=torch.Generator().manual_seed(self.seed + self.epoch))
+            ]
         return order[split :: self.num_splits].tolist()
 
     def num_windows(self, split: int) -> int:

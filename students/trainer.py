@@ -69,7 +69,9 @@ class TrainConfig:
     seq_len: int = field(default=512, metadata={"help": "symbols per training sequence"})
     batch_size: int = field(default=16, metadata={"help": "sequences per micro-batch per process"})
     grad_accum: int = field(default=1, metadata={"help": "micro-batches per optimizer step"})
-    num_workers: int = field(default=0, metadata={"help": "data loader worker processes per process (decode the store in parallel)"})
+    num_workers: int = field(
+        default=0, metadata={"help": "data loader worker processes per process (decode the store in parallel)"}
+    )
     # optimisation
     lr: float = field(default=1e-3, metadata={"help": "peak learning rate"})
     min_lr: float = field(default=1e-4, metadata={"help": "learning rate at the end of the cosine decay"})
@@ -83,15 +85,22 @@ class TrainConfig:
         metadata={"help": "end this session at this step with a checkpoint (schedule unchanged); resume later"},
     )
     # loss
-    alpha: float = field(default=1.0, metadata={"help": "weight of KL(teacher||student); 1-alpha weighs cross-entropy; 0 = baseline"})
+    alpha: float = field(
+        default=1.0, metadata={"help": "weight of KL(teacher||student); 1-alpha weighs cross-entropy; 0 = baseline"}
+    )
     temperature: float = field(default=1.0, metadata={"help": "distillation temperature"})
     # evaluation, checkpoints, logs
     eval_every: int = field(default=500, metadata={"help": "evaluate every N steps (0: only at start and end)"})
     eval_bytes: int = field(
         default=1_000_000,
-        metadata={"help": "evaluate on the held-out documents, in store order, until their streams reach about this many symbols (0: all)"},
+        metadata={
+            "help": "evaluate on the held-out documents, in store order, "
+            "until their streams reach about this many symbols (0: all)"
+        },
     )
-    checkpoint_every: int = field(default=1000, metadata={"help": "save a checkpoint every N steps (0: only at the end)"})
+    checkpoint_every: int = field(
+        default=1000, metadata={"help": "save a checkpoint every N steps (0: only at the end)"}
+    )
     keep_checkpoints: int = field(default=3, metadata={"help": "keep only the newest N checkpoints (0: keep all)"})
     log_every: int = field(default=10, metadata={"help": "log training loss every N steps"})
     log_dir: str | None = field(default=None, metadata={"help": "TensorBoard directory (default: OUTPUT_DIR/logs)"})
@@ -99,9 +108,7 @@ class TrainConfig:
     progress: bool = field(default=True, metadata={"help": "show a progress bar"})
     # run
     seed: int = field(default=0, metadata={"help": "seed for initialisation and data order"})
-    mixed_precision: str = field(
-        default="no", metadata={"help": "mixed precision", "choices": ["no", "fp16", "bf16"]}
-    )
+    mixed_precision: str = field(default="no", metadata={"help": "mixed precision", "choices": ["no", "fp16", "bf16"]})
     resume: str | None = field(
         default=None, metadata={"help": "'latest' (newest checkpoint in OUTPUT_DIR, if any) or a checkpoint directory"}
     )
@@ -207,17 +214,35 @@ def start_run(config: TrainConfig, source: DataSource) -> tuple[Run, bool]:
     accelerator = _accelerator(config, Path(config.log_dir) if config.log_dir else output_dir / "logs")
     set_seed(config.seed)
     model, optimizer = accelerator.prepare(*_model_and_optimizer(config))
-    common = dict(rank=accelerator.process_index, world_size=accelerator.num_processes, num_workers=config.num_workers)
+    common = {
+        "rank": accelerator.process_index,
+        "world_size": accelerator.num_processes,
+        "num_workers": config.num_workers,
+    }
     train_set = source.build(
-        config.train_stores, config.seq_len, config.batch_size,
-        with_teacher=config.alpha > 0, teacher_dtype="float16", shuffle=True, seed=config.seed, max_symbols=0, **common,
-    )  # fmt: skip
+        config.train_stores,
+        config.seq_len,
+        config.batch_size,
+        with_teacher=config.alpha > 0,
+        teacher_dtype="float16",
+        shuffle=True,
+        seed=config.seed,
+        max_symbols=0,
+        **common,
+    )
     eval_set = None
     if config.eval_store is not None:
         eval_set = source.build(
-            [config.eval_store], config.seq_len, config.batch_size,
-            with_teacher=True, teacher_dtype="float32", shuffle=False, seed=0, max_symbols=config.eval_bytes, **common,
-        )  # fmt: skip
+            [config.eval_store],
+            config.seq_len,
+            config.batch_size,
+            with_teacher=True,
+            teacher_dtype="float32",
+            shuffle=False,
+            seed=0,
+            max_symbols=config.eval_bytes,
+            **common,
+        )
     state, position = TrainerState(), {"epoch": 0, "batches": 0}
     resume_from = resolve_resume(config.resume, output_dir)
     if resume_from is not None:
@@ -226,13 +251,24 @@ def start_run(config: TrainConfig, source: DataSource) -> tuple[Run, bool]:
             keep_metrics_until(output_dir / "metrics.jsonl", state.step)
     accelerator.init_trackers("bytedistill", config=_hparams(config))
     bar = tqdm(
-        total=config.max_steps, initial=state.step, disable=not (config.progress and accelerator.is_main_process),
-        unit="step", dynamic_ncols=True,
-    )  # fmt: skip
+        total=config.max_steps,
+        initial=state.step,
+        disable=not (config.progress and accelerator.is_main_process),
+        unit="step",
+        dynamic_ncols=True,
+    )
     run = Run(
-        config, accelerator, model, optimizer, BatchStream(train_set, **position), eval_set,
-        source.describe(config.train_stores), state, bar, window=(time.perf_counter(), 0),
-    )  # fmt: skip
+        config,
+        accelerator,
+        model,
+        optimizer,
+        BatchStream(train_set, **position),
+        eval_set,
+        source.describe(config.train_stores),
+        state,
+        bar,
+        window=(time.perf_counter(), 0),
+    )
     model.train()
     return run, resume_from is not None
 
@@ -250,9 +286,13 @@ def train_step(run: Run) -> StepStats:
         with accelerator.accumulate(model):
             logits = model(input_ids=batch["input_ids"], use_cache=False).logits
             out = distill_loss(
-                logits, batch["target_ids"], batch["loss_mask"], batch.get("target_probs"),
-                alpha=config.alpha, temperature=config.temperature,
-            )  # fmt: skip
+                logits,
+                batch["target_ids"],
+                batch["loss_mask"],
+                batch.get("target_probs"),
+                alpha=config.alpha,
+                temperature=config.temperature,
+            )
             accelerator.backward(out.total)
             if accelerator.sync_gradients and config.grad_clip > 0:
                 accelerator.clip_grad_norm_(model.parameters(), config.grad_clip)
@@ -277,8 +317,13 @@ def log_training(run: Run, stats: StepStats) -> None:
     start, window_bytes = run.window
     rate = window_bytes / max(time.perf_counter() - start, 1e-9)
     run.window = (time.perf_counter(), 0)
-    values = {"train/loss": float(mean["total"]), "train/ce": float(mean["ce"]), "train/lr": stats.lr,
-              "train/bytes": run.state.train_bytes, "train/bytes_per_s": rate}  # fmt: skip
+    values = {
+        "train/loss": float(mean["total"]),
+        "train/ce": float(mean["ce"]),
+        "train/lr": stats.lr,
+        "train/bytes": run.state.train_bytes,
+        "train/bytes_per_s": rate,
+    }
     if run.config.alpha > 0:
         values["train/kl"] = float(mean["kl"])
     run.accelerator.log(values, step=run.state.step)
@@ -307,7 +352,13 @@ def save(run: Run) -> Path:
     """A checkpoint of the current step; older ones beyond ``keep_checkpoints`` are removed."""
     path = checkpoint_dir(run.output_dir, run.state.step)
     save_checkpoint(
-        run.accelerator, run.model, path, run.state, run.stream.position(), run.stream.dataset.order_settings(), run_info(run)
+        run.accelerator,
+        run.model,
+        path,
+        run.state,
+        run.stream.position(),
+        run.stream.dataset.order_settings(),
+        run_info(run),
     )
     if run.accelerator.is_main_process:
         prune_checkpoints(run.output_dir, run.config.keep_checkpoints)
@@ -351,7 +402,9 @@ def _accelerator(config: TrainConfig, log_dir: Path):
 
 def _hparams(config: TrainConfig) -> dict[str, Any]:
     """The config in the scalar types TensorBoard's hparams accept."""
-    return {k: v if isinstance(v, (int, float, str, bool)) else json.dumps(v) for k, v in dataclasses.asdict(config).items()}
+    return {
+        k: v if isinstance(v, (int, float, str, bool)) else json.dumps(v) for k, v in dataclasses.asdict(config).items()
+    }
 
 
 def _model_and_optimizer(config: TrainConfig) -> tuple[torch.nn.Module, torch.optim.Optimizer]:

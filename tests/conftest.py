@@ -12,15 +12,15 @@ from distill.encode import DocumentEncoder
 from distill.vocab import load_teacher_tokenizer, vocab_from_tokenizer
 
 SAMPLE_DOCUMENTS = {
-    "english": "In the beginning God created the heaven and the earth.".encode(),
+    "english": b"In the beginning God created the heaven and the earth.",
     "emoji": "Deploy 🚀🔥 now 👍🏽, family: 👨‍👩‍👧‍👦!".encode(),
     "cjk": "天地玄黄，宇宙洪荒。日本語のテキストと한국어".encode(),
     "arabic": "السلام عليكم ورحمة الله وبركاته".encode(),
     "combining": "e\u0301 a\u0308 n\u0303 Z\u0351\u0352\u0357\u0358 q\u0307\u0323".encode(),
-    "whitespace": "a\tb\r\n\r\nc" .encode() + b" " * 37 + b"d\t\t\t\n\n\n    e",
+    "whitespace": b"a\tb\r\n\r\nc" + b" " * 37 + b"d\t\t\t\n\n\n    e",
     "long_tokens": ("=" * 80 + "\n" + "-" * 64 + " " * 128 + "x").encode(),
     "invalid_utf8": b"ok \xff\xfe bad \xc3( cut \xe2\x82 end\x80",
-    "special_literal": "<|begin_of_text|>hello<|end_of_text|> <|eot_id|>".encode(),
+    "special_literal": b"<|begin_of_text|>hello<|end_of_text|> <|eot_id|>",
     "code": b"def f(x):\n    return {'a': [x ** 2 for _ in range(10)]}\n",
 }
 

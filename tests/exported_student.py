@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from distill.cli import main as bytedistill
-from tests.teachers import save_tiny_llama3_teacher
+from tests.teachers import dump_args, save_tiny_llama3_teacher
 
 TRAIN = [
     "In the beginning God created the heaven and the earth.\nAnd the earth was without form, and void.",
@@ -30,7 +30,6 @@ SEQ_LEN = 32
 class Exported:
     teacher: Path
     heldout_store: Path
-    heldout_texts: Path
     run: Path
     folder: Path
 
@@ -45,16 +44,47 @@ def build(root: Path) -> Exported:
     texts.mkdir()
     for i, data in enumerate([t.encode() for t in HELDOUT] + HELDOUT_BYTES):
         (texts / f"doc{i}.txt").write_bytes(data)
-    common = ["--teacher", str(teacher), "--max-length", "64", "--stride", "16", "--batch-tokens", "256", "--progress", "false"]
     for corpus, store in ((root / "train.jsonl", root / "store/train"), (texts, root / "store/heldout")):
-        assert bytedistill(["dump", *common, "--corpus", str(corpus), "--output", str(store)]) == 0
+        assert bytedistill(dump_args(teacher, corpus, store)) == 0
     run = root / "student"
-    assert bytedistill([
-        "train", "--train-stores", str(root / "store/train"), "--eval-store", str(root / "store/heldout"),
-        "--output-dir", str(run), "--preset", "tiny", "--hidden-size", "32", "--num-layers", "2", "--num-heads", "2",
-        "--intermediate-size", "64", "--seq-len", str(SEQ_LEN), "--batch-size", "4", "--max-steps", "4",
-        "--warmup-steps", "1", "--eval-every", "0", "--eval-bytes", "0", "--progress", "false",
-    ]) == 0
+    assert (
+        bytedistill(
+            [
+                "train",
+                "--train-stores",
+                str(root / "store/train"),
+                "--eval-store",
+                str(root / "store/heldout"),
+                "--output-dir",
+                str(run),
+                "--preset",
+                "tiny",
+                "--hidden-size",
+                "32",
+                "--num-layers",
+                "2",
+                "--num-heads",
+                "2",
+                "--intermediate-size",
+                "64",
+                "--seq-len",
+                str(SEQ_LEN),
+                "--batch-size",
+                "4",
+                "--max-steps",
+                "4",
+                "--warmup-steps",
+                "1",
+                "--eval-every",
+                "0",
+                "--eval-bytes",
+                "0",
+                "--progress",
+                "false",
+            ]
+        )
+        == 0
+    )
     folder = root / "model"
     assert bytedistill(["export", str(run), str(folder), "--teacher", "tiny-llama3"]) == 0
-    return Exported(teacher, root / "store/heldout", texts, run, folder)
+    return Exported(teacher, root / "store/heldout", run, folder)

@@ -16,7 +16,9 @@ def tiny_vocab() -> TeacherVocab:
     """256 single bytes, a few merges, one end-of-text special."""
     tokens = tuple(bytes([b]) for b in range(256)) + MERGES + (b"",)
     eot = len(tokens) - 1
-    return TeacherVocab(token_bytes=tokens, special_ids=(eot,), end_of_text_ids=(eot,), family="byte_level", name="tiny")
+    return TeacherVocab(
+        token_bytes=tokens, special_ids=(eot,), end_of_text_ids=(eot,), family="byte_level", name="tiny"
+    )
 
 
 def greedy_ids(vocab: TeacherVocab, text: bytes) -> np.ndarray:

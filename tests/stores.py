@@ -10,14 +10,31 @@ import numpy as np
 from logit_store import StoreWriter
 from tests.conftest import random_logits
 
-WORDS = "in the beginning god created heaven and earth light was good day night waters 🚀 天地 naïve".split()
+WORDS = [
+    "in",
+    "the",
+    "beginning",
+    "god",
+    "created",
+    "heaven",
+    "and",
+    "earth",
+    "light",
+    "was",
+    "good",
+    "day",
+    "night",
+    "waters",
+    "🚀",
+    "天地",
+    "naïve",
+]
 
 
 def random_texts(count: int, seed: int, min_words: int = 4, max_words: int = 40) -> list[bytes]:
     rng = np.random.default_rng(seed)
     return [
-        " ".join(rng.choice(WORDS, size=int(rng.integers(min_words, max_words + 1)))).encode()
-        for _ in range(count)
+        " ".join(rng.choice(WORDS, size=int(rng.integers(min_words, max_words + 1)))).encode() for _ in range(count)
     ]
 
 
@@ -29,5 +46,7 @@ def write_random_store(directory: Path, vocab, converter, encoder, texts: list[b
         for k, text in enumerate(texts):
             ids = encoder.encode(text)
             logits = random_logits(len(ids) + 1, vocab.size, seed=seed * 100_003 + k, peaked=k % 2 == 1)
-            out.add_distributions(converter.convert_numba(ids, logits), key=f"doc-{k}", text_bytes=len(text), token_ids=ids)
+            out.add_distributions(
+                converter.convert_numba(ids, logits), key=f"doc-{k}", text_bytes=len(text), token_ids=ids
+            )
     return directory

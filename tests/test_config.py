@@ -42,6 +42,21 @@ def test_json_file_and_flags_win_wherever_they_stand(tmp_path):
     assert parse_config(DumpConfig, ["--config", str(path), "--stride", "3"]).max_length == 128
 
 
+def test_a_lone_value_for_a_list_field_is_a_one_item_list(tmp_path, capsys):
+    path = tmp_path / "train.yaml"
+    path.write_text("train_stores: a\noutput_dir: o\nmax_steps: 5\n")
+    assert parse_config(TrainConfig, ["--config", str(path)]).train_stores == ["a"]
+    assert parse_config(TrainConfig, ["--config", str(path), "--train-stores", "x", "y"]).train_stores == ["x", "y"]
+    with pytest.raises(SystemExit):
+        cli_main(["train", "--config", str(path), "--print-config"])
+    assert "train_stores:\n- a\n" in capsys.readouterr().out
+    path.write_text("teacher: t\ncorpus: c\noutput: o\nend-of-text: <|x|>\n")
+    assert parse_config(DumpConfig, ["--config", str(path)]).end_of_text == ["<|x|>"]
+    path.write_text("train_stores: 5\noutput_dir: o\n")
+    with pytest.raises(UserError, match="train_stores"):
+        parse_config(TrainConfig, ["--config", str(path)])
+
+
 def test_unknown_missing_and_mistyped_options(tmp_path):
     path = tmp_path / "dump.yaml"
     path.write_text("teacher: t\nmax_lenght: 3\n")
@@ -68,6 +83,12 @@ def test_a_mistake_is_one_line_and_exit_2(argv, message, capsys):
     assert cli_main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and re.match(message, err.strip()), err
+
+
+def test_no_arguments_print_the_subcommands_and_exit_2(capsys):
+    assert cli_main([]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: bytedistill") and all(name in err for name in COMMANDS)
 
 
 def test_an_unknown_key_in_a_file_is_one_line_naming_it(tmp_path, capsys):

@@ -158,13 +158,16 @@ def test_torch_path_agrees_with_numba(dtype, llama3_encoder, llama3_converter, l
 
 def test_torch_path_small_element_budget(monkeypatch, llama3_encoder, llama3_converter, llama3_vocab):
     """Splitting a document's ranges into many small device batches changes nothing."""
-    import distill.convert_torch as convert_torch
+    from distill import convert_torch
 
     ids = llama3_encoder.encode(SAMPLE_DOCUMENTS["english"])
     logits = random_logits(len(ids) + 1, llama3_vocab.size, seed=11)
     whole = llama3_converter.convert_torch(ids, torch.from_numpy(logits))
     monkeypatch.setattr(convert_torch, "MAX_ELEMENTS", 1000)
-    split = llama3_converter.convert_torch(ids, torch.from_numpy(logits), )
+    split = llama3_converter.convert_torch(
+        ids,
+        torch.from_numpy(logits),
+    )
     np.testing.assert_allclose(split.values, whole.values, rtol=1e-12, atol=1e-300)
 
 
@@ -266,8 +269,10 @@ def test_tokens_longer_than_any_fixed_buffer():
     long_tokens = (b"=" * 1500, b"=" * 3000, b"=" * 2999 + b"-")
     vocab = TeacherVocab(
         token_bytes=tuple(bytes([b]) for b in range(256)) + long_tokens + (b"",),
-        special_ids=(259,), end_of_text_ids=(259,), family=BYTE_LEVEL,
-    )  # fmt: skip
+        special_ids=(259,),
+        end_of_text_ids=(259,),
+        family=BYTE_LEVEL,
+    )
     converter = Converter(vocab)
     assert converter.trie.max_depth == 3000
     ids = np.array([256, ord("x"), 257, 258, 256])

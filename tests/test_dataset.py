@@ -17,7 +17,9 @@ from tests.stores import random_texts, write_random_store
 @pytest.fixture(scope="module")
 def store_dir(tmp_path_factory, llama3_vocab, llama3_converter, llama3_encoder):
     texts = random_texts(40, seed=5)
-    return write_random_store(tmp_path_factory.mktemp("data") / "s", llama3_vocab, llama3_converter, llama3_encoder, texts)
+    return write_random_store(
+        tmp_path_factory.mktemp("data") / "s", llama3_vocab, llama3_converter, llama3_encoder, texts
+    )
 
 
 @pytest.fixture
@@ -35,7 +37,9 @@ def _streams(store, documents) -> np.ndarray:
 def test_whole_chunks_every_position_once_one_read_per_chunk(store, monkeypatch, world, workers):
     reads = []
     original = ShardReader.read_chunk
-    monkeypatch.setattr(ShardReader, "read_chunk", lambda self, c, *rest: reads.append((self.name, c)) or original(self, c, *rest))
+    monkeypatch.setattr(
+        ShardReader, "read_chunk", lambda self, c, *rest: reads.append((self.name, c)) or original(self, c, *rest)
+    )
     spans = store.chunk_spans()
     assert len(spans) >= 6 and sum(n for _, n in spans) == len(store)
     chunk_of = {i: k for k, (first, n) in enumerate(spans) for i in range(first, first + n)}
@@ -138,6 +142,7 @@ def test_epochs_reshuffle_and_ce_only_reads_no_values(store_dir, store, llama3_c
     assert tuple(dataset.split_documents(0)) == tuple(again.split_documents(0))
 
     ce_only = PackedStreamDataset(store, 32, 4, with_teacher=False, shuffle=False)
+
     def refuse(*args, **kwargs):
         raise AssertionError("a CE-only dataset decoded teacher values")
 

@@ -18,10 +18,10 @@ from distill.cli import main as cli_main
 from distill.windows import plan_windows
 from logit_store.store import LogitStore, store_content_hash
 from tests.launch import cpu_launch
-from tests.teachers import save_tiny_llama3_teacher
+from tests.teachers import dump_args, save_tiny_llama3_teacher
 
 DOCUMENTS = {
-    "genesis.txt": "In the beginning God created the heaven and the earth.\nAnd the earth was without form.".encode(),
+    "genesis.txt": b"In the beginning God created the heaven and the earth.\nAnd the earth was without form.",
     "invalid.txt": b"bytes \xff\xfe that are not UTF-8 \xc3( and then some",
     "special.txt": "a literal <|begin_of_text|> and <|end_of_text|> in text 🙂".encode(),
     "empty.txt": b"",
@@ -40,11 +40,6 @@ def corpus_dir(tmp_path_factory) -> Path:
     for name, data in DOCUMENTS.items():
         (folder / name).write_bytes(data)
     return folder
-
-
-def dump_args(teacher, corpus, output, *extra) -> list[str]:
-    return ["dump", "--teacher", str(teacher), "--corpus", str(corpus), "--output", str(output),
-            "--max-length", "64", "--stride", "16", "--batch-tokens", "256", "--progress", "false", *extra]
 
 
 def teacher_token_nll(model, token_ids: np.ndarray, prefix: int, end_of_text, special, max_length, stride) -> float:
@@ -68,13 +63,22 @@ def teacher_token_nll(model, token_ids: np.ndarray, prefix: int, end_of_text, sp
     return nll
 
 
-@pytest.mark.parametrize("encoding, rel, conversion", [("float16", 1e-3, "numba"), ("pow8", 2e-2, "numba"), ("float16", 1e-3, "torch")])
+@pytest.mark.parametrize(
+    "encoding, rel, conversion", [("float16", 1e-3, "numba"), ("pow8", 2e-2, "numba"), ("float16", 1e-3, "torch")]
+)
 def test_stream_nll_equals_teacher_token_nll(encoding, rel, conversion, teacher_dir, corpus_dir, tmp_path, capsys):
     """The brute-force check: every document's stream log-likelihood is the teacher's token
     log-likelihood, computed window by window with the model itself; on both conversion paths
     (``torch`` is the CUDA code path, run here on CPU tensors), with row chunks that cut windows."""
     out = tmp_path / "store"
-    assert cli_main(dump_args(teacher_dir, corpus_dir, out, "--encoding", encoding, "--conversion", conversion, "--head-rows", "37")) == 0
+    assert (
+        cli_main(
+            dump_args(
+                teacher_dir, corpus_dir, out, "--encoding", encoding, "--conversion", conversion, "--head-rows", "37"
+            )
+        )
+        == 0
+    )
     summary = capsys.readouterr().out
     assert "1 empty skipped" in summary and "teacher BPB" in summary
     store = LogitStore(out)
@@ -93,22 +97,43 @@ def test_stream_nll_equals_teacher_token_nll(encoding, rel, conversion, teacher_
     assert len(plan_windows(len(store.document(list(texts).index("long.txt")).token_ids), 1, 64, 16)) > 1
 
 
+# small windows and groups: a dump of lorem_corpus writes many shards, so it can be killed midway
+KILLABLE = [
+    "--max-length",
+    "64",
+    "--stride",
+    "16",
+    "--batch-tokens",
+    "64",
+    "--group-tokens",
+    "64",
+    "--progress",
+    "false",
+]
+
+
+def lorem_corpus(folder: Path, count: int) -> Path:
+    """``count`` text documents of growing length."""
+    folder.mkdir()
+    for i in range(count):
+        (folder / f"doc{i:02d}.txt").write_bytes(f"Document {i}: ".encode() + b"lorem ipsum dolor sit amet " * (5 + i))
+    return folder
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("conversion", ["numba", "torch"])
 def test_killed_dump_resumes_to_the_same_store(conversion, teacher_dir, tmp_path):
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    for i in range(24):
-        (corpus / f"doc{i:02d}.txt").write_bytes(f"Document {i}: ".encode() + b"lorem ipsum dolor sit amet " * (5 + i))
-    args = ["--max-length", "64", "--stride", "16", "--batch-tokens", "64", "--group-tokens", "64", "--docs-per-shard", "2",
-            "--conversion", conversion, "--progress", "false"]
+    corpus = lorem_corpus(tmp_path / "corpus", 24)
+    args = [*KILLABLE, "--docs-per-shard", "2", "--conversion", conversion]
     command = [sys.executable, "-m", "distill.cli", "dump", "--teacher", str(teacher_dir), "--corpus", str(corpus)]
 
     whole = tmp_path / "whole"
     subprocess.run(command + ["--output", str(whole)] + args, check=True, capture_output=True)
 
     killed = tmp_path / "killed"
-    proc = subprocess.Popen(command + ["--output", str(killed)] + args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        command + ["--output", str(killed)] + args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     deadline = time.time() + 120
     while len(list(killed.glob("shard-*.bds"))) < 3 and time.time() < deadline and proc.poll() is None:
         time.sleep(0.05)
@@ -130,7 +155,13 @@ def test_two_process_accelerate_launch_matches_one_process(teacher_dir, corpus_d
     single, double = tmp_path / "single", tmp_path / "double"
     assert cli_main(dump_args(teacher_dir, corpus_dir, single)) == 0
     launch, env = cpu_launch(2)
-    proc = subprocess.run(launch + ["-m", "distill.cli"] + dump_args(teacher_dir, corpus_dir, double), env=env, capture_output=True, text=True)
+    proc = subprocess.run(
+        launch + ["-m", "distill.cli"] + dump_args(teacher_dir, corpus_dir, double),
+        check=False,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert {p.name.split("-")[1] for p in double.glob("shard-*.bds")} == {"00000", "00001"}
     one, two = LogitStore(single), LogitStore(double)
@@ -179,7 +210,9 @@ def test_teacher_tokenizer_mismatch_is_refused(tmp_path, corpus_dir, capsys, lla
 def test_rerun_with_other_settings_is_refused(teacher_dir, corpus_dir, tmp_path, capsys):
     out = tmp_path / "store"
     assert cli_main(dump_args(teacher_dir, corpus_dir, out, "--max-docs", "1")) == 0
-    code, err = run_cli(dump_args(teacher_dir, corpus_dir, out, "--max-docs", "2", "--max-length", "32", "--encoding", "pow16"), capsys)
+    code, err = run_cli(
+        dump_args(teacher_dir, corpus_dir, out, "--max-docs", "2", "--max-length", "32", "--encoding", "pow16"), capsys
+    )
     assert code == 2 and err.startswith("bytedistill dump: error: ")
     for field in ("settings.max_length: store has 64, this run has 32", "settings.corpus.max_docs", "encoding"):
         assert field in err, (field, err)  # every difference named, however long the line
@@ -200,7 +233,10 @@ def test_jsonl_and_parquet_corpora(teacher_dir, tmp_path, capsys):
         out = tmp_path / f"store-{name}"
         assert cli_main(dump_args(teacher_dir, tmp_path / name, out, "--text-field", "body")) == 0
         store = LogitStore(out)
-        assert [store.document(i).layout.text_bytes() for i in range(len(store))] == [b"first document", "third 文書".encode()]
+        assert [store.document(i).layout.text_bytes() for i in range(len(store))] == [
+            b"first document",
+            "third 文書".encode(),
+        ]
 
 
 def test_corpus_fingerprint_follows_content_not_location(corpus_dir, tmp_path, monkeypatch):
@@ -242,7 +278,12 @@ def test_utf8_runs_exact_and_linear():
         return runs
 
     rng = np.random.default_rng(0)
-    samples = [b"", "plain ascii and 🙂 text".encode(), b"\xff\xfe", b"ok \xc3( \xed\xa0\x80 surrogate bytes \xf4\x90\x80\x80"]
+    samples = [
+        b"",
+        "plain ascii and 🙂 text".encode(),
+        b"\xff\xfe",
+        b"ok \xc3( \xed\xa0\x80 surrogate bytes \xf4\x90\x80\x80",
+    ]
     samples += [rng.integers(0, 256, int(n), dtype=np.uint8).tobytes() for n in rng.integers(1, 200, 50)]
     for data in samples:
         assert utf8_runs(data) == reference(data), data
@@ -319,26 +360,42 @@ def test_killed_two_process_dump_resumes_with_one_or_three(teacher_dir, tmp_path
     job or by 3, hold every document exactly once — the same store as one uninterrupted run."""
     import shutil
 
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    for i in range(30):
-        (corpus / f"doc{i:02d}.txt").write_bytes(f"Document {i}: ".encode() + b"lorem ipsum dolor sit amet " * (5 + i))
-    args = ["--max-length", "64", "--stride", "16", "--batch-tokens", "64", "--group-tokens", "64",
-            "--docs-per-shard", "1", "--writers", "6", "--progress", "false"]
+    corpus = lorem_corpus(tmp_path / "corpus", 30)
+    args = [*KILLABLE, "--docs-per-shard", "1", "--writers", "6"]
 
     def command(output, jobs, index):
-        return [sys.executable, "-m", "distill.cli", "dump", "--teacher", str(teacher_dir), "--corpus", str(corpus),
-                "--output", str(output), "--num-shards", str(jobs), "--shard-index", str(index), *args]
+        return [
+            sys.executable,
+            "-m",
+            "distill.cli",
+            "dump",
+            "--teacher",
+            str(teacher_dir),
+            "--corpus",
+            str(corpus),
+            "--output",
+            str(output),
+            "--num-shards",
+            str(jobs),
+            "--shard-index",
+            str(index),
+            *args,
+        ]
 
     def run_jobs(output, jobs):
-        procs = [subprocess.Popen(command(output, jobs, k), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for k in range(jobs)]
+        procs = [
+            subprocess.Popen(command(output, jobs, k), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            for k in range(jobs)
+        ]
         for proc in procs:
             assert proc.wait(timeout=600) == 0, proc.stderr.read()[-2000:]
 
     whole = tmp_path / "whole"
     run_jobs(whole, 1)
     killed = tmp_path / "killed"
-    procs = [subprocess.Popen(command(killed, 2, k), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for k in range(2)]
+    procs = [
+        subprocess.Popen(command(killed, 2, k), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for k in range(2)
+    ]
     deadline = time.time() + 300
     while len(list(killed.glob("shard-*.bds"))) < 6 and time.time() < deadline and all(p.poll() is None for p in procs):
         time.sleep(0.05)

@@ -21,7 +21,6 @@ from students.export import (
 from students.generate import (
     GenerateOptions,
     generate_bytes,
-    generate_text,
     load_folder,
 )
 from students.synthetic import SYNTHETIC_SOURCE
@@ -32,9 +31,20 @@ from students.trainer import TrainConfig, train
 def trained(tmp_path_factory):
     out = tmp_path_factory.mktemp("run")
     config = TrainConfig(
-        train_stores=["train"], eval_store="eval", output_dir=str(out), preset="tiny", hidden_size=32,
-        num_layers=2, num_heads=2, intermediate_size=64, seq_len=16, batch_size=2, max_steps=3,
-        eval_every=0, checkpoint_every=0, progress=False,
+        train_stores=["train"],
+        eval_store="eval",
+        output_dir=str(out),
+        preset="tiny",
+        hidden_size=32,
+        num_layers=2,
+        num_heads=2,
+        intermediate_size=64,
+        seq_len=16,
+        batch_size=2,
+        max_steps=3,
+        eval_every=0,
+        checkpoint_every=0,
+        progress=False,
     )
     train(config, SYNTHETIC_SOURCE)
     return out
@@ -43,7 +53,10 @@ def trained(tmp_path_factory):
 @pytest.fixture(scope="module")
 def exported(trained, tmp_path_factory, llama3_tokenizer_path):
     return export_student(
-        trained, tmp_path_factory.mktemp("hf") / "student", teacher_tokenizer=llama3_tokenizer_path, repo_id="me/byte-student"
+        trained,
+        tmp_path_factory.mktemp("hf") / "student",
+        teacher_tokenizer=llama3_tokenizer_path,
+        repo_id="me/byte-student",
     )
 
 
@@ -67,7 +80,7 @@ def test_generate_drops_eot(exported):
     model.generation_config.eos_token_id = None
     out = generate_bytes(model, tokenizer, "Hi", GenerateOptions(max_new_bytes=40, greedy=True))
     assert len(out) == 40
-    text = generate_text(exported, "Hi", GenerateOptions(max_new_bytes=20, seed=1))
+    text = generate_bytes(model, tokenizer, "Hi", GenerateOptions(max_new_bytes=20, seed=1)).decode(errors="replace")
     assert "<eot>" not in text and len(text.encode("utf-8", errors="surrogateescape")) >= 1
 
 
@@ -80,11 +93,18 @@ def test_generate_cli(exported, capsys):
 def test_model_card_has_metadata_and_snippet_runs(exported, capsys):
     card = (exported / "README.md").read_text()
     header = card.split("---")[1]
-    for key in ("license", "teacher", "training_bytes", "heldout_bpb_student", "heldout_bpb_teacher", "heldout_kl_bits_per_byte"):
-        assert re.search(rf"^{key}: ", header, re.M), key
-    code = re.search(r"```python\n(.*?)```", card, re.S).group(1)
+    for key in (
+        "license",
+        "teacher",
+        "training_bytes",
+        "heldout_bpb_student",
+        "heldout_bpb_teacher",
+        "heldout_kl_bits_per_byte",
+    ):
+        assert re.search(rf"^{key}: ", header, re.MULTILINE), key
+    code = re.search(r"```python\n(.*?)```", card, re.DOTALL).group(1)
     assert 'repo = "me/byte-student"' in code
-    exec(code.replace('"me/byte-student"', repr(str(exported))), {})
+    exec(code.replace('"me/byte-student"', repr(str(exported))), {})  # noqa: S102 - runs the model card's own snippet
     assert capsys.readouterr().out.startswith("The meaning of life is")
 
 
@@ -140,4 +160,4 @@ def test_shipped_tokenizer_is_the_librarys_module_and_self_contained(exported):
             imported |= {alias.name.split(".")[0] for alias in node.names}
         elif isinstance(node, ast.ImportFrom):
             imported.add(node.module.split(".")[0])
-    assert imported <= {"__future__", "json", "os", "tokenizers", "transformers", "numpy"}, imported
+    assert imported <= {"__future__", "json", "os", "re", "tokenizers", "transformers", "numpy"}, imported

@@ -8,6 +8,7 @@ import base64
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import ClassVar
 
 import pytest
 from transformers import LlamaForCausalLM
@@ -23,9 +24,9 @@ SECRETS = {".env": "HF_TOKEN=hf_secret", ".git-credentials": "https://me:pw@hf.c
 
 
 class FakeHub(BaseHTTPRequestHandler):
-    requests: list = []
-    commits: list = []
-    tokens: list = []
+    requests: ClassVar[list] = []
+    commits: ClassVar[list] = []
+    tokens: ClassVar[list] = []
 
     def log_message(self, *args):  # keep the test output quiet
         pass
@@ -38,7 +39,7 @@ class FakeHub(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def do_POST(self):  # noqa: N802 - http.server's naming
+    def do_POST(self):  # http.server's naming
         body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
         self.requests.append((self.path, body))
         self.tokens.append(self.headers.get("Authorization"))
@@ -52,13 +53,21 @@ class FakeHub(BaseHTTPRequestHandler):
             return self._reply({})
         if "/preupload/" in path:
             files = json.loads(body)["files"]
-            return self._reply({"files": [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False} for f in files]})
+            return self._reply(
+                {"files": [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False} for f in files]}
+            )
         if "/commit/" in path:
             lines = [json.loads(line) for line in body.decode().splitlines() if line]
             header = next(item["value"] for item in lines if item["key"] == "header")
-            files = {item["value"]["path"]: base64.b64decode(item["value"]["content"]) for item in lines if item["key"] == "file"}
+            files = {
+                item["value"]["path"]: base64.b64decode(item["value"]["content"])
+                for item in lines
+                if item["key"] == "file"
+            }
             self.commits.append({"path": path, "summary": header["summary"], "files": files})
-            return self._reply({"commitUrl": f"http://{self.headers['Host']}/me/student/commit/abc", "commitOid": "a" * 40})
+            return self._reply(
+                {"commitUrl": f"http://{self.headers['Host']}/me/student/commit/abc", "commitOid": "a" * 40}
+            )
         return self._reply({"error": f"not faked: {path}"}, status=404)
 
 
@@ -75,10 +84,24 @@ def hub():
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory, llama3_tokenizer_path):
     run = tmp_path_factory.mktemp("run")
-    train(TrainConfig(
-        train_stores=["train"], output_dir=str(run), preset="tiny", hidden_size=32, num_layers=1, num_heads=2,
-        intermediate_size=32, seq_len=16, batch_size=2, max_steps=1, eval_every=0, checkpoint_every=0, progress=False,
-    ), SYNTHETIC_SOURCE)
+    train(
+        TrainConfig(
+            train_stores=["train"],
+            output_dir=str(run),
+            preset="tiny",
+            hidden_size=32,
+            num_layers=1,
+            num_heads=2,
+            intermediate_size=32,
+            seq_len=16,
+            batch_size=2,
+            max_steps=1,
+            eval_every=0,
+            checkpoint_every=0,
+            progress=False,
+        ),
+        SYNTHETIC_SOURCE,
+    )
     out = export_student(run, tmp_path_factory.mktemp("hf") / "student", teacher_tokenizer=llama3_tokenizer_path)
     for name, secret in SECRETS.items():  # left in the folder by someone: must never be uploaded
         (out / name).parent.mkdir(exist_ok=True)
@@ -88,7 +111,9 @@ def folder(tmp_path_factory, llama3_tokenizer_path):
 
 def test_push_uploads_exactly_the_planned_files(hub, folder, monkeypatch):
     monkeypatch.setenv("HF_TOKEN", "hf_fake_token")
-    url = push_folder(folder, "me/student", private=True, revision="exp-1", commit_message="first student", endpoint=hub)
+    url = push_folder(
+        folder, "me/student", private=True, revision="exp-1", commit_message="first student", endpoint=hub
+    )
     assert url.endswith("/commit/abc")
     assert set(FakeHub.tokens) == {"Bearer hf_fake_token"}  # token taken from HF_TOKEN
     paths = [p.split("?")[0] for p, _ in FakeHub.requests]
@@ -99,7 +124,9 @@ def test_push_uploads_exactly_the_planned_files(hub, folder, monkeypatch):
     assert sorted(commit["files"]) == [f.path for f in upload_plan(folder)]
     assert commit["files"]["model.safetensors"] == (folder / "model.safetensors").read_bytes()
     uploaded = set(commit["files"])
-    assert not uploaded & set(SECRETS) and not any(b"secret" in body or b"PRIVATE" in body for _, body in FakeHub.requests)
+    assert not uploaded & set(SECRETS) and not any(
+        b"secret" in body or b"PRIVATE" in body for _, body in FakeHub.requests
+    )
     assert {"tokenization_bytedistill.py", "teacher_tokenizer.json", "README.md", EXPORT_RECORD} <= uploaded
 
 

@@ -72,7 +72,9 @@ def test_stream_tokenizer_reproduces_every_stored_stream(exported):
             invalid += 1
             continue
         assert remote(text).input_ids + [EOS] == layout.symbols.tolist()
-    assert invalid == 1 and any(b"<|begin_of_text|>" in store.document(i).layout.text_bytes() for i in range(len(store)))
+    assert invalid == 1 and any(
+        b"<|begin_of_text|>" in store.document(i).layout.text_bytes() for i in range(len(store))
+    )
 
 
 @pytest.mark.slow
@@ -96,7 +98,9 @@ def test_long_text_slides_within_the_trained_context(exported, tmp_path):
 
     def recording_load(folder):
         model = load(folder)
-        model.register_forward_pre_hook(lambda m, args, kwargs: model_positions.append(kwargs["input_ids"].shape[1]), with_kwargs=True)
+        model.register_forward_pre_hook(
+            lambda m, args, kwargs: model_positions.append(kwargs["input_ids"].shape[1]), with_kwargs=True
+        )
         return model
 
     score_module.load_model = recording_load
@@ -111,7 +115,19 @@ def test_long_text_slides_within_the_trained_context(exported, tmp_path):
 
 @pytest.mark.slow
 def test_score_cli_prints_per_source_and_total(exported, store_texts, capsys):
-    assert bytedistill(["score", str(exported.folder), str(exported.heldout_store), *map(str, store_texts[:2]), "--progress", "false"]) == 0
+    assert (
+        bytedistill(
+            [
+                "score",
+                str(exported.folder),
+                str(exported.heldout_store),
+                *map(str, store_texts[:2]),
+                "--progress",
+                "false",
+            ]
+        )
+        == 0
+    )
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split()[0] == "source" and lines[-1].startswith("total") and len(lines) == 5
     assert bytedistill(["score", str(exported.folder), str(exported.heldout_store / "nothing.txt")]) == 2
@@ -127,7 +143,9 @@ def test_generate_slides_past_the_trained_context(exported):
     model, tokenizer = load_folder(exported.folder)
     model.generation_config.suppress_tokens = [257, 258, 259]  # no <eos>: run past the context
     lengths = []
-    model.register_forward_pre_hook(lambda m, args, kwargs: lengths.append(kwargs["input_ids"].shape[1]), with_kwargs=True)
+    model.register_forward_pre_hook(
+        lambda m, args, kwargs: lengths.append(kwargs["input_ids"].shape[1]), with_kwargs=True
+    )
     out = generate_bytes(model, tokenizer, "And the evening", GenerateOptions(max_new_bytes=3 * SEQ_LEN, greedy=True))
     assert len(out) == 3 * SEQ_LEN
     assert lengths and all(n <= SEQ_LEN for n in lengths)
@@ -140,22 +158,31 @@ def test_lm_eval_bits_per_byte_equals_score(exported, tmp_path, monkeypatch):
 
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    docs = ["And the evening and the morning were the first day. " * 12, "Grüße aus Köln 🙂 — 東京 — السلام عليكم. " * 8]
+    docs = [
+        "And the evening and the morning were the first day. " * 12,
+        "Grüße aus Köln 🙂 — 東京 — السلام عليكم. " * 8,
+    ]
     (tmp_path / "docs.jsonl").write_text("\n".join(json.dumps({"text": d}) for d in docs))
     (tmp_path / "local.yaml").write_text(
-        f"task: bytedistill_local\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {tmp_path / 'docs.jsonl'}\n"
-        "test_split: test\noutput_type: loglikelihood_rolling\ndoc_to_text: \"\"\ndoc_to_target: \"{{text}}\"\n"
+        "task: bytedistill_local\ndataset_path: json\n"
+        f"dataset_kwargs:\n  data_files:\n    test: {tmp_path / 'docs.jsonl'}\n"
+        'test_split: test\noutput_type: loglikelihood_rolling\ndoc_to_text: ""\ndoc_to_target: "{{text}}"\n'
         "metric_list:\n  - metric: bits_per_byte\n    aggregation: bits_per_byte\n    higher_is_better: false\n"
     )
-    results = lm_eval.simple_evaluate(
-        model="hf", model_args=f"pretrained={exported.folder},trust_remote_code=True", tasks=["bytedistill_local"],
-        task_manager=TaskManager(include_path=str(tmp_path)), batch_size=4, device="cpu",
-    )
-    harness = results["results"]["bytedistill_local"]["bits_per_byte,none"]
+
+    def harness_bpb(model_args: str) -> float:
+        results = lm_eval.simple_evaluate(
+            model="hf",
+            model_args=model_args,
+            tasks=["bytedistill_local"],
+            task_manager=TaskManager(include_path=str(tmp_path)),
+            batch_size=4,
+            device="cpu",
+        )
+        return results["results"]["bytedistill_local"]["bits_per_byte,none"]
+
+    harness = harness_bpb(f"pretrained={exported.folder},trust_remote_code=True")
     ours = score(exported.folder, [tmp_path / "docs.jsonl"], ScoreOptions(packed=False, progress=False))[-1]
     assert harness == pytest.approx(ours.student_bpb, rel=0.01)
-    plain = lm_eval.simple_evaluate(
-        model="hf", model_args=f"pretrained={exported.folder}", tasks=["bytedistill_local"],
-        task_manager=TaskManager(include_path=str(tmp_path)), batch_size=4, device="cpu",
-    )["results"]["bytedistill_local"]["bits_per_byte,none"]
+    plain = harness_bpb(f"pretrained={exported.folder}")
     assert plain != pytest.approx(ours.student_bpb, rel=0.01)  # without remote code: plain bytes, another number

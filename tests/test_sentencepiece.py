@@ -38,8 +38,13 @@ from tests.test_convert import (
 )
 
 SPECIAL_TEXT = b"</s><s> [INST] hi [/INST] <|endoftext|><|im_start|>user\n<|im_end|> <unk> </s>  x"
-DOCUMENTS = {**SAMPLE_DOCUMENTS, "sentencepiece_specials": SPECIAL_TEXT, "leading_space": b" a", "one_space": b" ",
-             "invalid_first": b"\xff a"}  # fmt: skip
+DOCUMENTS = {
+    **SAMPLE_DOCUMENTS,
+    "sentencepiece_specials": SPECIAL_TEXT,
+    "leading_space": b" a",
+    "one_space": b" ",
+    "invalid_first": b"\xff a",
+}
 FAMILIES = ["mistral-v1-auto", "mistral-v1-llama", "llama2-json", "phi3", "mistral-v3"]
 
 
@@ -223,7 +228,16 @@ def test_dump_of_a_padded_sentencepiece_teacher(tmp_path, families):
     corpus.mkdir()
     for name, data in documents.items():
         (corpus / name).write_bytes(data)
-    args = ["--corpus", str(corpus), "--output", str(tmp_path / "store"), "--encoding", "float16", "--progress", "false"]
+    args = [
+        "--corpus",
+        str(corpus),
+        "--output",
+        str(tmp_path / "store"),
+        "--encoding",
+        "float16",
+        "--progress",
+        "false",
+    ]
     assert main(["dump", "--teacher", str(folder), *args]) == 0
     store = LogitStore(tmp_path / "store")
     teacher = load_teacher(str(folder), dtype=torch.float64)
@@ -238,6 +252,8 @@ def test_dump_of_a_padded_sentencepiece_teacher(tmp_path, families):
         input_ids = torch.tensor([teacher.context_prefix + ids.tolist()])
         rows = np.arange(len(ids) + 1)
         logits = teacher.logits(input_ids, torch.ones_like(input_ids), [rows]).double().numpy()
-        expected = teacher_log_likelihood(teacher.vocab, ids, logits) - reference_context_log_mass(teacher.vocab, ids, logits)
+        expected = teacher_log_likelihood(teacher.vocab, ids, logits) - reference_context_log_mass(
+            teacher.vocab, ids, logits
+        )
         stream = float(np.log(doc.target_probabilities().astype(np.float64)).sum())
         assert stream == pytest.approx(expected, rel=1e-3)

@@ -7,6 +7,7 @@ import dataclasses
 import json
 import os
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -29,13 +30,13 @@ from logit_store import (
 from logit_store.cli import verify_store
 
 TEXTS = [
-    "In the beginning God created the heaven and the earth.".encode(),
+    b"In the beginning God created the heaven and the earth.",
     "Deploy 🚀🔥 now 👍🏽, family: 👨‍👩‍👧‍👦!".encode(),
     "天地玄黄，宇宙洪荒。日本語のテキストと한국어".encode(),
     b"ok \xff\xfe bad \xc3( cut \xe2\x82 end\x80",
     b"def f(x):\n    return {'a': [x ** 2 for _ in range(10)]}\n",
     ("=" * 40 + "\n" + " " * 30 + "x").encode(),
-    "<|begin_of_text|>hello<|end_of_text|> <|eot_id|>".encode(),
+    b"<|begin_of_text|>hello<|end_of_text|> <|eot_id|>",
     b"a",
 ]
 
@@ -84,8 +85,16 @@ def write_store(directory, llama3, documents, encoding="pow8", **kwargs):
     vocab, converter, _ = llama3
     kwargs.setdefault("docs_per_shard", 3)
     kwargs.setdefault("chunk_bytes", 4_000)
-    with StoreWriter(directory, vocab, encoding=encoding, teacher="random-llama3", settings={"t": 1.0},
-                     corpus_hash="c0ffee", trie=converter.trie, **kwargs) as writer:  # fmt: skip
+    with StoreWriter(
+        directory,
+        vocab,
+        encoding=encoding,
+        teacher="random-llama3",
+        settings={"t": 1.0},
+        corpus_hash="c0ffee",
+        trie=converter.trie,
+        **kwargs,
+    ) as writer:
         for k, (ids, dist, nbytes) in enumerate(documents):
             writer.add_distributions(dist, key=None if k == 3 else f"doc-{k}", text_bytes=nbytes, token_ids=ids)
     return directory
@@ -186,8 +195,15 @@ def test_random_access_equals_iteration(default_store, llama3, documents):
 def test_resume_after_crash_matches_uninterrupted(tmp_path, llama3, documents):
     vocab, converter, _ = llama3
     full = write_store(tmp_path / "full", llama3, documents, docs_per_shard=2, chunk_bytes=1)
-    kwargs = dict(encoding="pow8", teacher="random-llama3", settings={"t": 1.0}, corpus_hash="c0ffee",
-                  trie=converter.trie, docs_per_shard=2, chunk_bytes=1)  # fmt: skip
+    kwargs = {
+        "encoding": "pow8",
+        "teacher": "random-llama3",
+        "settings": {"t": 1.0},
+        "corpus_hash": "c0ffee",
+        "trie": converter.trie,
+        "docs_per_shard": 2,
+        "chunk_bytes": 1,
+    }
     crashed = tmp_path / "crashed"
     writer = StoreWriter(crashed, vocab, **kwargs)
     assert writer.num_existing_documents == 0
@@ -195,8 +211,10 @@ def test_resume_after_crash_matches_uninterrupted(tmp_path, llama3, documents):
         writer.add_distributions(dist, key=None if k == 3 else f"doc-{k}", text_bytes=nbytes, token_ids=ids)
     writer.abandon()  # killed: shards 0 and 1 complete, shard 2 only a .tmp
     assert sorted(p.name for p in crashed.iterdir() if p.name.startswith("shard")) == [
-        "shard-00000-00000.bds", "shard-00000-00001.bds", "shard-00000-00002.bds.tmp"
-    ]  # fmt: skip
+        "shard-00000-00000.bds",
+        "shard-00000-00001.bds",
+        "shard-00000-00002.bds.tmp",
+    ]
     assert len(open_store(crashed, llama3)) == 4  # the reader ignores the partial shard
     with StoreWriter(crashed, vocab, **kwargs) as writer:
         assert writer.num_existing_documents == 4
@@ -215,18 +233,39 @@ def test_writer_rejects_a_different_store(tmp_path, llama3, documents):
     vocab, converter, _ = llama3
     directory = write_store(tmp_path / "s", llama3, documents[:2])
     with pytest.raises(UserError, match="encoding"):
-        StoreWriter(directory, vocab, encoding="float16", teacher="random-llama3", settings={"t": 1.0},
-                    corpus_hash="c0ffee", trie=converter.trie)  # fmt: skip
+        StoreWriter(
+            directory,
+            vocab,
+            encoding="float16",
+            teacher="random-llama3",
+            settings={"t": 1.0},
+            corpus_hash="c0ffee",
+            trie=converter.trie,
+        )
     with pytest.raises(UserError, match="settings"):
-        StoreWriter(directory, vocab, teacher="random-llama3", settings={"t": 2.0}, corpus_hash="c0ffee",
-                    trie=converter.trie)  # fmt: skip
+        StoreWriter(
+            directory, vocab, teacher="random-llama3", settings={"t": 2.0}, corpus_hash="c0ffee", trie=converter.trie
+        )
     other_vocab = dataclasses.replace(vocab, adds_prefix_space=True)
     with pytest.raises(UserError, match="vocab_hash"):
-        StoreWriter(directory, other_vocab, teacher="random-llama3", settings={"t": 1.0}, corpus_hash="c0ffee",
-                    trie=converter.trie)  # fmt: skip
+        StoreWriter(
+            directory,
+            other_vocab,
+            teacher="random-llama3",
+            settings={"t": 1.0},
+            corpus_hash="c0ffee",
+            trie=converter.trie,
+        )
     # a second writer id appends its own shards to the same store
-    with StoreWriter(directory, vocab, teacher="random-llama3", settings={"t": 1.0}, corpus_hash="c0ffee",
-                     trie=converter.trie, writer_id=1) as writer:  # fmt: skip
+    with StoreWriter(
+        directory,
+        vocab,
+        teacher="random-llama3",
+        settings={"t": 1.0},
+        corpus_hash="c0ffee",
+        trie=converter.trie,
+        writer_id=1,
+    ) as writer:
         assert writer.num_existing_documents == 0
         writer.add_distributions(documents[4][1], token_ids=documents[4][0])
     store = open_store(directory, llama3)
@@ -264,7 +303,7 @@ def test_bad_store_directories(tmp_path, default_store):
     (copy / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(UserError, match="unknown store format version 99"):
         LogitStore(copy)
-    assert "pickle" not in open(os.path.join(os.path.dirname(__import__("logit_store").__file__), "store.py")).read()
+    assert "pickle" not in Path(os.path.dirname(__import__("logit_store").__file__), "store.py").read_text()
 
 
 def _corrupt(source, target, shard, mutate):
@@ -311,7 +350,7 @@ def test_corruption_is_detected_and_named(tmp_path, default_store, llama3):
         assert shard in str(info.value) and message in str(info.value), (name, str(info.value))
         assert "\n" not in str(info.value)
     for cut in (1, 40, reader.size // 2, reader.size - 17):
-        target = _corrupt(default_store, tmp_path / f"cut{cut}", shard, lambda d: d[:-cut])
+        target = _corrupt(default_store, tmp_path / f"cut{cut}", shard, lambda d, cut=cut: d[:-cut])
         with pytest.raises(UserError, match=f"shard {shard} is truncated"):
             _check_store(target, llama3)
 

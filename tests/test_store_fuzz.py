@@ -204,9 +204,14 @@ def test_fuzzed_store_files_end_in_a_named_error_or_the_original_data(tmp_path, 
             (directory / path.name).write_bytes(path.read_bytes())
     else:
         directory = write_store(tmp_path / kind, kind)
-    code = f"import sys, json; from tests.test_store_fuzz import fuzz; print(json.dumps(fuzz(__import__('pathlib').Path(sys.argv[1]), {CASES_PER_STORE}, 1)))"
+    code = (
+        "import sys, json; from tests.test_store_fuzz import fuzz; "
+        f"print(json.dumps(fuzz(__import__('pathlib').Path(sys.argv[1]), {CASES_PER_STORE}, 1)))"
+    )
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
-    result = subprocess.run([sys.executable, "-c", code, str(directory)], check=False, capture_output=True, text=True, env=env, timeout=600)
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(directory)], check=False, capture_output=True, text=True, env=env, timeout=600
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     problems = json.loads(result.stdout.strip().splitlines()[-1])
     assert problems == [], "\n".join(problems[:20])

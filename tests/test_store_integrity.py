@@ -28,8 +28,9 @@ def tiny():
 def write(directory, tiny, encoding="pow8", writer_id=0, docs=None, **kwargs):
     vocab, documents = tiny
     kwargs.setdefault("docs_per_shard", 1)
-    with StoreWriter(directory, vocab, encoding=encoding, teacher="tiny", chunk_bytes=1, writer_id=writer_id,
-                     **kwargs) as writer:  # fmt: skip
+    with StoreWriter(
+        directory, vocab, encoding=encoding, teacher="tiny", chunk_bytes=1, writer_id=writer_id, **kwargs
+    ) as writer:
         for k, (ids, dist, n) in enumerate(documents if docs is None else docs):
             writer.add_distributions(dist, key=f"doc-{k}", text_bytes=n, token_ids=ids)
     return Path(directory)

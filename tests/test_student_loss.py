@@ -56,7 +56,7 @@ def test_loss_matches_hand_computation(alpha, temperature):
 def test_gradient_matches_finite_differences(temperature):
     logits, targets, mask, probs = _example()
     logits.requires_grad_(True)
-    func = lambda x: distill_loss(x, targets, mask, probs, alpha=0.6, temperature=temperature).total  # noqa: E731
+    func = lambda x: distill_loss(x, targets, mask, probs, alpha=0.6, temperature=temperature).total
     assert torch.autograd.gradcheck(func, (logits,), eps=1e-6, atol=1e-8)
 
 
@@ -86,8 +86,12 @@ def test_batched_full_alphabet_with_padding():
     targets[1, 4:] = PAD
     out = distill_loss(logits, targets, mask, probs, alpha=0.5)
     flat = _hand_loss(
-        logits.reshape(-1, ALPHABET_SIZE).double().tolist(), targets.reshape(-1).tolist(),
-        mask.reshape(-1).tolist(), probs.reshape(-1, ALPHABET_SIZE).double().tolist(), 0.5, 1.0,
+        logits.reshape(-1, ALPHABET_SIZE).double().tolist(),
+        targets.reshape(-1).tolist(),
+        mask.reshape(-1).tolist(),
+        probs.reshape(-1, ALPHABET_SIZE).double().tolist(),
+        0.5,
+        1.0,
     )
     assert out.total.item() == pytest.approx(flat[0], rel=1e-5)
     assert out.num_targets.item() == 10

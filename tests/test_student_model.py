@@ -9,8 +9,17 @@ from distill.errors import UserError
 from students.model import PRESETS, build_student, count_parameters, student_config
 
 
-@pytest.mark.parametrize("preset,low,high", [("tiny", 0.5e6, 1.5e6), ("small", 4e6, 6e6), ("base", 20e6, 30e6),
-                                             ("medium", 90e6, 120e6), ("large", 350e6, 450e6), ("xl", 0.9e9, 1.2e9)])
+@pytest.mark.parametrize(
+    "preset,low,high",
+    [
+        ("tiny", 0.5e6, 1.5e6),
+        ("small", 4e6, 6e6),
+        ("base", 20e6, 30e6),
+        ("medium", 90e6, 120e6),
+        ("large", 350e6, 450e6),
+        ("xl", 0.9e9, 1.2e9),
+    ],
+)
 def test_preset_sizes(preset, low, high):
     with torch.device("meta"):
         model = build_student(student_config(preset))
@@ -18,9 +27,22 @@ def test_preset_sizes(preset, low, high):
 
 
 def test_overrides_and_special_ids():
-    config = student_config("tiny", hidden_size=64, num_layers=3, num_heads=4, num_kv_heads=2,
-                            intermediate_size=96, max_positions=4096, rope_theta=5e5)
-    assert (config.vocab_size, config.bos_token_id, config.eos_token_id, config.pad_token_id) == (ALPHABET_SIZE, BOS, EOS, PAD)
+    config = student_config(
+        "tiny",
+        hidden_size=64,
+        num_layers=3,
+        num_heads=4,
+        num_kv_heads=2,
+        intermediate_size=96,
+        max_positions=4096,
+        rope_theta=5e5,
+    )
+    assert (config.vocab_size, config.bos_token_id, config.eos_token_id, config.pad_token_id) == (
+        ALPHABET_SIZE,
+        BOS,
+        EOS,
+        PAD,
+    )
     assert (config.hidden_size, config.num_hidden_layers, config.num_key_value_heads) == (64, 3, 2)
     assert config.max_position_embeddings == 4096 and config.rope_parameters["rope_theta"] == 5e5
     with pytest.raises(UserError, match="unknown student preset"):
@@ -31,7 +53,9 @@ def test_overrides_and_special_ids():
 
 
 def test_auto_classes_load_a_saved_student(tmp_path):
-    model = build_student(student_config("tiny", hidden_size=32, num_layers=1, num_heads=2, intermediate_size=32), seed=0)
+    model = build_student(
+        student_config("tiny", hidden_size=32, num_layers=1, num_heads=2, intermediate_size=32), seed=0
+    )
     model.save_pretrained(tmp_path)
     assert AutoConfig.from_pretrained(tmp_path).model_type == "llama"
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path)

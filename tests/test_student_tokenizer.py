@@ -1,6 +1,7 @@
 """The byte tokenizer: ids are bytes, specials at 256-259, AutoTokenizer loads it, exact round trips."""
 
 import random
+from pathlib import Path
 
 import pytest
 from tokenizers import Tokenizer as _Tokenizer
@@ -47,7 +48,10 @@ def test_round_trip_through_auto_tokenizer(tokenizer, text):
 def test_random_unicode_round_trips(tokenizer):
     rng = random.Random(0)
     for _ in range(50):
-        text = "".join(chr(rng.choice([rng.randrange(32, 0x2FF), rng.randrange(0x4E00, 0x9FFF), rng.randrange(0x1F300, 0x1FAFF)])) for _ in range(20))
+        text = "".join(
+            chr(rng.choice([rng.randrange(32, 0x2FF), rng.randrange(0x4E00, 0x9FFF), rng.randrange(0x1F300, 0x1FAFF)]))
+            for _ in range(20)
+        )
         ids = tokenizer(text, add_special_tokens=False).input_ids
         assert ids == list(text.encode("utf-8"))
         assert tokenizer.decode(ids) == text
@@ -63,6 +67,7 @@ def test_ids_and_invalid_utf8(tokenizer):
 
 
 # ------------------------------------------------------------ the stream tokenizer (<eot> marks)
+
 
 @pytest.fixture(scope="module")
 def stream_tokenizer(llama3_tokenizer_path):
@@ -95,9 +100,11 @@ def test_a_tokenizer_that_is_not_byte_level_is_refused():
 def test_an_invalid_byte_without_a_token_is_refused_like_the_dump(llama3_tokenizer_path):
     import json
 
-    spec = json.loads(open(llama3_tokenizer_path, encoding="utf-8").read())
+    spec = json.loads(Path(llama3_tokenizer_path).read_text(encoding="utf-8"))
     del spec["model"]["vocab"]["ÿ"]  # byte 0xFF: never valid UTF-8; some vocabularies (SmolLM2) lack it
-    spec["model"]["merges"] = [m for m in spec["model"]["merges"] if "ÿ" not in (m if isinstance(m, str) else " ".join(m))]
+    spec["model"]["merges"] = [
+        m for m in spec["model"]["merges"] if "ÿ" not in (m if isinstance(m, str) else " ".join(m))
+    ]
     teacher = TeacherTokens(json.dumps(spec))
     assert teacher.pieces(b"ok \xfe") == [b"ok", b" ", b"\xfe"]
     with pytest.raises(ValueError, match="no token for the byte 0xFF"):

@@ -14,16 +14,24 @@ from safetensors.torch import load_file
 
 from distill.config import parse_config
 from distill.errors import UserError
-from students.synthetic import SYNTHETIC_SOURCE
 from students.checkpoints import checkpoint_dir, latest_checkpoint
+from students.synthetic import SYNTHETIC_SOURCE
 from students.trainer import TrainConfig, learning_rate, train
 from tests.launch import cpu_launch
 from tests.stores import random_texts, write_random_store
 
-TINY = dict(
-    preset="tiny", hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64,
-    seq_len=16, batch_size=2, progress=False, warmup_steps=2, lr=3e-3,
-)
+TINY = {
+    "preset": "tiny",
+    "hidden_size": 32,
+    "num_layers": 2,
+    "num_heads": 2,
+    "intermediate_size": 64,
+    "seq_len": 16,
+    "batch_size": 2,
+    "progress": False,
+    "warmup_steps": 2,
+    "lr": 3e-3,
+}
 
 
 def _config(out: Path, **overrides) -> TrainConfig:
@@ -34,7 +42,7 @@ def _config(out: Path, **overrides) -> TrainConfig:
 
 def test_resumed_run_equals_uninterrupted_run(tmp_path):
     # 2 micro-batches per step, 16 batches per epoch: step 12 crosses an epoch boundary
-    common = dict(max_steps=12, grad_accum=2)
+    common = {"max_steps": 12, "grad_accum": 2}
     full = train(_config(tmp_path / "full", **common), SYNTHETIC_SOURCE)
     first = train(_config(tmp_path / "parts", stop_at_step=5, **common), SYNTHETIC_SOURCE)
     assert first.step == 5 and latest_checkpoint(tmp_path / "parts").name == "step-00000005"
@@ -76,7 +84,9 @@ def test_baseline_trains_without_teacher_probabilities(tmp_path):
 
 def test_schedule_warms_up_then_decays_to_min_lr():
     config = TrainConfig(train_stores=["x"], output_dir="o", max_steps=100, lr=1.0, min_lr=0.1, warmup_steps=10)
-    assert learning_rate(config, 5, 0.05) == pytest.approx(0.5 * (0.1 + 0.9 * 0.5 * (1 + torch.cos(torch.tensor(0.05 * torch.pi)).item())))
+    assert learning_rate(config, 5, 0.05) == pytest.approx(
+        0.5 * (0.1 + 0.9 * 0.5 * (1 + torch.cos(torch.tensor(0.05 * torch.pi)).item()))
+    )
     assert learning_rate(config, 50, 0.0) == pytest.approx(1.0)
     assert learning_rate(config, 100, 1.0) == pytest.approx(0.1)
 
@@ -92,22 +102,26 @@ def test_config_from_flags_and_file(tmp_path):
 @pytest.mark.slow
 def test_two_process_cpu_accelerate_launch(tmp_path):
     script = tmp_path / "run.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         from students.synthetic import SYNTHETIC_SOURCE
         from students.trainer import TrainConfig, train
         config = TrainConfig(**{dict(TINY)!r}, train_stores=["train"], eval_store="eval",
                              output_dir={str(tmp_path / "out")!r}, max_steps=4, eval_every=2, checkpoint_every=2)
         train(config, SYNTHETIC_SOURCE)
-    """))
+    """)
+    )
     launch, env = cpu_launch(2)
     cmd = launch + [str(script)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = tmp_path / "out"
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [line["step"] for line in lines] == [0, 2, 4]
     final = latest_checkpoint(out)
-    assert {"data_position_rank0.json", "data_position_rank1.json", "model.safetensors"} <= {p.name for p in final.iterdir()}
+    assert {"data_position_rank0.json", "data_position_rank1.json", "model.safetensors"} <= {
+        p.name for p in final.iterdir()
+    }
     assert (final / "random_states_1.pkl").is_file()  # really two ranks
     assert json.loads((final / "trainer_state.json").read_text())["train_bytes"] > 0
 
@@ -126,9 +140,19 @@ def stores(tmp_path_factory, llama3_vocab, llama3_converter, llama3_encoder):
 
 def _store_config(out: Path, stores, **overrides) -> TrainConfig:
     values = dict(
-        TINY, train_stores=[stores[0]], eval_store=stores[1], output_dir=str(out), seq_len=64, batch_size=4,
-        grad_accum=4, num_workers=2, max_steps=8, eval_every=4, eval_bytes=0, checkpoint_every=3,
-    )  # fmt: skip
+        TINY,
+        train_stores=[stores[0]],
+        eval_store=stores[1],
+        output_dir=str(out),
+        seq_len=64,
+        batch_size=4,
+        grad_accum=4,
+        num_workers=2,
+        max_steps=8,
+        eval_every=4,
+        eval_bytes=0,
+        checkpoint_every=3,
+    )
     values.update(overrides)
     return TrainConfig(**values)
 
@@ -173,7 +197,14 @@ def reset_accelerate():
 
 
 def test_bf16_autocast_trains_with_float32_loss(tmp_path, stores, reset_accelerate):
-    common = dict(max_steps=4, grad_accum=1, eval_every=0, num_workers=0, checkpoint_every=0, eval_store=None)
+    common = {
+        "max_steps": 4,
+        "grad_accum": 1,
+        "eval_every": 0,
+        "num_workers": 0,
+        "checkpoint_every": 0,
+        "eval_store": None,
+    }
     exact = train(_store_config(tmp_path / "fp32", stores, **common))
     reset_accelerate()
     mixed = train(_store_config(tmp_path / "bf16", stores, mixed_precision="bf16", **common))
@@ -184,13 +215,17 @@ def test_bf16_autocast_trains_with_float32_loss(tmp_path, stores, reset_accelera
 
 @pytest.mark.slow
 def test_evaluation_is_the_same_with_one_and_two_processes(tmp_path, stores):
-    flags = dict(max_steps=1, checkpoint_every=0, num_workers=0, batch_size=3)
+    flags = {"max_steps": 1, "checkpoint_every": 0, "num_workers": 0, "batch_size": 3}
     train(_store_config(tmp_path / "one", stores, **flags))
     config = _store_config(tmp_path / "two", stores, **flags)
-    args = [f"--{k.replace('_', '-')}={v}" for k, v in dataclasses.asdict(config).items() if v is not None and k != "train_stores"]
+    args = [
+        f"--{k.replace('_', '-')}={v}"
+        for k, v in dataclasses.asdict(config).items()
+        if v is not None and k != "train_stores"
+    ]
     launch, env = cpu_launch(2)
     cmd = launch + ["-m", "students.train_cli", "--train-stores", stores[0], *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (latest_checkpoint(tmp_path / "two") / "data_position_rank1.json").is_file()  # really two ranks
     one, two = _metrics(tmp_path / "one")[0], _metrics(tmp_path / "two")[0]
