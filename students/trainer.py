@@ -110,12 +110,12 @@ class TrainConfig:
         if isinstance(self.train_stores, str):
             self.train_stores = [self.train_stores]
         if not self.train_stores:
-            raise UserError("train: give at least one --train-stores directory")
+            raise UserError("give at least one --train-stores directory")
         if self.max_steps is None and self.max_train_bytes is None:
-            raise UserError("train: give --max-steps or --max-train-bytes")
-        for name in ("seq_len", "batch_size", "grad_accum", "log_every"):
-            if getattr(self, name) < 1:
-                raise UserError(f"train: --{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+            raise UserError("give --max-steps or --max-train-bytes")
+        for name in ("seq_len", "batch_size", "grad_accum", "log_every", "max_steps", "max_train_bytes"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise UserError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
 
 
 def learning_rate(config: TrainConfig, step: int, progress: float) -> float:

@@ -87,6 +87,8 @@ def test_config_from_flags_and_file(tmp_path):
     assert config.train_stores == ["a", "b"] and config.max_steps == 7 and config.alpha == 0.25
     with pytest.raises(UserError, match="max-steps or --max-train-bytes"):
         TrainConfig(train_stores=["a"], output_dir="o")
+    with pytest.raises(UserError, match="--max-steps must be at least 1, got -3"):  # not 0 steps and exit 0
+        TrainConfig(train_stores=["a"], output_dir="o", max_steps=-3)
 
 
 @pytest.mark.slow
