@@ -197,6 +197,16 @@ def train(config: TrainConfig, source: DataSource = STORE_SOURCE) -> TrainResult
     return finish(run, last_checkpoint)
 
 
+def require_one_teacher(train_set: Any, eval_set: Any, eval_store: str) -> None:
+    """Refuse a held-out store of another vocabulary: its ``<eot>`` marks and distributions are another teacher's."""
+    train_store, eval_store_read = getattr(train_set, "store", None), getattr(eval_set, "store", None)
+    if train_store is not None and eval_store_read is not None and train_store.vocab_hash != eval_store_read.vocab_hash:
+        raise UserError(
+            f"--eval-store {eval_store} was dumped with another vocabulary than --train-stores "
+            f"({eval_store_read.vocab_hash[:12]}… vs {train_store.vocab_hash[:12]}…): give a held-out store of the same teacher"
+        )
+
+
 def start_run(config: TrainConfig, source: DataSource) -> tuple[Run, bool]:
     """Accelerator, model, optimiser and data, restored from a checkpoint when resuming."""
     from accelerate.utils import set_seed
@@ -218,6 +228,7 @@ def start_run(config: TrainConfig, source: DataSource) -> tuple[Run, bool]:
             [config.eval_store], config.seq_len, config.batch_size,
             with_teacher=True, teacher_dtype="float32", shuffle=False, seed=0, max_symbols=config.eval_bytes, **common,
         )  # fmt: skip
+        require_one_teacher(train_set, eval_set, config.eval_store)
     state, position = TrainerState(), {"epoch": 0, "batches": 0}
     resume_from = resolve_resume(config.resume, output_dir)
     if resume_from is not None:

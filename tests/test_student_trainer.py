@@ -160,6 +160,14 @@ def test_store_run_with_workers_killed_and_resumed_equals_uninterrupted(tmp_path
         assert a["student_bpb"] == pytest.approx(b["student_bpb"], abs=1e-6)
 
 
+def test_eval_store_of_another_teacher_is_refused(tmp_path, stores, llama3_vocab, llama3_converter, llama3_encoder):
+    other_vocab = dataclasses.replace(llama3_vocab, adds_prefix_space=True)  # another vocabulary hash
+    texts = random_texts(2, seed=3)
+    other = write_random_store(tmp_path / "other", other_vocab, llama3_converter, llama3_encoder, texts)
+    with pytest.raises(UserError, match="--eval-store .*other was dumped with another vocabulary"):
+        train(_store_config(tmp_path / "out", stores, eval_store=str(other), num_workers=0, max_steps=1))
+
+
 @pytest.fixture
 def reset_accelerate():
     """accelerate keeps one process-wide state, fixed by the first Accelerator; a test that changes
