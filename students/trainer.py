@@ -199,11 +199,12 @@ def train(config: TrainConfig, source: DataSource = STORE_SOURCE) -> TrainResult
 
 def require_one_teacher(train_set: Any, eval_set: Any, eval_store: str) -> None:
     """Refuse a held-out store of another vocabulary: its ``<eot>`` marks and distributions are another teacher's."""
-    train_store, eval_store_read = getattr(train_set, "store", None), getattr(eval_set, "store", None)
-    if train_store is not None and eval_store_read is not None and train_store.vocab_hash != eval_store_read.vocab_hash:
+    train_hash = getattr(getattr(train_set, "store", None), "vocab_hash", None)
+    eval_hash = getattr(getattr(eval_set, "store", None), "vocab_hash", None)
+    if train_hash and eval_hash and train_hash != eval_hash:
         raise UserError(
             f"--eval-store {eval_store} was dumped with another vocabulary than --train-stores "
-            f"({eval_store_read.vocab_hash[:12]}… vs {train_store.vocab_hash[:12]}…): give a held-out store of the same teacher"
+            f"({eval_hash[:12]}… vs {train_hash[:12]}…): give a held-out store of the same teacher"
         )
 
 
