@@ -82,6 +82,19 @@ def write_card(folder: Path, text: str) -> None:
     card.write_text(f"{content}\n\n{CARD_HEADING}\n\n{text}\n", encoding="utf-8")
 
 
+def report(folder: Path, store: Path, *, card: bool = False) -> str:
+    """The table and its summary line; with ``card``, the table also goes into the folder's model card."""
+    rows, n_bytes = measure(folder, store)
+    text = table(rows, store, n_bytes)
+    if card:
+        write_card(folder, text)
+    stream, documented, plain = rows[1][1], rows[2][1], rows[3][1]
+    return (
+        f"{text}\n\nsummary: documented path {100 * (documented / stream - 1):+.2f}% vs the stream"
+        f" (goal: within 1%); plain bytes {100 * (plain / stream - 1):+.1f}%"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -92,16 +105,7 @@ def main() -> None:
     )
     parser.add_argument("--write-card", action="store_true", help="put the table into the folder's model card")
     args = parser.parse_args()
-    rows, n_bytes = measure(args.model, args.store)
-    text = table(rows, args.store, n_bytes)
-    print(text)
-    stream, documented, plain = rows[1][1], rows[2][1], rows[3][1]
-    print(
-        f"\nsummary: documented path {100 * (documented / stream - 1):+.2f}% vs the stream (goal: within 1%); "
-        f"plain bytes {100 * (plain / stream - 1):+.1f}%"
-    )
-    if args.write_card:
-        write_card(args.model, text)
+    print(report(args.model, args.store, card=args.write_card))
 
 
 if __name__ == "__main__":

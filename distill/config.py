@@ -43,9 +43,9 @@ def _field_default(field: dataclasses.Field) -> Any:
 
 def _add_field(parser: ArgumentParser, field: dataclasses.Field, annotation: Any) -> None:
     """One argument for one field; lists take space-separated values (``--end-of-text a b``)."""
+    if "choices" in field.metadata:  # a Literal, so that --help names the choices, not a wrapper
+        annotation = typing.Literal[tuple(field.metadata["choices"])]
     kwargs: dict[str, Any] = {"help": field.metadata.get("help"), "type": annotation}
-    if "choices" in field.metadata:
-        kwargs["choices"] = field.metadata["choices"]
     item_type = _list_item_type(annotation)
     if item_type is not None:
         kwargs.update(type=item_type, nargs="+")

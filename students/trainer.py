@@ -117,12 +117,12 @@ class TrainConfig:
         if isinstance(self.train_stores, str):
             self.train_stores = [self.train_stores]
         if not self.train_stores:
-            raise UserError("train: give at least one --train-stores directory")
+            raise UserError("give at least one --train-stores directory")
         if self.max_steps is None and self.max_train_bytes is None:
-            raise UserError("train: give --max-steps or --max-train-bytes")
-        for name in ("seq_len", "batch_size", "grad_accum", "log_every"):
-            if getattr(self, name) < 1:
-                raise UserError(f"train: --{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+            raise UserError("give --max-steps or --max-train-bytes")
+        for name in ("seq_len", "batch_size", "grad_accum", "log_every", "max_steps", "max_train_bytes"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise UserError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
 
 
 def learning_rate(config: TrainConfig, step: int, progress: float) -> float:
@@ -204,6 +204,17 @@ def train(config: TrainConfig, source: DataSource = STORE_SOURCE) -> TrainResult
     return finish(run, last_checkpoint)
 
 
+def require_one_teacher(train_set: Any, eval_set: Any, eval_store: str) -> None:
+    """Refuse a held-out store of another vocabulary: its ``<eot>`` marks and distributions are another teacher's."""
+    train_hash = getattr(getattr(train_set, "store", None), "vocab_hash", None)
+    eval_hash = getattr(getattr(eval_set, "store", None), "vocab_hash", None)
+    if train_hash and eval_hash and train_hash != eval_hash:
+        raise UserError(
+            f"--eval-store {eval_store} was dumped with another vocabulary than --train-stores "
+            f"({eval_hash[:12]}… vs {train_hash[:12]}…): give a held-out store of the same teacher"
+        )
+
+
 def start_run(config: TrainConfig, source: DataSource) -> tuple[Run, bool]:
     """Accelerator, model, optimiser and data, restored from a checkpoint when resuming."""
     from accelerate.utils import set_seed
@@ -243,6 +254,7 @@ def start_run(config: TrainConfig, source: DataSource) -> tuple[Run, bool]:
             max_symbols=config.eval_bytes,
             **common,
         )
+        require_one_teacher(train_set, eval_set, config.eval_store)
     state, position = TrainerState(), {"epoch": 0, "batches": 0}
     resume_from = resolve_resume(config.resume, output_dir)
     if resume_from is not None:

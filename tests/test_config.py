@@ -123,6 +123,7 @@ def test_every_subcommand_has_help_for_every_flag(name, capsys):
         assert field.metadata.get("help"), f"{name} {field.name} has no help"
         flag = field.name if field.metadata.get("positional") else "--" + field.name.replace("_", "-")
         assert flag in text and "".join(field.metadata["help"].split()) in text, (name, field.name)
+    assert "<function" not in text, f"{name} --help names a type wrapper instead of the choices"
 
 
 def test_a_command_module_that_fails_to_import_is_an_error(monkeypatch):

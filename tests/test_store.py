@@ -149,10 +149,13 @@ def test_power_codes_follow_the_formula(bits, gamma):
     enc = PowerEncoding(bits, gamma)
     rng = np.random.default_rng(bits)
     boundary = (0.5 / enc.levels) ** (1 / gamma)
-    values = np.concatenate([
-        rng.dirichlet(np.full(200, 0.05), 50).reshape(-1), boundary * (1 + rng.uniform(-1e-8, 1e-8, 5000)),
-        [0.0, 1.0, boundary, np.nextafter(boundary, 0), np.nextafter(boundary, 1)],
-    ])  # fmt: skip
+    values = np.concatenate(
+        [
+            rng.dirichlet(np.full(200, 0.05), 50).reshape(-1),
+            boundary * (1 + rng.uniform(-1e-8, 1e-8, 5000)),
+            [0.0, 1.0, boundary, np.nextafter(boundary, 0), np.nextafter(boundary, 1)],
+        ]
+    )
     codes, _ = enc.encode(values, np.array([0, len(values)]))
     codes = codes.reshape(-1) if bits == 8 else codes.view("<u2").reshape(-1)
     expected = np.where(values > 0, np.minimum(np.round(values**gamma * enc.levels), enc.levels), 0)

@@ -97,6 +97,8 @@ def test_config_from_flags_and_file(tmp_path):
     assert config.train_stores == ["a", "b"] and config.max_steps == 7 and config.alpha == 0.25
     with pytest.raises(UserError, match="max-steps or --max-train-bytes"):
         TrainConfig(train_stores=["a"], output_dir="o")
+    with pytest.raises(UserError, match="--max-steps must be at least 1, got -3"):  # not 0 steps and exit 0
+        TrainConfig(train_stores=["a"], output_dir="o", max_steps=-3)
 
 
 @pytest.mark.slow
@@ -180,6 +182,14 @@ def test_store_run_with_workers_killed_and_resumed_equals_uninterrupted(tmp_path
     assert [m["step"] for m in resumed] == [m["step"] for m in uninterrupted] == [0, 4, 8]
     for a, b in zip(resumed, uninterrupted):
         assert a["student_bpb"] == pytest.approx(b["student_bpb"], abs=1e-6)
+
+
+def test_eval_store_of_another_teacher_is_refused(tmp_path, stores, llama3_vocab, llama3_converter, llama3_encoder):
+    other_vocab = dataclasses.replace(llama3_vocab, adds_prefix_space=True)  # another vocabulary hash
+    texts = random_texts(2, seed=3)
+    other = write_random_store(tmp_path / "other", other_vocab, llama3_converter, llama3_encoder, texts)
+    with pytest.raises(UserError, match="--eval-store .*other was dumped with another vocabulary"):
+        train(_store_config(tmp_path / "out", stores, eval_store=str(other), num_workers=0, max_steps=1))
 
 
 @pytest.fixture
