@@ -70,8 +70,14 @@ def teacher_distributions(kilobytes: int):
         for d in range(len(data["text_bytes"])):
             t0, t1 = data["tok_off"][d], data["tok_off"][d + 1]
             v0, v1 = data["val_off"][d], data["val_off"][d + 1]
-            docs.append((data["tokens"][t0:t1], data["values"][v0:v1],
-                         data["dropped"][t0 + d : t1 + d + 1], int(data["text_bytes"][d])))
+            docs.append(
+                (
+                    data["tokens"][t0:t1],
+                    data["values"][v0:v1],
+                    data["dropped"][t0 + d : t1 + d + 1],
+                    int(data["text_bytes"][d]),
+                )
+            )
         return vocab, docs
 
     import torch
@@ -183,8 +189,9 @@ def measure(vocab, docs, encoding: str, params: dict | None, workdir: Path) -> d
     shutil.rmtree(directory, ignore_errors=True)
     positions = 0
     start = time.process_time()  # CPU seconds of this single-threaded process: per core, even on a busy machine
-    with StoreWriter(directory, vocab, encoding=encoding, encoding_params=params, teacher="SmolLM2-135M-Instruct",
-                     trie=trie) as writer:  # fmt: skip
+    with StoreWriter(
+        directory, vocab, encoding=encoding, encoding_params=params, teacher="SmolLM2-135M-Instruct", trie=trie
+    ) as writer:
         for ids, values, dropped, nbytes in docs:
             writer.add(ids, values, dropped, nbytes)
     write_s = time.process_time() - start
@@ -217,8 +224,9 @@ def measure(vocab, docs, encoding: str, params: dict | None, workdir: Path) -> d
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kilobytes", type=int, default=200, help="KB of KJV text to distil (default 200)")
-    parser.add_argument("--encodings", nargs="+", default=None,
-                        help="encodings to measure, optionally NAME:JSON_PARAMS (default: all)")  # fmt: skip
+    parser.add_argument(
+        "--encodings", nargs="+", default=None, help="encodings to measure, optionally NAME:JSON_PARAMS (default: all)"
+    )
     parser.add_argument("--prepare-only", action="store_true", help="only run the teacher and fill the cache")
     parser.add_argument("--no-topk", action="store_true", help="skip the top-128 reference (needs a teacher pass)")
     args = parser.parse_args(argv)
@@ -236,22 +244,29 @@ def main(argv=None) -> int:
             name, _, params = spec.partition(":")
             rows.append(measure(vocab, docs, name, json.loads(params) if params else None, Path(tmp)))
             r = rows[-1]
-            print(f"{r['encoding']:<28} {r['bytes_per_text_byte']:8.2f} B/byte  KL mean {r['kl_mean_bits']:.2e} "
-                  f"max {r['kl_max_bits']:.2e} bits/pos  write {r['write_pos_per_s']:,.0f} pos/s/core  "
-                  f"read {r['read_pos_per_s']:,.0f} pos/s/core", flush=True)  # fmt: skip
+            print(
+                f"{r['encoding']:<28} {r['bytes_per_text_byte']:8.2f} B/byte  KL mean {r['kl_mean_bits']:.2e} "
+                f"max {r['kl_max_bits']:.2e} bits/pos  write {r['write_pos_per_s']:,.0f} pos/s/core  "
+                f"read {r['read_pos_per_s']:,.0f} pos/s/core",
+                flush=True,
+            )
     fit = [r for r in rows if r["kl_mean_bits"] <= KL_GOAL]
     if fit:
         b = min(fit, key=lambda r: r["bytes_per_text_byte"])
-        print(f"best (smallest with mean KL <= {KL_GOAL:g} bit/position): {b['encoding']} {b['bytes_per_text_byte']:.2f} "
-              f"B/text byte, KL mean {b['kl_mean_bits']:.2e}, write {b['write_pos_per_s']:,.0f} / read "
-              f"{b['read_pos_per_s']:,.0f} pos/s/core")  # fmt: skip
+        print(
+            f"best (smallest with mean KL <= {KL_GOAL:g} bit/position): {b['encoding']} {b['bytes_per_text_byte']:.2f} "
+            f"B/text byte, KL mean {b['kl_mean_bits']:.2e}, write {b['write_pos_per_s']:,.0f} / read "
+            f"{b['read_pos_per_s']:,.0f} pos/s/core"
+        )
     else:
         print(f"best: no encoding reaches mean KL <= {KL_GOAL:g} bit/position")
     dense = dense_reference(vocab, docs)
     print(f"{'dense float32 x 260 + zstd':<28} {dense:8.2f} B/byte (sample)")
     if not args.no_topk:
         top = topk_reference(args.kilobytes)
-        print(f"{'top-128 fp16+int32 + zstd':<28} {top['bytes_per_text_byte']:8.2f} B/byte (sample of {top['text_bytes']:,} bytes)")
+        print(
+            f"{'top-128 fp16+int32 + zstd':<28} {top['bytes_per_text_byte']:8.2f} B/byte (sample of {top['text_bytes']:,} bytes)"
+        )
     print("(sizes are shard bytes; the store also holds vocab.bin and manifest.json once)")
     return 0
 

@@ -64,9 +64,12 @@ class EncodedDocument:
 
     def raw_size(self) -> int:
         return (
-            4 * len(self.token_ids) + self.value_bytes.size + self.position_bytes.size
-            + 4 * len(self.dropped_mass) + len((self.key or "").encode())
-        )  # fmt: skip
+            4 * len(self.token_ids)
+            + self.value_bytes.size
+            + self.position_bytes.size
+            + 4 * len(self.dropped_mass)
+            + len((self.key or "").encode())
+        )
 
 
 def build_chunk(docs: list[EncodedDocument], encoding: Encoding, version: int) -> bytes:
@@ -136,11 +139,16 @@ class ChunkData:
 LayoutOf = Callable[[np.ndarray], StreamLayout]  # token ids → stream layout (ValueError if impossible)
 
 
-def parse_chunk(raw: bytes, docs: np.ndarray, encoding: Encoding, version: int, layout_of: LayoutOf | None, where: str) -> ChunkData:
+def parse_chunk(
+    raw: bytes, docs: np.ndarray, encoding: Encoding, version: int, layout_of: LayoutOf | None, where: str
+) -> ChunkData:
     """Split a chunk's raw bytes by its documents' table entries; every length is checked
     against ``raw`` before it is used."""
     n = len(docs)
-    counts = {name: np.concatenate([[0], np.cumsum(docs[name].astype(np.int64))]) for name in ("tokens", "values", "positions")}
+    counts = {
+        name: np.concatenate([[0], np.cumsum(docs[name].astype(np.int64))])
+        for name in ("tokens", "values", "positions")
+    }
     key_length = docs["key_length"].astype(np.int64)
     key_start = np.concatenate([[0], np.cumsum(np.maximum(key_length, 0))])
     t, s, p = int(counts["tokens"][-1]), int(counts["values"][-1]), int(counts["positions"][-1])
@@ -171,6 +179,7 @@ def parse_chunk(raw: bytes, docs: np.ndarray, encoding: Encoding, version: int, 
             layouts = _chunk_layouts(tokens, counts, layout_of, where)
             contexts = np.concatenate([encoding.contexts(x) for x in layouts]) if layouts else np.zeros(0, np.int16)
             return encoding.unpack_values(section, s, contexts, where), layouts
+
     positions = unshuffle_planes(take(p * j, "positions"), p, j)
     if version == 1:
         dropped = unshuffle_planes(take(4 * (t + n), "dropped mass"), t + n, 4).view("<f4").reshape(-1)
@@ -181,10 +190,17 @@ def parse_chunk(raw: bytes, docs: np.ndarray, encoding: Encoding, version: int, 
     if at != len(raw):
         raise UserError(f"{where}: corrupt (its size does not match its documents)")
     return ChunkData(
-        token_ids=tokens, decode_values=decode_values, position_bytes=positions, dropped_mass=dropped, keys=keys,
-        token_start=counts["tokens"], value_start=counts["values"], position_start=counts["positions"],
-        key_start=key_start, key_length=key_length,
-    )  # fmt: skip
+        token_ids=tokens,
+        decode_values=decode_values,
+        position_bytes=positions,
+        dropped_mass=dropped,
+        keys=keys,
+        token_start=counts["tokens"],
+        value_start=counts["values"],
+        position_start=counts["positions"],
+        key_start=key_start,
+        key_length=key_length,
+    )
 
 
 def _chunk_layouts(tokens: np.ndarray, counts: dict, layout_of: LayoutOf | None, where: str) -> list[StreamLayout]:

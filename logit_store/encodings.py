@@ -63,7 +63,6 @@ class Encoding:
     needs_contexts = False  # pack_values/unpack_values use the values' model contexts
     chunk_bytes = 2 << 20  # default raw bytes per chunk
 
-
     @property
     def params(self) -> dict:
         return {}

@@ -141,10 +141,15 @@ class LogitStore(StoreBase):
         shards, unfinished = [], []
         for writer_id in sorted(set(sequences) | set(completed_writers(self.directory))):
             check_sequence(self.directory, writer_id, sequences.get(writer_id, []))
-            own = [ShardReader(self.directory / shard_name(writer_id, s), self.encoding) for s in sequences.get(writer_id, [])]
+            own = [
+                ShardReader(self.directory / shard_name(writer_id, s), self.encoding)
+                for s in sequences.get(writer_id, [])
+            ]
             for shard in own:
                 if shard.version != self.format_version:
-                    raise UserError(f"shard {shard.name} has format version {shard.version}, the manifest {self.format_version}")
+                    raise UserError(
+                        f"shard {shard.name} has format version {shard.version}, the manifest {self.format_version}"
+                    )
             if not check_writer(self.directory, writer_id, own, identity) and self.format_version >= 2:
                 unfinished.append(writer_id)
             shards += own
@@ -256,7 +261,9 @@ class LogitStore(StoreBase):
         docs = [s.docs for s in self.shards]
         total = lambda field: int(sum(int(d[field].sum()) for d in docs))
         shard_bytes = sum(s.size for s in self.shards)
-        size = shard_bytes + sum((self.directory / n).stat().st_size for n in (MANIFEST, VOCAB_FILE) if (self.directory / n).exists())
+        size = shard_bytes + sum(
+            (self.directory / n).stat().st_size for n in (MANIFEST, VOCAB_FILE) if (self.directory / n).exists()
+        )
         text = total("text_bytes")
         return {
             "documents": self.num_documents,
