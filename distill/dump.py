@@ -134,7 +134,10 @@ class DumpConfig:
     )
     encoding: str = field(
         default=DEFAULT_ENCODING,
-        metadata={"help": "value encoding of the store: pow8, log8, float16, pow12, pow16 (see logit_store/FORMAT.md)"},
+        metadata={
+            "help": "value encoding of the store: pow8, pow8-ans (entropy-coded, a third smaller, slower to read), "
+            "log8, float16, pow12, pow16 (see logit_store/FORMAT.md)"
+        },
     )
     docs_per_shard: int | None = field(
         default=None, metadata={"help": "close a shard after this many documents (default: by size)"}
