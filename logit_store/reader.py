@@ -28,7 +28,7 @@ from logit_store.shard import ShardReader, shard_name
 from logit_store.vocab_file import VOCAB_FILE, vocab_from_bytes
 
 
-def layout_text_bytes(layout: StreamLayout, vocab: TeacherVocab) -> int:
+def layout_text_bytes(layout: StreamLayout) -> int:
     """The number of text bytes a stream stands for (a dummy prefix space is context, not stream)."""
     return int(np.count_nonzero(layout.symbols < 256))
 
@@ -238,7 +238,7 @@ class LogitStore(StoreBase):
                 raise UserError(f"{where}: corrupt token ids ({exc})") from None
         if layout.num_values != len(enc.value_bytes) or layout.num_positions != len(enc.position_bytes):
             raise UserError(f"{where}: stored values do not match its tokens' supports (corrupt)")
-        if enc.text_bytes != layout_text_bytes(layout, self.vocab):
+        if enc.text_bytes != layout_text_bytes(layout):
             raise UserError(f"{where}: its text byte count does not match its tokens (corrupt)")
         try:
             values = self.encoding.decode(enc.value_bytes, enc.position_bytes, layout.offsets)

@@ -169,8 +169,6 @@ class StoreWriter:
         if token_ids is None:
             token_ids = _token_ids_of_layout(layout, self.trie)
         token_ids = np.asarray(token_ids, dtype=np.int64)
-        if text_bytes is None:
-            text_bytes = layout_text_bytes(layout, self.vocab)
         self._add(token_ids, distributions.values, distributions.dropped_mass, text_bytes, key, layout)
 
     def add(self, token_ids, values, dropped_mass, text_bytes: int | None = None, key: str | None = None) -> None:
@@ -181,8 +179,6 @@ class StoreWriter:
             layout = stream_layout(self.trie, token_ids)
         except ValueError as exc:
             raise UserError(f"document {self.num_written} ({key or 'no key'}): {exc}") from None
-        if text_bytes is None:
-            text_bytes = layout_text_bytes(layout, self.vocab)
         self._add(token_ids, values, dropped_mass, text_bytes, key, layout)
 
     def _add(self, token_ids, values, dropped_mass, text_bytes, key, layout: StreamLayout) -> None:
@@ -192,10 +188,11 @@ class StoreWriter:
         values = np.asarray(values, dtype=np.float64)
         dropped_mass = np.asarray(dropped_mass, dtype=np.float64)
         where = f"document {self.num_written} ({key or 'no key'})"
-        if int(text_bytes) != layout_text_bytes(layout, self.vocab):
-            raise UserError(
-                f"{where}: {text_bytes} text bytes given, its tokens hold {layout_text_bytes(layout, self.vocab)}"
-            )
+        held = layout_text_bytes(layout)
+        if text_bytes is None:
+            text_bytes = held
+        elif int(text_bytes) != held:
+            raise UserError(f"{where}: {text_bytes} text bytes given, its tokens hold {held}")
         key = key or None  # an empty key is stored as no key
         if len(values) != offsets[-1]:
             raise UserError(f"{where}: {len(values)} values but its supports hold {offsets[-1]}")
