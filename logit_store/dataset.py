@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import math
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import islice
@@ -44,6 +46,7 @@ from logit_store.store import as_store, densify
 
 # what padding positions hold, per field of a window
 FILL = {"input_ids": PAD, "target_ids": PAD, "loss_mask": False, "target_probs": 0.0}
+RELEASE_DELAY = 4  # batches a worker holds on to after handing them over (see SplitBatches._batched)
 TEACHER_DTYPES = {"float16": torch.float16, "float32": torch.float32}  # teacher rows as batches hold them
 
 
@@ -54,7 +57,11 @@ class SplitBatches(IterableDataset):
     (:meth:`num_windows`) and yields them from a given one on (:meth:`windows`).
     """
 
-    def __init__(self, batch_size: int, rank: int, world_size: int, num_workers: int, teacher_dtype: str = "float32"):
+    def __init__(
+        self, seq_len: int, batch_size: int, rank: int, world_size: int, num_workers: int, teacher_dtype: str
+    ):
+        if seq_len < 1:
+            raise UserError(f"seq_len must be at least 1, got {seq_len}")
         if teacher_dtype not in TEACHER_DTYPES:
             raise UserError(f"teacher_dtype must be one of {sorted(TEACHER_DTYPES)}, got {teacher_dtype!r}")
         if batch_size < 1:
@@ -63,20 +70,37 @@ class SplitBatches(IterableDataset):
             raise UserError(f"rank {rank} is not in 0..{world_size - 1}")
         if num_workers < 0:
             raise UserError(f"num_workers must be at least 0, got {num_workers}")
-        self.batch_size, self.rank, self.world_size, self.num_workers = batch_size, rank, world_size, num_workers
+        self.seq_len, self.batch_size = int(seq_len), int(batch_size)
+        self.rank, self.world_size, self.num_workers = rank, world_size, num_workers
         self.teacher_dtype = TEACHER_DTYPES[teacher_dtype]
-        self.epoch, self.batches = 0, 0
+        # (epoch, batches) where the next iteration starts, in shared memory: the DataLoader's
+        # workers persist across epochs and read it when an iteration starts
+        self._position = torch.zeros(2, dtype=torch.int64).share_memory_()
 
     # -- what a subclass provides
     def num_windows(self, split: int) -> int:
         raise NotImplementedError
 
-    def windows(self, split: int, start: int) -> Iterator[dict[str, np.ndarray]]:
+    def window_pieces(self, split: int, start: int) -> Iterator[list[dict[str, np.ndarray]]]:
+        """Split ``split``'s windows from window ``start`` on, each as the row ranges of streams it
+        is made of, in order (views; at most ``seq_len`` rows in all, the rest is padding)."""
         raise NotImplementedError
+
+    def windows(self, split: int, start: int = 0) -> Iterator[dict[str, np.ndarray]]:
+        """The same windows as arrays of ``seq_len`` rows (padded), as one batch row holds them."""
+        for pieces in self.window_pieces(split, start):
+            batch = self._new_batch(pieces[0], 1, shared=False)
+            self._fill_row(batch, 0, pieces)
+            yield {key: value[0].numpy() for key, value in batch.items()}
 
     def order_settings(self) -> dict:
         """Everything that decides which batch comes when (compared on resume)."""
-        return {"batch_size": self.batch_size, "world_size": self.world_size, "num_workers": self.num_workers}
+        return {
+            "seq_len": self.seq_len,
+            "batch_size": self.batch_size,
+            "world_size": self.world_size,
+            "num_workers": self.num_workers,
+        }
 
     # -- splits and position
     @property
@@ -87,15 +111,23 @@ class SplitBatches(IterableDataset):
     def num_splits(self) -> int:
         return self.world_size * self.workers
 
+    @property
+    def epoch(self) -> int:
+        return int(self._position[0])
+
+    @property
+    def batches(self) -> int:
+        return int(self._position[1])
+
     def set_epoch(self, epoch: int) -> None:
         self.set_position(epoch, 0)
 
     def set_position(self, epoch: int, batches: int) -> None:
         """Start the next iteration in ``epoch`` after its first ``batches`` batches (of this rank)."""
-        self.epoch, self.batches = int(epoch), 0
+        self._position[:] = torch.tensor([int(epoch), 0])
         if not 0 <= batches <= self.num_batches():
             raise UserError(f"cannot resume: epoch {epoch} has {self.num_batches()} batches, not {batches}")
-        self.batches = int(batches)
+        self._position[1] = int(batches)
 
     def batch_counts(self) -> np.ndarray:
         """Batches of each of this rank's workers in the current epoch (from the index)."""
@@ -123,7 +155,16 @@ class SplitBatches(IterableDataset):
         return given, int(still[extra])
 
     def loader(self) -> DataLoader:
-        return DataLoader(self, batch_size=None, num_workers=self.num_workers)
+        """A DataLoader over this dataset. Its workers persist across iterations: keep it, and
+        each ``iter()`` starts where :meth:`set_position` (or :meth:`set_epoch`) last put it."""
+        workers = self.num_workers
+        return DataLoader(
+            self,
+            batch_size=None,
+            num_workers=workers,
+            persistent_workers=workers > 0,
+            worker_init_fn=_share_batches_by_name,
+        )
 
     def __iter__(self):
         info = get_worker_info()
@@ -134,24 +175,63 @@ class SplitBatches(IterableDataset):
         worker_id = info.id if info is not None else 0
         given, due = self.seek()
         worker = (worker_id + due) % self.workers
-        windows = self.windows(self.rank * self.workers + worker, int(given[worker]) * self.batch_size)
+        windows = self.window_pieces(self.rank * self.workers + worker, int(given[worker]) * self.batch_size)
         return self._batched(windows)
 
-    def _batched(self, windows: Iterator[dict[str, np.ndarray]]) -> Iterator[dict[str, torch.Tensor]]:
-        batch: list[dict[str, np.ndarray]] = []
-        for window in windows:
-            batch.append(window)
-            if len(batch) == self.batch_size:
-                yield self._stack(batch)
-                batch = []
-        if batch:
-            yield self._stack(batch)
+    def _batched(self, windows: Iterator[list[dict[str, np.ndarray]]]) -> Iterator[dict[str, torch.Tensor]]:
+        """Windows written straight into batches (one shared buffer each when in a worker, so the
+        hand-over to the main process copies nothing and passes one file descriptor)."""
+        shared = get_worker_info() is not None
+        # The worker keeps its last few batches: the main process, done with one, is then not the
+        # last to let go of its memory, which would make it pay for freeing the pages.
+        handed_over = deque(maxlen=RELEASE_DELAY if shared else 0)
+        batch, row = None, 0
+        for pieces in windows:
+            if batch is None:
+                batch, row = self._new_batch(pieces[0], self.batch_size, shared), 0
+            self._fill_row(batch, row, pieces)
+            row += 1
+            if row == self.batch_size:
+                handed_over.append(batch)
+                yield batch
+                batch = None
+        if batch is not None:
+            yield {key: value[:row] for key, value in batch.items()}
 
-    def _stack(self, windows: list[dict[str, np.ndarray]]) -> dict[str, torch.Tensor]:
-        batch = {key: torch.from_numpy(np.stack([w[key] for w in windows])) for key in windows[0]}
-        if "target_probs" in batch:  # torch converts to float16 many times faster than numpy
-            batch["target_probs"] = batch["target_probs"].to(self.teacher_dtype)
-        return batch
+    def _new_batch(self, piece: dict[str, np.ndarray], rows: int, shared: bool) -> dict[str, torch.Tensor]:
+        """Uninitialised (rows, seq_len, …) tensors for the fields of ``piece``: views of one buffer."""
+        fields = {}
+        for key, value in piece.items():
+            dtype = self.teacher_dtype if key == "target_probs" else torch.from_numpy(value[:0]).dtype
+            fields[key] = ((rows, self.seq_len, *value.shape[1:]), dtype)
+        sizes = [math.prod(shape) * dtype.itemsize for shape, dtype in fields.values()]
+        starts = np.cumsum([0] + [-(-size // 64) * 64 for size in sizes])  # each field 64-byte aligned
+        buffer = torch.empty(0, dtype=torch.uint8)
+        if shared:  # allocated in shared memory, as torch's default_collate does in workers
+            buffer.set_(torch.UntypedStorage._new_shared(int(starts[-1])))
+        else:
+            buffer.resize_(int(starts[-1]))
+        return {
+            key: buffer[start : start + size].view(dtype).view(shape)
+            for (key, (shape, dtype)), start, size in zip(fields.items(), starts, sizes)
+        }
+
+    def _fill_row(self, batch: dict[str, torch.Tensor], row: int, pieces: list[dict[str, np.ndarray]]) -> None:
+        """Write the pieces of one window into batch row ``row``, padding the rest."""
+        at = 0
+        for piece in pieces:
+            n = len(piece["input_ids"])
+            for key, value in piece.items():
+                batch[key][row, at : at + n].copy_(torch.from_numpy(value))  # casts to float16 fast
+            at += n
+        for key, tensor in batch.items():
+            tensor[row, at:].fill_(FILL[key])
+
+
+def _share_batches_by_name(worker_id: int) -> None:
+    """In a worker: hand batches over as named shared memory, which the main process maps by name,
+    not as file descriptors, each of which costs it an authenticated socket round trip."""
+    torch.multiprocessing.set_sharing_strategy("file_system")
 
 
 @dataclass
@@ -188,11 +268,9 @@ class PackedStreamDataset(SplitBatches):
         num_workers: int = 0,
         max_symbols: int = 0,
     ):
-        super().__init__(batch_size, rank, world_size, num_workers, teacher_dtype)
-        if seq_len < 1:
-            raise UserError(f"seq_len must be at least 1, got {seq_len}")
+        super().__init__(seq_len, batch_size, rank, world_size, num_workers, teacher_dtype)
         self.store = as_store(stores)
-        self.seq_len, self.with_teacher, self.shuffle, self.seed = int(seq_len), with_teacher, shuffle, int(seed)
+        self.with_teacher, self.shuffle, self.seed = with_teacher, shuffle, int(seed)
         self.trie = self.store.trie  # built once, shipped to workers
         self.symbols = self.store.document_positions() + 1  # a stream has one symbol more than targets
         if max_symbols > 0:
@@ -205,7 +283,6 @@ class PackedStreamDataset(SplitBatches):
         layout = hashlib.sha256(self.symbols.tobytes() + sizes.tobytes()).hexdigest()
         return {
             **super().order_settings(),
-            "seq_len": self.seq_len,
             "shuffle": self.shuffle,
             "seed": self.seed,
             "documents": layout,
@@ -242,7 +319,7 @@ class PackedStreamDataset(SplitBatches):
     def num_windows(self, split: int) -> int:
         return self.split(split).num_windows
 
-    def windows(self, split: int, start: int) -> Iterator[dict[str, np.ndarray]]:
+    def window_pieces(self, split: int, start: int) -> Iterator[list[dict[str, np.ndarray]]]:
         plan = self.split(split)
         documents = plan.documents
         ends = np.cumsum(self.symbols[documents])
@@ -289,35 +366,19 @@ def _drop_first(streams: Iterator[dict[str, np.ndarray]], offset: int) -> Iterat
         yield stream
 
 
-def _pack(streams: Iterator[dict[str, np.ndarray]], seq_len: int) -> Iterator[dict[str, np.ndarray]]:
-    """Cut the concatenated streams into windows of ``seq_len`` rows, padding the last."""
-    buffered: list[dict[str, np.ndarray]] = []
+def _pack(streams: Iterator[dict[str, np.ndarray]], seq_len: int) -> Iterator[list[dict[str, np.ndarray]]]:
+    """Cut the concatenated streams into windows of ``seq_len`` rows (the last may be shorter), each
+    given as the row ranges of the streams it takes."""
+    window: list[dict[str, np.ndarray]] = []
     rows = 0
     for stream in streams:
-        buffered.append(stream)
-        rows += len(stream["input_ids"])
-        while rows >= seq_len:
-            yield _take(buffered, seq_len, seq_len)
-            rows -= seq_len
-    if rows:
-        yield _take(buffered, rows, seq_len)
-
-
-def _take(buffered: list[dict[str, np.ndarray]], n: int, total: int) -> dict[str, np.ndarray]:
-    """Pop the first ``n`` rows of the buffered streams (in place) into a ``total``-row window."""
-    window = {}
-    for key, first in buffered[0].items():
-        window[key] = np.empty((total,) + first.shape[1:], dtype=first.dtype)
-        window[key][n:] = FILL[key]
-    at = 0
-    while at < n:
-        stream = buffered[0]
-        k = min(len(stream["input_ids"]), n - at)
-        for key, value in stream.items():
-            window[key][at : at + k] = value[:k]
-        at += k
-        if k == len(stream["input_ids"]):
-            buffered.pop(0)
-        else:
-            buffered[0] = {key: value[k:] for key, value in stream.items()}
-    return window
+        while len(stream["input_ids"]):
+            n = min(seq_len - rows, len(stream["input_ids"]))
+            window.append({key: value[:n] for key, value in stream.items()})
+            stream = {key: value[n:] for key, value in stream.items()}
+            rows += n
+            if rows == seq_len:
+                yield window
+                window, rows = [], 0
+    if window:
+        yield window

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
+import numba
 import numpy as np
 
 from distill.alphabet import ALPHABET_SIZE
@@ -57,11 +58,20 @@ class StoredDocument:
 
 
 def densify(layout: StreamLayout, values: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """(L−1, 260) rows with each position's support values in place (``out`` must hold zeros)."""
     if out is None:
         out = np.zeros((layout.num_positions, ALPHABET_SIZE), dtype=np.float32)
-    rows = np.repeat(np.arange(layout.num_positions), np.diff(layout.offsets))
-    out[rows, layout.support.astype(np.int64)] = values
+    if len(values) != layout.num_values or out.shape != (layout.num_positions, ALPHABET_SIZE):
+        raise ValueError(f"{len(values)} values into {out.shape} rows for a layout of {layout.num_values} values")
+    _scatter_rows(layout.offsets, layout.support, values, out)
     return out
+
+
+@numba.njit(cache=True, nogil=True)
+def _scatter_rows(offsets, support, values, out):
+    for i in range(len(offsets) - 1):
+        for at in range(offsets[i], offsets[i + 1]):
+            out[i, support[at]] = values[at]
 
 
 class StoreBase:

@@ -57,13 +57,14 @@ class BatchStream:
 
     def __init__(self, dataset: SplitBatches, epoch: int = 0, batches: int = 0):
         self.dataset, self.epoch, self.batches = dataset, epoch, batches
+        self._loader = dataset.loader()  # its workers live as long as the stream
         self._iterator: Iterator | None = None
 
     def __next__(self) -> dict[str, torch.Tensor]:
         for _ in range(2):
             if self._iterator is None:
                 self.dataset.set_position(self.epoch, self.batches)
-                self._iterator = iter(self.dataset.loader())
+                self._iterator = iter(self._loader)
             batch = next(self._iterator, None)
             if batch is not None:
                 self.batches += 1

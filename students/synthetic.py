@@ -51,8 +51,8 @@ class BigramStreamDataset(SplitBatches):
         max_symbols: int = 0,
         num_sequences: int = 32,
     ):
-        super().__init__(batch_size, rank, world_size, num_workers, teacher_dtype)
-        self.seq_len, self.with_teacher, self.shuffle, self.seed = seq_len, with_teacher, shuffle, seed
+        super().__init__(seq_len, batch_size, rank, world_size, num_workers, teacher_dtype)
+        self.with_teacher, self.shuffle, self.seed = with_teacher, shuffle, seed
         self.num_sequences = min(num_sequences, -(-max_symbols // seq_len)) if max_symbols > 0 else num_sequences
         self.sample_seed = zlib.crc32("|".join(map(str, paths)).encode())
         self.teacher = bigram_teacher()
@@ -60,7 +60,6 @@ class BigramStreamDataset(SplitBatches):
     def order_settings(self) -> dict:
         return {
             **super().order_settings(),
-            "seq_len": self.seq_len,
             "shuffle": self.shuffle,
             "seed": self.seed,
             "sample": self.sample_seed,
@@ -78,9 +77,9 @@ class BigramStreamDataset(SplitBatches):
     def num_windows(self, split: int) -> int:
         return len(self._split(split))
 
-    def windows(self, split: int, start: int):
+    def window_pieces(self, split: int, start: int):
         for index in self._split(split)[start:]:
-            yield self._sequence(index)
+            yield [self._sequence(index)]
 
     def _sequence(self, index: int) -> dict[str, np.ndarray]:
         generator = torch.Generator().manual_seed(self.sample_seed * 1_000_003 + index)

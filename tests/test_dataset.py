@@ -112,6 +112,25 @@ def test_real_workers_and_seeking_match_an_uninterrupted_epoch(store):
                 np.testing.assert_array_equal(a[key], b[key])
 
 
+def test_persistent_workers_follow_epochs_and_abandoned_iterations(store):
+    """One loader per dataset, its workers kept: each iteration starts where set_position says,
+    also after an iteration left half-way (as evaluation and resuming do)."""
+    kept = PackedStreamDataset(store, 32, 2, num_workers=2, seed=4)
+    loader = kept.loader()
+    assert loader.persistent_workers
+    for epoch, batches in [(0, 0), (1, 0), (1, 3), (0, 2)]:
+        kept.set_position(epoch, batches)
+        next(iter(loader))  # then abandoned
+        kept.set_position(epoch, batches)
+        fresh = PackedStreamDataset(store, 32, 2, num_workers=2, seed=4)
+        fresh.set_position(epoch, batches)
+        got = [{k: v.numpy() for k, v in batch.items()} for batch in loader]
+        expected = _batches(fresh)
+        assert len(got) == len(expected) == fresh.num_batches() - batches > 0
+        for a, b in zip(got, expected):
+            assert a.keys() == b.keys() and all(np.array_equal(a[key], b[key]) for key in a)
+
+
 def test_evaluation_windows_do_not_depend_on_world_size(store):
     limit = store.stats()["positions"] // 3
     one = PackedStreamDataset(store, 16, 2, shuffle=False, max_symbols=limit, teacher_dtype="float32")
