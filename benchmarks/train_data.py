@@ -174,9 +174,10 @@ def main() -> None:
         f"\nDataLoader workers | positions/s (seq {args.seq_len} x batch {args.batch_size}, float16 teacher rows; "
         f"best of {args.repeats} runs of {args.epochs} epochs) | first batch after"
     )
-    rates, starts = {w: 0.0 for w in (0, 1, 2)}, {w: float("inf") for w in (0, 1, 2)}
+    counts = (0, 1, 2)
+    rates, starts = dict.fromkeys(counts, 0.0), dict.fromkeys(counts, float("inf"))
     for _ in range(args.repeats):  # interleaved, so that a busy moment of the machine hits every setting
-        for workers in rates:
+        for workers in counts:
             start, rate = loader_rates(store, args.seq_len, args.batch_size, workers, args.epochs)
             rates[workers], starts[workers] = max(rates[workers], rate), min(starts[workers], start)
     for workers, rate in rates.items():

@@ -57,9 +57,7 @@ class SplitBatches(IterableDataset):
     (:meth:`num_windows`) and yields them from a given one on (:meth:`windows`).
     """
 
-    def __init__(
-        self, seq_len: int, batch_size: int, rank: int, world_size: int, num_workers: int, teacher_dtype: str
-    ):
+    def __init__(self, seq_len: int, batch_size: int, rank: int, world_size: int, num_workers: int, teacher_dtype: str):
         if seq_len < 1:
             raise UserError(f"seq_len must be at least 1, got {seq_len}")
         if teacher_dtype not in TEACHER_DTYPES:
