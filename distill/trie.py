@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from functools import cached_property
 
 import numba
 import numpy as np
@@ -44,6 +45,11 @@ class VocabTrie:
     @property
     def num_nodes(self) -> int:
         return len(self.node_lo)
+
+    @cached_property
+    def child_bytes(self) -> np.ndarray:
+        """(C,) int16: the byte of each child in ``child_nodes`` (a node's support, in order)."""
+        return self.node_byte[self.child_nodes].astype(np.int16)
 
     def children(self, node: int) -> np.ndarray:
         return self.child_nodes[self.child_offsets[node] : self.child_offsets[node + 1]]

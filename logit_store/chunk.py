@@ -177,8 +177,7 @@ def parse_chunk(
             if not encoding.needs_contexts:
                 return encoding.unpack_values(section, s, None, where), None
             layouts = _chunk_layouts(tokens, counts, layout_of, where)
-            contexts = np.concatenate([encoding.contexts(x) for x in layouts]) if layouts else np.zeros(0, np.int16)
-            return encoding.unpack_values(section, s, contexts, where), layouts
+            return encoding.unpack_values(section, s, layouts, where), layouts
 
     positions = unshuffle_planes(take(p * j, "positions"), p, j)
     if version == 1:

@@ -24,17 +24,17 @@ Encodings (see FORMAT.md for the exact formulas):
     (c / N)**(1/gamma); code 0 uses the same per-position tail mean as ``log8``. gamma = 1/2
     makes the KL contribution of every value the same (Hellinger); smaller gamma spends the
     codes on the high-probability values that dominate KL (more KL-accurate, larger).
-    Defaults: gamma 0.47 for ``pow8`` (the default encoding), 0.5 for ``pow12``/``pow16``.
+    Defaults: gamma 0.47 for ``pow8`` (and ``pow8-ans``), 0.5 for ``pow12``/``pow16``.
 
-``pow8-ans``
-    the ``pow8`` codes, entropy-coded per chunk with a static rANS over 3900 contexts (support
-    symbol × depth in the token × previous code at the position); format 2 only.
+``pow8-ans`` (the default)
+    the ``pow8`` codes, entropy-coded per chunk with a static two-state rANS over 3900 contexts
+    (support symbol × depth in the token × the code two values before at the position); format
+    2 only.
 
-Measured on SmolLM2-135M over 200 KB of KJV (benchmarks/store.py, format 2): ``pow8`` 27.9
-bytes per text byte at mean KL 7.7e-5 bits/position (max 4.4e-4); ``pow8-ans`` 19.7 B at the same
-KL, reading about half as fast (~0.7M positions/s/core against ~1.3–1.8M, short of the 1M
-goal, so ``pow8`` stays the default) and writing ~320k; ``float16`` 84 B at 2.3e-7; ``log8`` 40 B at 5.8e-5; ``pow12`` 59 B at
-7.6e-7.
+Measured on SmolLM2-135M over 200 KB of KJV (``python -m benchmarks.store``, format 2):
+``pow8-ans`` 19.9 bytes per text byte at mean KL 7.7e-5 bits/position (max 4.4e-4), reading
+about 1M positions/s/core and writing about 0.3M; ``pow8`` the same values in 27.9 B, reading
+about 3.5M; ``float16`` 84 B at 2.3e-7; ``log8`` 40 B at 5.8e-5; ``pow12`` 59 B at 7.6e-7.
 """
 
 from __future__ import annotations
@@ -81,7 +81,9 @@ class Encoding:
         """A chunk's (S, k) value bytes as stored in format 2: byte planes (zstd does the rest)."""
         return np.ascontiguousarray(value_bytes.reshape(-1, self.value_width).T).tobytes()
 
-    def unpack_values(self, packed: memoryview, count: int, contexts: np.ndarray | None, where: str) -> np.ndarray:
+    def unpack_values(self, packed: memoryview, count: int, layouts: list | None, where: str) -> np.ndarray:
+        """The (S, k) value bytes of a chunk's packed section (``layouts``: its documents' stream
+        layouts, which the contexts of a context-coded encoding come from)."""
         if len(packed) != count * self.value_width:
             raise UserError(f"{where}: corrupt (value section of {len(packed)} bytes for {count} values)")
         planes = np.frombuffer(packed, dtype=np.uint8).reshape(self.value_width, count)
@@ -164,7 +166,7 @@ class PowerEncoding(_CodeTableEncoding):
 
     def __init__(self, bits: int = 8, gamma: float | None = None):
         if gamma is None:
-            gamma = DEFAULT_GAMMA[bits] if bits in DEFAULT_GAMMA else 0.5
+            gamma = DEFAULT_GAMMA.get(bits, 0.5)
         if bits not in (8, 12, 16):
             raise UserError(f"power encoding bits must be 8, 12 or 16, got {bits}")
         if not 0 < gamma <= 1:
@@ -192,8 +194,9 @@ class ContextCodedEncoding(PowerEncoding):
     """``pow8`` codes entropy-coded per chunk (format 2): static rANS (logit_store/rans.py) with
     one frequency table per context, the tables stored in the chunk. A value's context is what
     the reader knows when it decodes it: its support symbol, its position's depth in the token
-    (0: a token start, 1, 2 or more) and the code of the value before it at the same position
-    (none, 0, 1–2, 3–9, ≥ 10); see :meth:`contexts` and FORMAT.md."""
+    (0: a token start, 1, 2 or more) and the code of the value two before it at the same
+    position (none, 0, 1–2, 3–9, ≥ 10), so that the coder's two states decode independently;
+    see :meth:`contexts` and FORMAT.md."""
 
     needs_contexts = True
     chunk_bytes = 16 << 20  # the frequency tables are stored per chunk: large chunks amortise them
@@ -223,15 +226,15 @@ class ContextCodedEncoding(PowerEncoding):
         header = struct.pack("<I", len(used)) + used.astype("<u2").tobytes()
         return header + planes + struct.pack("<Q", len(words)) + words.astype("<u2").tobytes()
 
-    def unpack_values(self, packed, count, contexts, where):
+    def unpack_values(self, packed, count, layouts, where):
         try:
-            return self._unpack(bytes(packed), count, contexts).reshape(-1, 1)
+            return self._unpack(bytes(packed), count, layouts).reshape(-1, 1)
         except (ValueError, struct.error) as exc:
             raise UserError(f"{where}: corrupt values ({exc})") from None
 
-    def _unpack(self, packed: bytes, count: int, contexts: np.ndarray) -> np.ndarray:
-        if len(contexts) != count:
-            raise ValueError(f"{len(contexts)} contexts for {count} values")
+    def _unpack(self, packed: bytes, count: int, layouts: list) -> np.ndarray:
+        if sum(layout.num_values for layout in layouts) != count:
+            raise ValueError(f"the documents' supports hold other than {count} values")
         (num_used,) = struct.unpack_from("<I", packed, 0)
         at = 4 + 2 * num_used
         if num_used > self.num_contexts or at + 512 * num_used + 8 > len(packed):
@@ -246,7 +249,13 @@ class ContextCodedEncoding(PowerEncoding):
         if at + 8 + 2 * num_words != len(packed):
             raise ValueError("rANS word count does not match the value section")
         words = np.frombuffer(packed, "<u2", num_words, at + 8).astype(np.uint16)
-        return rans.decode(words, contexts, 5, self.PREVIOUS, used, freq, self.num_contexts)
+        decoder = rans.Decoder(words, 5, self.PREVIOUS, used, freq, self.num_contexts)
+        codes, start = np.empty(count, np.uint8), 0
+        for layout in layouts:  # one document's contexts at a time: they stay in the cache
+            decoder.decode(self.contexts(layout), codes[start : start + layout.num_values])
+            start += layout.num_values
+        decoder.finish()
+        return codes
 
 
 @numba.njit(cache=True, nogil=True)
@@ -255,9 +264,11 @@ def _context_groups(position_node, offsets, support, max_depth, groups):
     for p in range(len(offsets) - 1):
         if position_node[p] == 0:
             start = p
-        base = ALPHABET_SIZE * min(p - start, max_depth)
-        for at in range(offsets[p], offsets[p + 1]):
-            groups[at] = 2 * (support[at] + base) + (1 if at == offsets[p] else 0)
+        base = 2 * ALPHABET_SIZE * min(p - start, max_depth)
+        for at in range(offsets[p], offsets[p + 1]):  # a loop the compiler vectorises
+            groups[at] = 2 * support[at] + base
+        if offsets[p] < offsets[p + 1]:
+            groups[offsets[p]] += 1
 
 
 def _renormalise(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
@@ -312,19 +323,20 @@ def _encode_pow(values, offsets, gamma, levels, codes, tails):
 @numba.njit(cache=True, nogil=True)
 def _decode_codes(codes, tails, offsets, table, out):
     """q = table[code] (code 0: the position's tail mean), renormalised per position."""
+    lookup = table.copy()  # entry 0 is each position's tail in turn: no branch per value
     for i in range(len(offsets) - 1):
-        tail = 0.0
+        lookup[0] = 0.0
         if tails[i] > 0:
-            tail = 2.0 ** (-float(tails[i]) / _TAIL_STEP)
+            lookup[0] = 2.0 ** (-float(tails[i]) / _TAIL_STEP)
         total = 0.0
         for at in range(offsets[i], offsets[i + 1]):
-            c = codes[at]
-            q = tail if c == 0 else table[c]
+            q = lookup[codes[at]]
             out[at] = q
             total += q
         if total > 0.0:
+            scale = 1.0 / total
             for at in range(offsets[i], offsets[i + 1]):
-                out[at] = out[at] / total
+                out[at] = out[at] * scale
 
 
 def get_encoding(name: str, params: dict | None = None) -> Encoding:
@@ -348,7 +360,7 @@ def get_encoding(name: str, params: dict | None = None) -> Encoding:
 
 DEFAULT_GAMMA = {8: 0.47, 12: 0.5, 16: 0.5}
 ENCODINGS = ("float16", "log8", "pow8", "pow8-ans", "pow12", "pow16")
-DEFAULT_ENCODING = "pow8"
+DEFAULT_ENCODING = "pow8-ans"
 
 
 def kl_bits_per_position(exact: np.ndarray, decoded: np.ndarray, offsets: np.ndarray) -> np.ndarray:

@@ -1,18 +1,21 @@
-"""A static rANS coder with one frequency table per context (Numba).
+"""A static rANS coder with one frequency table per context and two interleaved states (Numba).
 
 ``encode(symbols, contexts, freq)`` turns byte symbols into 16-bit words; ``decode`` gives them
-back, given the same contexts and tables. A context may depend on the symbol before: given
-``groups[i] = 2 * g + start``, :func:`chained_contexts` is ``g * width`` where ``start`` is 1 and
-``g * width + buckets[symbols[i - 1]]`` elsewhere; ``decode`` computes the same as it decodes. State: 32 bits in [2^16, 2^32), renormalised 16 bits
-at a time; a table row sums to 2^PRECISION (FORMAT.md, "pow8-ans"). The decoder checks every
-read against the word count and that the final state is the initial one, so a corrupt stream
-is refused, never read past its end.
+back, given the same contexts and tables. Symbol i is coded by state i mod 2, so decoding runs
+two independent chains side by side. A context may depend on the symbol two places back (the
+one the same state decoded last): given ``groups[i] = 2 * g + start``, :func:`chained_contexts`
+is ``g * width`` where symbol i or i − 1 starts a group, else ``g * width + buckets[symbols[i -
+2]]``; ``decode`` computes the same as it decodes. States: 32 bits in [2^16, 2^32), renormalised
+16 bits at a time; a table row sums to 2^PRECISION (FORMAT.md, "pow8-ans"). The decoder checks
+every read against the word count and that the final states are the initial ones, so a corrupt
+stream is refused, never read past its end.
 
-Decoding speed: the slot → symbol table (1024 bytes per context, megabytes per chunk) misses
-the cache; code 0 (most pow8 values) occupies the slots below its frequency, so the decoder
-tests that first against a small per-context array and reads the table only for other codes
-(twice as fast on the benchmark's chunks). The decode is one dependency chain per value; the
-next step would be several interleaved states (a format change).
+Decoding speed: each symbol's context depends on a symbol decoded before it, so one state is
+one dependency chain; two states halve its length (contexts on the symbol just before would
+chain the states together again). The slot → symbol table (1024 bytes per context, megabytes
+per chunk) misses the cache; code 0 (most pow8 values) occupies the slots below its frequency,
+so the decoder tests that first against a small per-context array and reads the table only for
+other codes.
 """
 
 from __future__ import annotations
@@ -68,8 +71,8 @@ def chained_contexts(
 @numba.njit(cache=True, nogil=True)
 def _chain(groups, width, buckets, symbols, out, counts):
     for i in range(len(groups)):
-        g = groups[i]
-        out[i] = (g >> 1) * width + (0 if g & 1 else buckets[symbols[i - 1]])
+        g = groups[i]  # as _decode computes it (a helper function here costs 20×)
+        out[i] = (g >> 1) * width if g & 1 or groups[i - 1] & 1 else (g >> 1) * width + buckets[symbols[i - 2]]
         counts[out[i], symbols[i]] += 1
 
 
@@ -81,90 +84,148 @@ def cumulative(freq: np.ndarray) -> np.ndarray:
 
 
 def tables(freq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(C, A+1) cumulative frequencies and the (C, TOTAL) slot → symbol table."""
+    """(C, A+1) cumulative frequencies and the (C, TOTAL) slot → symbol table (rows must sum
+    to TOTAL)."""
     cum = cumulative(freq)
     slots = np.zeros((freq.shape[0], TOTAL), np.uint8)
-    for r in range(freq.shape[0]):
-        if cum[r, -1]:
-            slots[r] = np.repeat(np.arange(freq.shape[1], dtype=np.uint8), freq[r])
+    _fill_slots(cum, slots)
     return cum, slots
 
 
 @numba.njit(cache=True, nogil=True)
+def _fill_slots(cum, slots):
+    for r in range(cum.shape[0]):
+        for a in range(cum.shape[1] - 1):
+            slots[r, cum[r, a] : cum[r, a + 1]] = a
+
+
+@numba.njit(cache=True, nogil=True)
 def _encode(symbols, contexts, freq, cum, out):
-    x = np.uint64(STATE_LOW)
+    states = np.full(2, STATE_LOW, np.uint64)  # symbol i is coded by state i % 2
     n_out = 0
     for i in range(len(symbols) - 1, -1, -1):
-        c, s = contexts[i], symbols[i]
+        c, s, k = contexts[i], symbols[i], i & 1
+        x = states[k]
         f = np.uint64(freq[c, s])
         limit = np.uint64((STATE_LOW >> PRECISION) << 16) * f
         while x >= limit:
             out[n_out] = np.uint16(x & np.uint64(0xFFFF))
             n_out += 1
             x >>= np.uint64(16)
-        x = (x // f << np.uint64(PRECISION)) + x % f + np.uint64(cum[c, s])
-    out[n_out] = np.uint16(x & np.uint64(0xFFFF))
-    out[n_out + 1] = np.uint16(x >> np.uint64(16))
-    return n_out + 2
+        states[k] = (x // f << np.uint64(PRECISION)) + x % f + np.uint64(cum[c, s])
+    for k in (1, 0):
+        out[n_out] = np.uint16(states[k] & np.uint64(0xFFFF))
+        out[n_out + 1] = np.uint16(states[k] >> np.uint64(16))
+        n_out += 2
+    return n_out
 
 
 def encode(symbols: np.ndarray, contexts: np.ndarray, freq: np.ndarray) -> np.ndarray:
     """uint16 words (in decoding order) of ``symbols`` coded with ``freq[contexts[i]]``."""
     cum = cumulative(freq)
-    out = np.empty(2 * len(symbols) + 2, np.uint16)
+    out = np.empty(2 * len(symbols) + 4, np.uint16)
     n = _encode(np.ascontiguousarray(symbols), np.ascontiguousarray(contexts), freq, cum, out)
     return out[:n][::-1].copy()
 
 
 @numba.njit(cache=True, nogil=True)
-def _decode(words, groups, width, buckets, info, freq, cum, slots, out):
-    """0 on success; -1: the words ran out; -2: the final state is wrong; -3: a context
-    without a table. ``info[c]`` is ``row << 11 | freq[row, 0]`` for context c's table (-1:
-    none): a slot below the frequency of code 0 (most values) decodes without the slot table."""
-    if len(words) < 2:
-        return -1
-    x = (np.int64(words[0]) << 16) | np.int64(words[1])
-    at = 2
-    s = 0
-    for i in range(len(out)):
-        g = groups[i]
-        c = (g >> 1) * width + (0 if g & 1 else buckets[s])
-        if c < 0 or c >= len(info) or info[c] < 0:
+def _decode(words, state, groups, width, buckets, info, entries, slots, out):
+    """Decode the next ``len(out)`` symbols, whose contexts ``groups`` give, from ``state``
+    (the two states, words read, the next symbol's state) on, and update it. 0 on success; -1:
+    the words ran out; -3: a context without a table. ``info[c]`` is ``row << 11 | freq[row, 0]``
+    for context c's table (-1: none): a slot below the frequency of code 0 (most values) decodes
+    without the slot table; ``entries[row, s]`` is ``cum[row, s] << 11 | freq[row, s]``. Symbols 2j and 2j + 1 are decoded in one step, by the two states:
+    two independent chains (written out twice: Numba compiles a helper returning the state as a
+    tuple 3× slower). ``groups[0]`` must start a group (odd), as a document's first value does."""
+    parity = state[3]
+    x0, x1, at = state[parity], state[1 - parity], state[2]  # x0 decodes the span's even symbols
+    s0, s1, n, num_words = 0, 0, len(out), len(words)
+    if n and not groups[0] & 1:
+        return -3
+    for i in range(0, n, 2):
+        g = groups[i]  # the context as _chain gives it, written out (a helper function costs 60 % more)
+        c = (g >> 1) * width if g & 1 or groups[i - 1] & 1 else (g >> 1) * width + buckets[s0]
+        if info[c] < 0:
             return -3
-        slot = x & (TOTAL - 1)
-        zero_freq = info[c] & 2047
+        slot, zero_freq = x0 & (TOTAL - 1), info[c] & 2047
         if slot < zero_freq:
-            s = 0
-            x = zero_freq * (x >> PRECISION) + slot
+            s0, x0 = 0, zero_freq * (x0 >> PRECISION) + slot
         else:
             r = info[c] >> 11
-            s = slots[r, slot]
-            x = np.int64(freq[r, s]) * (x >> PRECISION) + slot - np.int64(cum[r, s])
-        while x < STATE_LOW:
-            if at >= len(words):
+            s0 = np.int64(slots[r, slot])
+            entry = np.int64(entries[r, s0])
+            x0 = (entry & 2047) * (x0 >> PRECISION) + slot - (entry >> 11)
+        out[i] = s0
+        if x0 < STATE_LOW:
+            if at >= num_words:
                 return -1
-            x = (x << 16) | np.int64(words[at])
-            at += 1
-        out[i] = s
-    if x != STATE_LOW or at != len(words):
-        return -2
+            x0, at = (x0 << 16) | np.int64(words[at]), at + 1
+        if i + 1 == n:
+            break
+        g = groups[i + 1]
+        c = (g >> 1) * width if g & 1 or groups[i] & 1 else (g >> 1) * width + buckets[s1]
+        if info[c] < 0:
+            return -3
+        slot, zero_freq = x1 & (TOTAL - 1), info[c] & 2047
+        if slot < zero_freq:
+            s1, x1 = 0, zero_freq * (x1 >> PRECISION) + slot
+        else:
+            r = info[c] >> 11
+            s1 = np.int64(slots[r, slot])
+            entry = np.int64(entries[r, s1])
+            x1 = (entry & 2047) * (x1 >> PRECISION) + slot - (entry >> 11)
+        out[i + 1] = s1
+        if x1 < STATE_LOW:
+            if at >= num_words:
+                return -1
+            x1, at = (x1 << 16) | np.int64(words[at]), at + 1
+    state[parity], state[1 - parity], state[2], state[3] = x0, x1, at, (parity + n) & 1
     return 0
 
 
-STATUS = {-1: "the stream ends early", -2: "wrong final state", -3: "a context without a frequency table"}
+STATUS = {-1: "the stream ends early", -3: "a context without a frequency table"}
+
+
+class Decoder:
+    """Decodes a stream span by span, each span's contexts given when it is due (so that they
+    need not all be held at once). ``freq[k]`` is the table of context ``used[k]``; every table
+    must sum to TOTAL. ``ValueError`` if the stream is corrupt."""
+
+    def __init__(self, words, width: int, buckets, used: np.ndarray, freq: np.ndarray, num_contexts: int):
+        if np.any(freq.astype(np.int64).sum(axis=1) != TOTAL):
+            raise ValueError("a frequency table does not sum to the coder's total")
+        if len(words) < 4:
+            raise ValueError("entropy-coded values are corrupt (the stream ends early)")
+        self.words, self.width, self.buckets = words, width, buckets.astype(np.int64)
+        self.info = np.full(num_contexts, -1, np.int64)
+        self.info[used] = (np.arange(len(used), dtype=np.int64) << 11) | freq[:, 0]
+        cum, self.slots = tables(freq)
+        self.entries = (cum[:, :-1].astype(np.int32) << 11) | freq  # one lookup for both
+        x = words[:4].astype(np.int64)
+        self.state = np.array([x[0] << 16 | x[1], x[2] << 16 | x[3], 4, 0], np.int64)
+
+    def decode(self, groups: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """The next ``len(groups)`` symbols (into ``out``, uint8, if given)."""
+        out = np.empty(len(groups), np.uint8) if out is None else out
+        if len(groups) and (groups.min() < 0 or (int(groups.max()) >> 1) * self.width + self.width > len(self.info)):
+            raise ValueError("a context out of range")  # checked here, so that the kernel need not
+        args = self.width, self.buckets, self.info, self.entries, self.slots
+        status = _decode(self.words, self.state, groups, *args, out)
+        if status != 0:
+            raise ValueError(f"entropy-coded values are corrupt ({STATUS[status]})")
+        return out
+
+    def finish(self) -> None:
+        """Check that the stream ended where it should: both states back at their start, every
+        word read."""
+        x0, x1, at, _ = self.state.tolist()
+        if x0 != STATE_LOW or x1 != STATE_LOW or at != len(self.words):
+            raise ValueError("entropy-coded values are corrupt (wrong final state)")
 
 
 def decode(words, groups, width: int, buckets, used: np.ndarray, freq: np.ndarray, num_contexts: int) -> np.ndarray:
-    """The symbols coded in ``words`` with contexts as in :func:`chained_contexts`; ``freq[k]``
-    is the table of context ``used[k]``. ``ValueError`` if the stream is corrupt (every context
-    met must have a table, and every table must sum to TOTAL)."""
-    if np.any(freq.astype(np.int64).sum(axis=1) != TOTAL):
-        raise ValueError("a frequency table does not sum to the coder's total")
-    info = np.full(num_contexts, -1, np.int64)
-    info[used] = (np.arange(len(used), dtype=np.int64) << 11) | freq[:, 0]
-    cum, slots = tables(freq)
-    out = np.empty(len(groups), np.uint8)
-    status = _decode(words, groups, width, buckets.astype(np.int64), info, freq, cum, slots, out)
-    if status != 0:
-        raise ValueError(f"entropy-coded values are corrupt ({STATUS[status]})")
+    """The symbols coded in ``words`` with contexts as in :func:`chained_contexts` (in one span)."""
+    decoder = Decoder(words, width, buckets, used, freq, num_contexts)
+    out = decoder.decode(groups)
+    decoder.finish()
     return out

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Self
 
 import numpy as np
 
@@ -257,7 +258,7 @@ class StoreWriter:
             self._shard.abandon()
         self._closed = True
 
-    def __enter__(self) -> StoreWriter:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:

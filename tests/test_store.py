@@ -247,13 +247,20 @@ def test_writer_rejects_a_different_store(tmp_path, llama3, documents):
         )
     with pytest.raises(UserError, match="settings"):
         StoreWriter(
-            directory, vocab, teacher="random-llama3", settings={"t": 2.0}, corpus_hash="c0ffee", trie=converter.trie
+            directory,
+            vocab,
+            encoding="pow8",
+            teacher="random-llama3",
+            settings={"t": 2.0},
+            corpus_hash="c0ffee",
+            trie=converter.trie,
         )
     other_vocab = dataclasses.replace(vocab, adds_prefix_space=True)
     with pytest.raises(UserError, match="vocab_hash"):
         StoreWriter(
             directory,
             other_vocab,
+            encoding="pow8",
             teacher="random-llama3",
             settings={"t": 1.0},
             corpus_hash="c0ffee",
@@ -263,6 +270,7 @@ def test_writer_rejects_a_different_store(tmp_path, llama3, documents):
     with StoreWriter(
         directory,
         vocab,
+        encoding="pow8",
         teacher="random-llama3",
         settings={"t": 1.0},
         corpus_hash="c0ffee",
