@@ -208,9 +208,11 @@ class ContextCodedEncoding(PowerEncoding):
         super().__init__(8, DEFAULT_GAMMA[8] if gamma is None else gamma)
         self.name = "pow8-ans"
 
-    def contexts(self, layout) -> np.ndarray:
-        """(S,) per value: 2 × (symbol + 260 × min(depth, 2)) + (1 if it is its position's first value)."""
-        groups = np.empty(len(layout.support), np.int16)  # < 2 × 780
+    def contexts(self, layout, out: np.ndarray | None = None) -> np.ndarray:
+        """(S,) per value: 2 × (symbol + 260 × min(depth, 2)) + (1 if it is its position's first
+        value); into ``out[:S]`` (int16) if given."""
+        size = len(layout.support)
+        groups = np.empty(size, np.int16) if out is None else out[:size]  # < 2 × 780
         _context_groups(layout.position_node, layout.offsets, layout.support, self.DEPTHS - 1, groups)
         return groups
 
@@ -251,8 +253,9 @@ class ContextCodedEncoding(PowerEncoding):
         words = np.frombuffer(packed, "<u2", num_words, at + 8).astype(np.uint16)
         decoder = rans.Decoder(words, 5, self.PREVIOUS, used, freq, self.num_contexts)
         codes, start = np.empty(count, np.uint8), 0
-        for layout in layouts:  # one document's contexts at a time: they stay in the cache
-            decoder.decode(self.contexts(layout), codes[start : start + layout.num_values])
+        groups = np.empty(max((layout.num_values for layout in layouts), default=0), np.int16)
+        for layout in layouts:  # one document's contexts at a time, in one buffer: they stay in the cache
+            decoder.decode(self.contexts(layout, groups), codes[start : start + layout.num_values])
             start += layout.num_values
         decoder.finish()
         return codes

@@ -134,52 +134,32 @@ def _decode(words, state, groups, width, buckets, info, entries, slots, out):
     (the two states, words read, the next symbol's state) on, and update it. 0 on success; -1:
     the words ran out; -3: a context without a table. ``info[c]`` is ``row << 11 | freq[row, 0]``
     for context c's table (-1: none): a slot below the frequency of code 0 (most values) decodes
-    without the slot table; ``entries[row, s]`` is ``cum[row, s] << 11 | freq[row, s]``. Symbols 2j and 2j + 1 are decoded in one step, by the two states:
-    two independent chains (written out twice: Numba compiles a helper returning the state as a
-    tuple 3× slower). ``groups[0]`` must start a group (odd), as a document's first value does."""
-    parity = state[3]
-    x0, x1, at = state[parity], state[1 - parity], state[2]  # x0 decodes the span's even symbols
-    s0, s1, n, num_words = 0, 0, len(out), len(words)
+    without the slot table; ``entries[row, s]`` is ``cum[row, s] << 11 | freq[row, s]``.
+    ``groups[0]`` must start a group (odd), as a document's first value does."""
+    states, before = state[:2].copy(), np.zeros(2, np.int64)  # per state: x, the symbol it decoded last
+    at, first, n, num_words = state[2], state[3], len(out), len(words)
     if n and not groups[0] & 1:
         return -3
-    for i in range(0, n, 2):
-        g = groups[i]  # the context as _chain gives it, written out (a helper function costs 60 % more)
-        c = (g >> 1) * width if g & 1 or groups[i - 1] & 1 else (g >> 1) * width + buckets[s0]
+    for i in range(n):
+        k = (first + i) & 1
+        x, g = states[k], groups[i]  # the context as _chain gives it, written out (a helper costs 60 % more)
+        c = (g >> 1) * width if g & 1 or groups[i - 1] & 1 else (g >> 1) * width + buckets[before[k]]
         if info[c] < 0:
             return -3
-        slot, zero_freq = x0 & (TOTAL - 1), info[c] & 2047
+        slot, zero_freq = x & (TOTAL - 1), info[c] & 2047
         if slot < zero_freq:
-            s0, x0 = 0, zero_freq * (x0 >> PRECISION) + slot
+            s, x = 0, zero_freq * (x >> PRECISION) + slot
         else:
             r = info[c] >> 11
-            s0 = np.int64(slots[r, slot])
-            entry = np.int64(entries[r, s0])
-            x0 = (entry & 2047) * (x0 >> PRECISION) + slot - (entry >> 11)
-        out[i] = s0
-        if x0 < STATE_LOW:
+            s = np.int64(slots[r, slot])
+            entry = np.int64(entries[r, s])
+            x = (entry & 2047) * (x >> PRECISION) + slot - (entry >> 11)
+        if x < STATE_LOW:
             if at >= num_words:
                 return -1
-            x0, at = (x0 << 16) | np.int64(words[at]), at + 1
-        if i + 1 == n:
-            break
-        g = groups[i + 1]
-        c = (g >> 1) * width if g & 1 or groups[i] & 1 else (g >> 1) * width + buckets[s1]
-        if info[c] < 0:
-            return -3
-        slot, zero_freq = x1 & (TOTAL - 1), info[c] & 2047
-        if slot < zero_freq:
-            s1, x1 = 0, zero_freq * (x1 >> PRECISION) + slot
-        else:
-            r = info[c] >> 11
-            s1 = np.int64(slots[r, slot])
-            entry = np.int64(entries[r, s1])
-            x1 = (entry & 2047) * (x1 >> PRECISION) + slot - (entry >> 11)
-        out[i + 1] = s1
-        if x1 < STATE_LOW:
-            if at >= num_words:
-                return -1
-            x1, at = (x1 << 16) | np.int64(words[at]), at + 1
-    state[parity], state[1 - parity], state[2], state[3] = x0, x1, at, (parity + n) & 1
+            x, at = (x << 16) | np.int64(words[at]), at + 1
+        out[i], states[k], before[k] = s, x, s
+    state[0], state[1], state[2], state[3] = states[0], states[1], at, (first + n) & 1
     return 0
 
 

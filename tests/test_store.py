@@ -235,48 +235,24 @@ def test_resume_after_crash_matches_uninterrupted(tmp_path, llama3, documents):
 def test_writer_rejects_a_different_store(tmp_path, llama3, documents):
     vocab, converter, _ = llama3
     directory = write_store(tmp_path / "s", llama3, documents[:2])
-    with pytest.raises(UserError, match="encoding"):
-        StoreWriter(
-            directory,
-            vocab,
-            encoding="float16",
-            teacher="random-llama3",
-            settings={"t": 1.0},
-            corpus_hash="c0ffee",
-            trie=converter.trie,
-        )
-    with pytest.raises(UserError, match="settings"):
-        StoreWriter(
-            directory,
-            vocab,
-            encoding="pow8",
-            teacher="random-llama3",
-            settings={"t": 2.0},
-            corpus_hash="c0ffee",
-            trie=converter.trie,
-        )
+    same = {
+        "vocab": vocab,
+        "encoding": "pow8",
+        "teacher": "random-llama3",
+        "settings": {"t": 1.0},
+        "corpus_hash": "c0ffee",
+        "trie": converter.trie,
+    }
     other_vocab = dataclasses.replace(vocab, adds_prefix_space=True)
-    with pytest.raises(UserError, match="vocab_hash"):
-        StoreWriter(
-            directory,
-            other_vocab,
-            encoding="pow8",
-            teacher="random-llama3",
-            settings={"t": 1.0},
-            corpus_hash="c0ffee",
-            trie=converter.trie,
-        )
+    for change, named in [
+        ({"encoding": "float16"}, "encoding"),
+        ({"settings": {"t": 2.0}}, "settings"),
+        ({"vocab": other_vocab}, "vocab_hash"),
+    ]:
+        with pytest.raises(UserError, match=named):
+            StoreWriter(directory, **{**same, **change})
     # a second writer id appends its own shards to the same store
-    with StoreWriter(
-        directory,
-        vocab,
-        encoding="pow8",
-        teacher="random-llama3",
-        settings={"t": 1.0},
-        corpus_hash="c0ffee",
-        trie=converter.trie,
-        writer_id=1,
-    ) as writer:
+    with StoreWriter(directory, **same, writer_id=1) as writer:
         assert writer.num_existing_documents == 0
         writer.add_distributions(documents[4][1], token_ids=documents[4][0])
     store = open_store(directory, llama3)
