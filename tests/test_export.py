@@ -24,28 +24,14 @@ from students.generate import (
     load_folder,
 )
 from students.synthetic import SYNTHETIC_SOURCE
-from students.trainer import TrainConfig, train
+from students.trainer import train
+from tests.tiny_student import tiny_config
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     out = tmp_path_factory.mktemp("run")
-    config = TrainConfig(
-        train_stores=["train"],
-        eval_store="eval",
-        output_dir=str(out),
-        preset="tiny",
-        hidden_size=32,
-        num_layers=2,
-        num_heads=2,
-        intermediate_size=64,
-        seq_len=16,
-        batch_size=2,
-        max_steps=3,
-        eval_every=0,
-        checkpoint_every=0,
-        progress=False,
-    )
+    config = tiny_config(out, eval_store="eval", max_steps=3)
     train(config, SYNTHETIC_SOURCE)
     return out
 

@@ -18,7 +18,8 @@ from distill.errors import UserError
 from students.export import EXPORT_RECORD, export_student
 from students.push import push_folder, upload_plan
 from students.synthetic import SYNTHETIC_SOURCE
-from students.trainer import TrainConfig, train
+from students.trainer import train
+from tests.tiny_student import tiny_config
 
 SECRETS = {".env": "HF_TOKEN=hf_secret", ".git-credentials": "https://me:pw@hf.co", "sub/id_rsa": "PRIVATE KEY"}
 
@@ -84,24 +85,7 @@ def hub():
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory, llama3_tokenizer_path):
     run = tmp_path_factory.mktemp("run")
-    train(
-        TrainConfig(
-            train_stores=["train"],
-            output_dir=str(run),
-            preset="tiny",
-            hidden_size=32,
-            num_layers=1,
-            num_heads=2,
-            intermediate_size=32,
-            seq_len=16,
-            batch_size=2,
-            max_steps=1,
-            eval_every=0,
-            checkpoint_every=0,
-            progress=False,
-        ),
-        SYNTHETIC_SOURCE,
-    )
+    train(tiny_config(run, num_layers=1, intermediate_size=32, max_steps=1), SYNTHETIC_SOURCE)
     out = export_student(run, tmp_path_factory.mktemp("hf") / "student", teacher_tokenizer=llama3_tokenizer_path)
     for name, secret in SECRETS.items():  # left in the folder by someone: must never be uploaded
         (out / name).parent.mkdir(exist_ok=True)

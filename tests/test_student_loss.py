@@ -76,12 +76,17 @@ def test_masked_and_padded_positions_contribute_nothing():
     assert torch.isfinite(logits2.grad).all()
 
 
+def _full_alphabet_batch(batch: int, length: int, seed: int):
+    """Random float32 (logits, teacher probabilities, byte targets, all-true mask) of shape (B, T, ·)."""
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(batch, length, ALPHABET_SIZE, generator=g)
+    probs = torch.softmax(torch.randn(batch, length, ALPHABET_SIZE, generator=g), -1)
+    targets = torch.randint(0, 256, (batch, length), generator=g)
+    return logits, probs, targets, torch.ones(batch, length, dtype=torch.bool)
+
+
 def test_batched_full_alphabet_with_padding():
-    g = torch.Generator().manual_seed(1)
-    logits = torch.randn(2, 6, ALPHABET_SIZE, generator=g)
-    probs = torch.softmax(torch.randn(2, 6, ALPHABET_SIZE, generator=g), -1)
-    targets = torch.randint(0, 256, (2, 6), generator=g)
-    mask = torch.ones(2, 6, dtype=torch.bool)
+    logits, probs, targets, mask = _full_alphabet_batch(2, 6, seed=1)
     mask[1, 4:] = False
     targets[1, 4:] = PAD
     out = distill_loss(logits, targets, mask, probs, alpha=0.5)
@@ -113,11 +118,7 @@ def test_baseline_needs_no_teacher_and_distillation_does():
 
 
 def test_half_precision_logits_give_a_float32_loss():
-    g = torch.Generator().manual_seed(3)
-    logits = torch.randn(2, 5, ALPHABET_SIZE, generator=g)
-    probs = torch.softmax(torch.randn(2, 5, ALPHABET_SIZE, generator=g), -1)
-    targets = torch.randint(0, 256, (2, 5), generator=g)
-    mask = torch.ones(2, 5, dtype=torch.bool)
+    logits, probs, targets, mask = _full_alphabet_batch(2, 5, seed=3)
     exact = distill_loss(logits.bfloat16().float(), targets, mask, probs, alpha=0.9)
     mixed = distill_loss(logits.bfloat16(), targets, mask, probs.half(), alpha=0.9)
     assert mixed.total.dtype == mixed.kl.dtype == mixed.ce.dtype == torch.float32

@@ -19,25 +19,13 @@ from students.synthetic import SYNTHETIC_SOURCE
 from students.trainer import TrainConfig, learning_rate, train
 from tests.launch import cpu_launch
 from tests.stores import random_texts, write_random_store
+from tests.tiny_student import TINY, tiny_config
 
-TINY = {
-    "preset": "tiny",
-    "hidden_size": 32,
-    "num_layers": 2,
-    "num_heads": 2,
-    "intermediate_size": 64,
-    "seq_len": 16,
-    "batch_size": 2,
-    "progress": False,
-    "warmup_steps": 2,
-    "lr": 3e-3,
-}
+FAST = {"warmup_steps": 2, "lr": 3e-3}  # short runs that still learn
 
 
 def _config(out: Path, **overrides) -> TrainConfig:
-    values = dict(TINY, train_stores=["train"], output_dir=str(out), checkpoint_every=0, eval_every=0)
-    values.update(overrides)
-    return TrainConfig(**values)
+    return tiny_config(out, **{**FAST, **overrides})
 
 
 def test_resumed_run_equals_uninterrupted_run(tmp_path):
@@ -108,7 +96,7 @@ def test_two_process_cpu_accelerate_launch(tmp_path):
         textwrap.dedent(f"""
         from students.synthetic import SYNTHETIC_SOURCE
         from students.trainer import TrainConfig, train
-        config = TrainConfig(**{dict(TINY)!r}, train_stores=["train"], eval_store="eval",
+        config = TrainConfig(**{dict(TINY, **FAST)!r}, train_stores=["train"], eval_store="eval",
                              output_dir={str(tmp_path / "out")!r}, max_steps=4, eval_every=2, checkpoint_every=2)
         train(config, SYNTHETIC_SOURCE)
     """)
@@ -141,22 +129,19 @@ def stores(tmp_path_factory, llama3_vocab, llama3_converter, llama3_encoder):
 
 
 def _store_config(out: Path, stores, **overrides) -> TrainConfig:
-    values = dict(
-        TINY,
-        train_stores=[stores[0]],
-        eval_store=stores[1],
-        output_dir=str(out),
-        seq_len=64,
-        batch_size=4,
-        grad_accum=4,
-        num_workers=2,
-        max_steps=8,
-        eval_every=4,
-        eval_bytes=0,
-        checkpoint_every=3,
-    )
-    values.update(overrides)
-    return TrainConfig(**values)
+    on_stores = {
+        "train_stores": [stores[0]],
+        "eval_store": stores[1],
+        "seq_len": 64,
+        "batch_size": 4,
+        "grad_accum": 4,
+        "num_workers": 2,
+        "max_steps": 8,
+        "eval_every": 4,
+        "eval_bytes": 0,
+        "checkpoint_every": 3,
+    }
+    return _config(out, **{**on_stores, **overrides})
 
 
 def _metrics(out: Path) -> list[dict]:
