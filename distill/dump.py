@@ -39,7 +39,7 @@ from distill.sharding import WriterLock, writer_of, writers_of
 from distill.stream import StreamLayout
 from distill.teacher import Teacher, load_teacher
 from distill.windows import Window, plan_windows
-from logit_store.encodings import DEFAULT_ENCODING
+from logit_store.encodings import DEFAULT_ENCODING, ENCODINGS
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -136,7 +136,8 @@ class DumpConfig:
         default=DEFAULT_ENCODING,
         metadata={
             "help": "value encoding of the store: pow8-ans (the pow8 codes entropy-coded: a third smaller), pow8 "
-            "(faster to read), log8, float16, pow12, pow16 (see logit_store/FORMAT.md)"
+            "(faster to read), log8, float16, pow12, pow16 (see logit_store/FORMAT.md)",
+            "choices": list(ENCODINGS),
         },
     )
     docs_per_shard: int | None = field(
