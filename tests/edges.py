@@ -1,0 +1,123 @@
+"""The harness of the edge-case tables: one row per bad input, one line and exit 2, nothing touched.
+
+A row (:class:`Edge`) names the command line, how to set up the folder it runs in, and a fragment
+of the one error line it must print. :func:`check_edge` runs it in a fresh folder and asserts:
+
+- exit status 2 (or ``Edge.status``), no traceback on stderr;
+- the last line of stderr is ``bytedistill CMD: error: …`` and contains the fragment;
+- every file in the folder (and the targets of its symlinks) is byte-identical before and after:
+  a refused command touched nothing (``creates_ok``: it may have added files of its own).
+
+Arguments may use ``{tmp}`` for the case's folder. Rows run in-process (``bytedistill`` main) by
+default; ``subprocess=True`` runs ``python -m distill.cli`` instead, for cases that need their own
+process (a resource limit, an environment variable read at import, a signal).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import resource
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from distill.cli import main as bytedistill
+
+
+def no_setup(tmp: Path) -> None:
+    """A row whose command needs nothing in its folder."""
+
+
+@dataclass(frozen=True)
+class Edge:
+    name: str
+    argv: list[str]
+    expect: str
+    setup: Callable[[Path], None] = no_setup
+    status: int = 2
+    subprocess: bool = False
+    env: dict[str, str] = field(default_factory=dict)
+    file_size_limit: int | None = None  # bytes (``ulimit -f``), subprocess rows only
+    timeout: float = 300.0
+    creates_ok: bool = False  # the command may leave new files of its own; existing ones stay as they were
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    """Path → sha256 of every file under ``root``; a symlink → its target (and the target's hash)."""
+    state: dict[str, str] = {}
+    for path in sorted(root.rglob("*")):
+        key = str(path.relative_to(root))
+        if path.is_symlink():
+            target = os.readlink(path)
+            state[key] = f"-> {target}" + (f" {_digest(path)}" if path.is_file() else "")
+        elif path.is_file():
+            state[key] = _digest(path)
+        elif path.is_dir():
+            state[key] = "dir"
+    return state
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _argv(edge: Edge, tmp: Path) -> list[str]:
+    return [arg.replace("{tmp}", str(tmp)) for arg in edge.argv]
+
+
+def _run_in_process(edge: Edge, tmp: Path, capsys, monkeypatch) -> tuple[int, str]:
+    monkeypatch.chdir(tmp)
+    for name, value in edge.env.items():
+        monkeypatch.setenv(name, value.replace("{tmp}", str(tmp)))
+    capsys.readouterr()
+    status = bytedistill(_argv(edge, tmp))
+    return status, capsys.readouterr().err
+
+
+def _run_subprocess(edge: Edge, tmp: Path) -> tuple[int, str]:
+    env = {**os.environ, **{k: v.replace("{tmp}", str(tmp)) for k, v in edge.env.items()}}
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parent.parent), env.get("PYTHONPATH", "")])
+
+    def limit() -> None:
+        if edge.file_size_limit is not None:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (edge.file_size_limit, edge.file_size_limit))
+
+    done = subprocess.run(
+        [sys.executable, "-m", "distill.cli", *_argv(edge, tmp)],
+        cwd=tmp,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=edge.timeout,
+        preexec_fn=limit,
+    )
+    return done.returncode, done.stderr
+
+
+def check_edge(edge: Edge, tmp: Path, capsys, monkeypatch) -> str:
+    """Run one row in ``tmp`` and assert its contract; returns the error line."""
+    edge.setup(tmp)
+    before = snapshot(tmp)
+    if edge.subprocess:
+        status, err = _run_subprocess(edge, tmp)
+    else:
+        status, err = _run_in_process(edge, tmp, capsys, monkeypatch)
+    assert "Traceback" not in err, f"{edge}: traceback\n{err}"
+    lines = [line for line in err.splitlines() if line.strip()]
+    command = edge.argv[0]
+    assert lines, f"{edge}: nothing on stderr (status {status})"
+    last = lines[-1]
+    assert status == edge.status, f"{edge}: status {status}, stderr:\n{err}"
+    assert last.startswith(f"bytedistill {command}: error: "), f"{edge}: last line {last!r}"
+    assert edge.expect in last, f"{edge}: {edge.expect!r} not in {last!r}"
+    after = snapshot(tmp)
+    if edge.creates_ok:
+        after = {key: value for key, value in after.items() if key in before}
+    assert after == before, f"{edge}: files changed"
+    return last
