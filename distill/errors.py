@@ -6,3 +6,8 @@ class UserError(Exception):
 
     The message must say what is wrong and where, in one line.
     """
+
+
+def first_line(exc: BaseException) -> str:
+    """An exception's message cut to its first non-empty line (its type name if it has none), for a one-line error."""
+    return next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)

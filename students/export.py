@@ -11,14 +11,17 @@ generation; ``<bos>``/``<pad>`` never generated), two tokenizers and a model car
 - the plain byte tokenizer (``tokenizer.json``; stock ``AutoTokenizer``, no remote code): bytes
   without ``<eot>`` marks, which the student never saw in training (worse BPB, stated in the card).
 
-``bytedistill_export.json`` records every file export wrote; ``push`` uploads only those, and a
-new export into the folder first removes them (it refuses a folder holding anything else).
+``bytedistill_export.json`` records every file export wrote (:mod:`students.export_record`); ``push``
+uploads only those, and a new export into the folder replaces them. A folder holding anything else
+(dotfiles aside), or whose record names anything but regular files inside it, is refused before a
+file is touched.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,22 +32,47 @@ from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 from distill.alphabet import BOS, EOS, PAD
 from distill.errors import UserError
 from students import stream_tokenizer
-from students.checkpoints import latest_checkpoint
+from students.checkpoints import TRAINER_STATE, latest_checkpoint
+from students.export_record import EXPORT_RECORD, foreign_entries, recorded_files, visible_entries, write_record
 from students.stream_tokenizer import TEACHER_TOKENIZER_FILE, TeacherTokens
 from students.tokenizer import build_tokenizer
 
-EXPORT_RECORD = "bytedistill_export.json"
 REMOTE_CODE_FILE = "tokenization_bytedistill.py"
 
 
-def resolve_checkpoint(path: Path) -> Path:
-    """A checkpoint directory itself, or the newest checkpoint of a training output directory."""
+@dataclass(frozen=True)
+class ChosenCheckpoint:
+    path: Path
+    step: int
+    unfinished: list[Path]  # newer checkpoints passed over: they have no trainer_state.json (a run stopped mid-save)
+
+
+def _step(checkpoint: Path) -> int:
+    state = checkpoint / TRAINER_STATE
+    try:
+        return int(json.loads(state.read_text(encoding="utf-8"))["step"])
+    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        raise UserError(f"{state} is not a trainer state (JSON with a step): {exc}") from exc
+
+
+def choose_checkpoint(path: Path) -> ChosenCheckpoint:
+    """A checkpoint directory itself, or the newest finished checkpoint of a training output directory."""
     path = Path(path)
-    if (path / "trainer_state.json").is_file():
-        return path
-    if path.is_dir() and (found := latest_checkpoint(path)) is not None:
-        return found
+    if (path / TRAINER_STATE).is_file():
+        return ChosenCheckpoint(path, _step(path), [])
+    started = sorted(p for p in (path / "checkpoints").glob("step-*") if p.is_dir()) if path.is_dir() else []
+    found = latest_checkpoint(path) if path.is_dir() else None
+    unfinished = [p for p in started if not (p / TRAINER_STATE).is_file() and (found is None or p.name > found.name)]
+    if found is not None:
+        return ChosenCheckpoint(found, _step(found), unfinished)
+    if unfinished:
+        raise UserError(f"{path} has no finished checkpoint ({unfinished[-1].name} has no {TRAINER_STATE})")
     raise UserError(f"{path} is neither a training checkpoint nor an output directory with checkpoints")
+
+
+def resolve_checkpoint(path: Path) -> Path:
+    """A checkpoint directory itself, or the newest finished checkpoint of a training output directory."""
+    return choose_checkpoint(path).path
 
 
 def load_student(checkpoint: Path) -> LlamaForCausalLM:
@@ -106,22 +134,26 @@ def trained_context(model: LlamaForCausalLM, info: dict[str, Any]) -> int:
     return min(int(seq_len), model.config.max_position_embeddings) if seq_len else model.config.max_position_embeddings
 
 
-def clear_previous_export(output: Path) -> None:
-    """Remove what an earlier export wrote; refuse a folder holding anything else (dotfiles aside)."""
-    if not output.exists():
-        return
+def previous_export(output: Path) -> list[str]:
+    """The files an earlier export wrote into ``output`` (to be replaced); refuses a folder holding anything
+    else (dotfiles aside) or a record naming anything but regular files inside it. Touches nothing."""
+    if not output.exists() and not output.is_symlink():
+        return []
     if not output.is_dir():
         raise UserError(f"{output} exists and is not a folder")
-    record = output / EXPORT_RECORD
-    previous = json.loads(record.read_text(encoding="utf-8"))["files"] if record.is_file() else []
-    for name in previous:
-        (output / name).unlink(missing_ok=True)
-    others = sorted(p.name for p in output.iterdir() if not p.name.startswith("."))
+    previous = recorded_files(output) if (output / EXPORT_RECORD).exists() else []
+    others = foreign_entries(output, previous)
     if others:
         raise UserError(
             f"{output} is not empty and not a bytedistill export (it holds {', '.join(others[:3])}); "
-            "give an empty folder"
+            "give an empty folder (nothing was touched)"
         )
+    return previous
+
+
+def written_files(output: Path, before: dict[str, str]) -> list[str]:
+    """The regular files in ``output`` that were not in ``before`` (a :func:`visible_entries` listing)."""
+    return sorted(name for name, kind in visible_entries(output).items() if kind == "file" and name not in before)
 
 
 def export_student(
@@ -137,14 +169,16 @@ def export_student(
     """Write the Hugging Face folder for ``checkpoint`` (or an output dir's newest) to ``output``."""
     checkpoint = resolve_checkpoint(checkpoint)
     output = Path(output)
+    previous = previous_export(output)
     info = read_run_info(checkpoint)
     tokenizer_json = teacher_tokenizer_json(teacher_tokenizer, info)
     model = load_student(checkpoint)
     model.config.max_position_embeddings = trained_context(model, info)
     model.generation_config = generation_config()
-    clear_previous_export(output)
+    for name in previous:
+        (output / name).unlink(missing_ok=True)
     output.mkdir(parents=True, exist_ok=True)
-    before = {p for p in output.rglob("*")}
+    before = visible_entries(output)
     model.save_pretrained(output)
     build_tokenizer().save_pretrained(output)
     (output / TEACHER_TOKENIZER_FILE).write_text(tokenizer_json, encoding="utf-8")
@@ -157,19 +191,8 @@ def export_student(
         info, model.config.max_position_embeddings, repo_id=repo_id, license=license, teacher=teacher, data=data
     )
     card.save(output / "README.md")
-    written = sorted(p.relative_to(output).as_posix() for p in set(output.rglob("*")) - before if p.is_file())
-    (output / EXPORT_RECORD).write_text(
-        json.dumps({"files": written + [EXPORT_RECORD]}, indent=2) + "\n", encoding="utf-8"
-    )
+    write_record(output, written_files(output, before))
     return output
-
-
-def exported_files(folder: Path) -> list[str]:
-    """The files export wrote into ``folder`` (its record), or a UserError."""
-    record = Path(folder) / EXPORT_RECORD
-    if not record.is_file():
-        raise UserError(f"{folder} has no {EXPORT_RECORD}: it was not written by bytedistill export")
-    return list(json.loads(record.read_text(encoding="utf-8"))["files"])
 
 
 # -------------------------------------------------------------------------------- model card

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,10 +34,17 @@ class ExportConfig:
 
 def export(config: ExportConfig) -> int:
     """Write a trained student as a Hugging Face model folder."""
-    from students.export import export_student
+    from students.export import choose_checkpoint, export_student
 
+    chosen = choose_checkpoint(Path(config.checkpoint))
+    if chosen.unfinished:
+        print(
+            f"warning: the newest checkpoint {chosen.unfinished[-1]} is unfinished (no trainer_state.json): "
+            f"exporting the previous one, step {chosen.step}",
+            file=sys.stderr,
+        )
     out = export_student(
-        Path(config.checkpoint),
+        chosen.path,
         Path(config.output),
         teacher_tokenizer=config.teacher_tokenizer,
         repo_id=config.repo_id,
@@ -44,5 +52,5 @@ def export(config: ExportConfig) -> int:
         teacher=config.teacher,
         data=config.data,
     )
-    print(f"exported to {out}")
+    print(f"exported step {chosen.step} ({chosen.path}) to {out}")
     return 0

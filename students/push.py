@@ -1,65 +1,272 @@
 """Upload an exported student folder to the Hugging Face Hub (``bytedistill push``).
 
-Only what ``export`` wrote is uploaded: the files its record (``bytedistill_export.json``) lists,
-never a dotfile, so a ``.env`` or a key someone left in the folder stays local; anything else in
-the folder is named in a warning. The folder must load with ``AutoModelForCausalLM`` and
-``AutoTokenizer`` first. The upload is ``huggingface_hub``'s ``upload_folder`` with exactly those
-files as ``allow_patterns`` (``--dry-run`` prints the same list), after ``create_repo`` and, for a
-non-main revision, ``create_branch``. The token comes from ``HF_TOKEN`` or the saved login.
+**What leaves the machine.** Exactly the files ``export`` recorded (``bytedistill_export.json``),
+each a regular file inside the folder reached through no symlink (:mod:`students.export_record`);
+a record naming anything else refuses the push before any request. Anything else in the folder
+(a ``.env``, a key) stays local and is named in a warning. The folder must load first: the model
+on the meta device (config, the weights' header: names, shapes and length; no tensor is read), the
+plain tokenizer and the stream tokenizer. The upload is one ``create_commit`` of those files, after
+``create_repo`` and, for a non-main revision, ``create_branch``.
 
-Tested against a small local HTTP server implementing just those endpoints
-(tests/test_export_push.py); no real Hub is contacted in the tests.
+**Where the token goes.** The Hugging Face token (``HF_TOKEN`` or the saved login) is sent only to
+the Hub: ``https://huggingface.co``, or the endpoint ``HF_ENDPOINT`` names (huggingface_hub's own
+setting for a mirror or a private Hub). An ``--endpoint`` that is neither, as a shared command line
+or config file could give, gets no Hugging Face token: it gets the token in
+``BYTEDISTILL_ENDPOINT_TOKEN`` if the user set one, else the push is refused before any request.
+No token is sent over plain ``http`` except to this machine (127.0.0.1, ::1, localhost).
+
+**Network.** Every request has a timeout (``timeout`` seconds to connect, and for each read or
+write), and each Hub call is tried at most ``1 + retries`` times (on a network error, a timeout, a
+429 or a 5xx answer), waiting 0.5 s, 1 s, 2 s… between tries; huggingface_hub also retries its own
+upload requests (at most 5 times). Any failure is one line naming the endpoint and the call.
+
+Tested against small local HTTP servers on 127.0.0.1 (tests/test_export_push.py,
+tests/test_edges_export.py); no real Hub is contacted in the tests.
 """
 
 from __future__ import annotations
 
-import glob
+import ipaddress
+import os
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
+from urllib.parse import urlsplit
 
-from distill.errors import UserError
-from students.export import exported_files
+from distill.errors import UserError, first_line
+from students.export_record import recorded_files
+
+HUB = "https://huggingface.co"
+ENDPOINT_TOKEN = "BYTEDISTILL_ENDPOINT_TOKEN"
+LOCAL_HOSTS = {"localhost"}
+TRANSIENT_STATUS = {408, 429, 500, 502, 503, 504}
+
+T = TypeVar("T")
 
 
-@dataclass
+@dataclass(frozen=True)
 class UploadFile:
     path: str  # relative, with forward slashes
     size: int
 
 
+@dataclass(frozen=True)
+class Target:
+    endpoint: str
+    token: str
+    token_source: str  # where the token came from, in words
+
+
+@dataclass(frozen=True)
+class PushPlan:
+    folder: Path
+    repo_id: str
+    target: Target
+    files: list[UploadFile]
+    left_out: list[str]  # files in the folder that are not uploaded
+
+
+# ------------------------------------------------------------------------------ what is uploaded
+
+
 def upload_plan(folder: Path) -> list[UploadFile]:
-    """The files export wrote (no dotfiles), sorted by path."""
+    """The files export wrote (checked: regular files inside the folder), sorted by path."""
     folder = Path(folder)
-    planned = sorted(
-        name for name in exported_files(folder) if not any(part.startswith(".") for part in name.split("/"))
-    )
+    planned = sorted(recorded_files(folder))
     missing = [name for name in planned if not (folder / name).is_file()]
     if missing:
         raise UserError(f"{folder} lacks {missing[0]}, which export wrote: export again")
     return [UploadFile(name, (folder / name).stat().st_size) for name in planned]
 
 
-def left_out(folder: Path) -> list[str]:
+def left_out(folder: Path, files: list[UploadFile] | None = None) -> list[str]:
     """Files in ``folder`` that push does not upload (export did not write them, or dotfiles)."""
     folder = Path(folder)
-    planned = {f.path for f in upload_plan(folder)}
-    present = (p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+    planned = {f.path for f in (upload_plan(folder) if files is None else files)}
+    present = [
+        (Path(root) / name).relative_to(folder).as_posix()
+        for root, dirs, names in os.walk(folder)  # symlinked folders are listed, not entered
+        for name in names + [d for d in dirs if (Path(root) / d).is_symlink()]
+    ]
     return sorted(name for name in present if name not in planned)
 
 
 def check_loadable(folder: Path) -> None:
-    """Raise a UserError naming why the folder does not load with the Auto classes."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    """Raise a UserError naming why the folder would not load; reads no tensor."""
+    from transformers import AutoTokenizer
+
+    from students.score import load_model, load_stream_tokenizer
+
+    folder = Path(folder)
+    try:
+        load_model(folder, weights=False)
+        load_stream_tokenizer(folder)
+    except UserError as exc:
+        raise UserError(f"cannot push {folder}: {exc}") from exc
+    try:
+        AutoTokenizer.from_pretrained(folder)
+    except Exception as exc:  # any failure means the folder is not publishable
+        raise UserError(f"cannot push {folder}: it does not load with AutoTokenizer: {first_line(exc)}") from exc
+
+
+# ---------------------------------------------------------------------------- where it goes
+
+
+def _origin(url: str, what: str) -> str:
+    """``scheme://host[:port][/path]`` of an http(s) URL, lower-cased, no trailing slash; a UserError otherwise."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise UserError(f"{what} {url!r} is not an http(s) URL: {exc}") from exc
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.username or parts.query or parts.fragment:
+        raise UserError(f"{what} {url!r} is not an http(s) URL of a server (like {HUB})")
+    host = parts.hostname.lower()
+    netloc = f"[{host}]" if ":" in host else host
+    return f"{parts.scheme}://{netloc}{f':{port}' if port else ''}{parts.path.rstrip('/')}"
+
+
+def _is_this_machine(host: str) -> bool:
+    if host in LOCAL_HOSTS:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def resolve_target(endpoint: str | None = None) -> Target:
+    """The endpoint to push to and the token for it (see the module docstring for the rule)."""
+    from huggingface_hub import get_token
+
+    hubs = {_origin(HUB, "the Hub")}
+    if os.environ.get("HF_ENDPOINT"):
+        hubs.add(_origin(os.environ["HF_ENDPOINT"], "HF_ENDPOINT"))
+    url = _origin(endpoint, "--endpoint") if endpoint else _origin(os.environ.get("HF_ENDPOINT") or HUB, "HF_ENDPOINT")
+    if url in hubs:
+        token, source = get_token(), "HF_TOKEN or the saved login"
+        if not token:
+            raise UserError(f"no Hugging Face token for {url}: set HF_TOKEN or log in with `hf auth login`")
+    else:
+        token, source = os.environ.get(ENDPOINT_TOKEN), ENDPOINT_TOKEN
+        if not token:
+            raise UserError(
+                f"{url} is not the Hub ({HUB} or HF_ENDPOINT): your Hugging Face token is never sent there; "
+                f"set {ENDPOINT_TOKEN} to the token for that server"
+            )
+    host = urlsplit(url).hostname or ""
+    if url.startswith("http://") and not _is_this_machine(host):
+        raise UserError(f"refusing to send a token to {url} over plain http: use https")
+    return Target(url, token, source)
+
+
+def plan_push(folder: Path, repo_id: str, endpoint: str | None = None) -> PushPlan:
+    """Every check push makes before the network: folder, record, repo id, token rule, loading."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
 
     folder = Path(folder)
     if not folder.is_dir():
         raise UserError(f"cannot push {folder}: no such folder")
-    for name, loader in (("AutoModelForCausalLM", AutoModelForCausalLM), ("AutoTokenizer", AutoTokenizer)):
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as exc:
+        raise UserError(f"{repo_id!r} is not a Hub repo id (like your-name/byte-student): {first_line(exc)}") from exc
+    files = upload_plan(folder)
+    target = resolve_target(endpoint)
+    check_loadable(folder)
+    return PushPlan(folder, repo_id, target, files, left_out(folder, files))
+
+
+# ------------------------------------------------------------------------------- the upload
+
+
+def _transient(exc: Exception) -> bool:
+    """A failure worth another try: no answer in time, a dropped connection, a 429 or a 5xx."""
+    import httpx2
+
+    if isinstance(exc, (httpx2.TimeoutException, httpx2.NetworkError, httpx2.RemoteProtocolError)):
+        return True
+    response = getattr(exc, "response", None)
+    return getattr(response, "status_code", None) in TRANSIENT_STATUS
+
+
+def _with_retries(call: Callable[[], T], what: str, endpoint: str, retries: int) -> T:
+    for attempt in range(retries + 1):
         try:
-            loader.from_pretrained(folder)
-        except Exception as exc:  # any failure means the folder is not publishable
-            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            raise UserError(f"cannot push {folder}: it does not load with {name}: {reason}") from exc
+            return call()
+        except Exception as exc:  # a server can answer anything: every failure becomes the one line below
+            if attempt < retries and _transient(exc):
+                time.sleep(0.5 * 2**attempt)
+                continue
+            tries = f" after {attempt + 1} tries" if attempt else ""
+            raise UserError(f"push to {endpoint} failed{tries} ({what}): {first_line(exc)}") from exc
+    raise AssertionError("unreachable")
+
+
+@contextmanager
+def hub_timeout(seconds: float) -> Iterator[None]:
+    """huggingface_hub's requests in this block time out after ``seconds`` (its default waits forever)."""
+    from huggingface_hub.utils import set_client_factory
+    from huggingface_hub.utils._http import default_client_factory  # the client it builds, with its hooks
+
+    def client_with_timeout():
+        client = default_client_factory()
+        client.timeout = seconds
+        return client
+
+    set_client_factory(client_with_timeout)
+    try:
+        yield
+    finally:
+        set_client_factory(default_client_factory)
+
+
+def check_network_options(timeout: float, retries: int) -> None:
+    if not timeout > 0:
+        raise UserError(f"--timeout must be > 0 seconds, got {timeout}")
+    if retries < 0:
+        raise UserError(f"--retries must be >= 0, got {retries}")
+
+
+def _offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in {"1", "ON", "YES", "TRUE"}
+
+
+def upload(
+    plan: PushPlan,
+    *,
+    private: bool = False,
+    revision: str | None = None,
+    commit_message: str = "Upload byte student",
+    timeout: float = 60.0,
+    retries: int = 3,
+) -> str:
+    """Create the repo (and branch) if needed and commit the planned files; returns the commit URL."""
+    from huggingface_hub import CommitOperationAdd, HfApi
+
+    check_network_options(timeout, retries)
+    if _offline():
+        raise UserError("HF_HUB_OFFLINE is set: push needs the network (unset it, or use --dry-run)")
+    api = HfApi(endpoint=plan.target.endpoint, token=plan.target.token)
+    operations = [CommitOperationAdd(f.path, str(plan.folder / f.path)) for f in plan.files]
+
+    def hub(what: str, call: Callable[[], T]) -> T:
+        return _with_retries(call, what, plan.target.endpoint, retries)
+
+    with hub_timeout(timeout):
+        hub("create_repo", lambda: api.create_repo(plan.repo_id, private=private, exist_ok=True))
+        if revision and revision != "main":
+            hub("create_branch", lambda: api.create_branch(plan.repo_id, branch=revision, exist_ok=True))
+        info = hub(
+            "commit",
+            lambda: api.create_commit(
+                plan.repo_id, operations, commit_message=commit_message, revision=revision or "main"
+            ),
+        )
+    return str(info.commit_url)
 
 
 def push_folder(
@@ -70,23 +277,11 @@ def push_folder(
     revision: str | None = None,
     commit_message: str = "Upload byte student",
     endpoint: str | None = None,
-    token: str | None = None,
+    timeout: float = 60.0,
+    retries: int = 3,
 ) -> str:
-    """Create the repo (and branch) if needed and upload the planned files in one commit; returns the commit URL."""
-    from huggingface_hub import HfApi
-
-    folder = Path(folder)
-    check_loadable(folder)
-    files = upload_plan(folder)
-    api = HfApi(endpoint=endpoint, token=token)
-    api.create_repo(repo_id, private=private, exist_ok=True)
-    if revision and revision != "main":
-        api.create_branch(repo_id, branch=revision, exist_ok=True)
-    info = api.upload_folder(
-        repo_id=repo_id,
-        folder_path=folder,
-        commit_message=commit_message,
-        revision=revision,
-        allow_patterns=[glob.escape(f.path) for f in files],
+    """Check the folder (:func:`plan_push`) and upload it (:func:`upload`); returns the commit URL."""
+    plan = plan_push(folder, repo_id, endpoint)
+    return upload(
+        plan, private=private, revision=revision, commit_message=commit_message, timeout=timeout, retries=retries
     )
-    return str(info.commit_url)

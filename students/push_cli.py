@@ -1,4 +1,4 @@
-"""``bytedistill push``: the command line over :func:`students.push.push_folder`."""
+"""``bytedistill push``: the command line over :func:`students.push.plan_push` and :func:`students.push.upload`."""
 
 from __future__ import annotations
 
@@ -17,40 +17,54 @@ class PushConfig:
     )
     commit_message: str = field(default="Upload byte student", metadata={"help": "commit message"})
     endpoint: str | None = field(
-        default=None, metadata={"help": "Hub endpoint URL (default: HF_ENDPOINT or huggingface.co)"}
+        default=None,
+        metadata={
+            "help": "Hub endpoint URL (default: HF_ENDPOINT or https://huggingface.co); the Hugging Face token goes "
+            "only to those, another server gets the token in BYTEDISTILL_ENDPOINT_TOKEN"
+        },
+    )
+    timeout: float = field(
+        default=60.0, metadata={"help": "seconds to wait for the Hub to connect, and for each read or write"}
+    )
+    retries: int = field(
+        default=3, metadata={"help": "tries after the first of each Hub call (network error, timeout, 429, 5xx)"}
     )
     dry_run: bool = field(
-        default=False, metadata={"help": "check the folder and list the files and sizes that would be uploaded"}
+        default=False,
+        metadata={
+            "help": "make every check (no tensor is loaded), list the files that would be uploaded, upload nothing"
+        },
     )
 
 
 def push(config: PushConfig) -> int:
     """Upload an exported student folder to the Hugging Face Hub (only the files export wrote)."""
-    from students.push import check_loadable, left_out, push_folder, upload_plan
+    from students.push import check_network_options, plan_push, upload
 
-    folder = Path(config.folder)
-    skipped = left_out(folder)
-    if skipped:
+    check_network_options(config.timeout, config.retries)
+    plan = plan_push(Path(config.folder), config.repo_id, config.endpoint)
+    if plan.left_out:
         print(
-            f"warning: not uploading {len(skipped)} file(s) export did not write: {', '.join(skipped)}", file=sys.stderr
+            f"warning: not uploading {len(plan.left_out)} file(s) export did not write: {', '.join(plan.left_out)}",
+            file=sys.stderr,
         )
+    revision = config.revision or "main"
     if config.dry_run:
-        check_loadable(folder)
-        files = upload_plan(folder)
-        for f in files:
+        for f in plan.files:
             print(f"{f.size:>14,}  {f.path}")
+        print(f"{sum(f.size for f in plan.files):>14,}  total, {len(plan.files)} files")
         print(
-            f"{sum(f.size for f in files):>14,}  total, {len(files)} files "
-            f"-> {config.repo_id}@{config.revision or 'main'}"
+            f"dry run: nothing was uploaded; push would send these files to {config.repo_id}@{revision} "
+            f"at {plan.target.endpoint}, with the token from {plan.target.token_source}"
         )
         return 0
-    url = push_folder(
-        folder,
-        config.repo_id,
+    url = upload(
+        plan,
         private=config.private,
         revision=config.revision,
         commit_message=config.commit_message,
-        endpoint=config.endpoint,
+        timeout=config.timeout,
+        retries=config.retries,
     )
-    print(f"pushed {folder} to {url}")
+    print(f"pushed {plan.folder} to {url} ({len(plan.files)} files)")
     return 0

@@ -29,7 +29,7 @@ import torch
 from tqdm.auto import tqdm
 
 from distill.alphabet import BOS, EOS, NUM_BYTES, PAD
-from distill.errors import UserError
+from distill.errors import UserError, first_line
 from students.stream_tokenizer import TEACHER_TOKENIZER_FILE, ByteStreamTokenizer
 
 MODES = ("stream", "plain", "plain-renormalised")
@@ -220,12 +220,51 @@ def window_nll(
     return nll
 
 
-def load_model(folder: Path):
-    from transformers import AutoModelForCausalLM
+WEIGHT_PROBLEMS = {"missing_keys": "missing", "unexpected_keys": "unexpected", "mismatched_keys": "mis-shaped"}
 
-    if not (Path(folder) / "config.json").is_file():
+
+def _tensor_name(key) -> str:
+    """A load report's key: a name, or (name, shape in the file, shape the config gives) for a mis-shaped one."""
+    if isinstance(key, tuple):
+        name, in_file, expected = key
+        return f"{name} ({list(in_file)} in the file, {list(expected)} by config.json)"
+    return str(key)
+
+
+def load_model(folder: Path, *, weights: bool = True):
+    """The exported student in eval mode (``weights=False``: on the meta device, reading of the weights
+    only their header, so names, shapes and file length are checked and no tensor is loaded).
+
+    A folder that does not load, or whose weights do not match its config.json (missing, unexpected or
+    mis-shaped tensors, which transformers would fill with random values), is refused in one line.
+    """
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    folder = Path(folder)
+    if not (folder / "config.json").is_file():
         raise UserError(f"{folder} is not an exported model folder (no config.json)")
-    return AutoModelForCausalLM.from_pretrained(folder).eval()
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # its load report would print a table above our one line
+    try:
+        model, info = AutoModelForCausalLM.from_pretrained(
+            folder,
+            output_loading_info=True,
+            ignore_mismatched_sizes=True,
+            **({} if weights else {"device_map": "meta"}),
+        )
+    except Exception as exc:  # json, safetensors and transformers each raise their own types for a corrupt file
+        raise UserError(f"{folder} does not load as a model: {first_line(exc)}") from exc
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    problems = [
+        f"{label} {', '.join(sorted(_tensor_name(key) for key in info[field])[:3])}"
+        for field, label in WEIGHT_PROBLEMS.items()
+        if info.get(field)
+    ]
+    if problems:
+        raise UserError(f"{folder}: the weights do not match config.json ({'; '.join(problems)})")
+    return model.eval()
 
 
 def load_stream_tokenizer(folder: Path) -> ByteStreamTokenizer:
@@ -235,8 +274,8 @@ def load_stream_tokenizer(folder: Path) -> ByteStreamTokenizer:
         raise UserError(f"{folder} has no {TEACHER_TOKENIZER_FILE}: export it again with this version of bytedistill")
     try:
         return ByteStreamTokenizer(teacher_tokenizer_file=str(path))
-    except ValueError as exc:
-        raise UserError(f"{path}: {exc}") from exc
+    except Exception as exc:  # the tokenizers library raises a bare Exception for a corrupt file
+        raise UserError(f"{path} is not a teacher tokenizer the stream tokenizer reads: {first_line(exc)}") from exc
 
 
 def score(folder: Path, sources: list[Path], options: ScoreOptions) -> list[SourceScore]:

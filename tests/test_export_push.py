@@ -11,12 +11,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import ClassVar
 
 import pytest
-from transformers import LlamaForCausalLM
 
 from distill.cli import main as cli_main
-from distill.errors import UserError
+from students import score as score_module
 from students.export import EXPORT_RECORD, export_student
-from students.push import push_folder, upload_plan
+from students.push import ENDPOINT_TOKEN, push_folder, upload_plan
 from students.synthetic import SYNTHETIC_SOURCE
 from students.trainer import train
 from tests.tiny_student import tiny_config
@@ -95,9 +94,8 @@ def folder(tmp_path_factory, llama3_tokenizer_path):
 
 def test_push_uploads_exactly_the_planned_files(hub, folder, monkeypatch):
     monkeypatch.setenv("HF_TOKEN", "hf_fake_token")
-    url = push_folder(
-        folder, "me/student", private=True, revision="exp-1", commit_message="first student", endpoint=hub
-    )
+    monkeypatch.setenv("HF_ENDPOINT", hub)  # the Hub, as far as huggingface_hub is concerned
+    url = push_folder(folder, "me/student", private=True, revision="exp-1", commit_message="first student")
     assert url.endswith("/commit/abc")
     assert set(FakeHub.tokens) == {"Bearer hf_fake_token"}  # token taken from HF_TOKEN
     paths = [p.split("?")[0] for p, _ in FakeHub.requests]
@@ -114,32 +112,48 @@ def test_push_uploads_exactly_the_planned_files(hub, folder, monkeypatch):
     assert {"tokenization_bytedistill.py", "teacher_tokenizer.json", "README.md", EXPORT_RECORD} <= uploaded
 
 
-def test_dry_run_lists_files_and_uploads_nothing(hub, folder, capsys):
+def test_another_endpoint_gets_its_own_token_never_the_hugging_face_one(hub, folder, monkeypatch, capsys):
+    monkeypatch.setenv("HF_TOKEN", "hf_must_stay_here")
+    monkeypatch.delenv(ENDPOINT_TOKEN, raising=False)
+    assert cli_main(["push", str(folder), "me/student", "--endpoint", hub]) == 2
+    assert ENDPOINT_TOKEN in capsys.readouterr().err and FakeHub.requests == []
+    monkeypatch.setenv(ENDPOINT_TOKEN, "endpoint_token")
+    assert cli_main(["push", str(folder), "me/student", "--endpoint", hub]) == 0
+    assert FakeHub.commits and set(FakeHub.tokens) == {"Bearer endpoint_token"}
+
+
+def test_dry_run_lists_files_uploads_nothing_and_says_so(hub, folder, capsys, monkeypatch):
+    monkeypatch.setenv(ENDPOINT_TOKEN, "endpoint_token")
+    devices = []  # of every tensor of every model the dry run builds: meta, none read from the file
+    load = score_module.load_model
+
+    def recording_load(*args, **kwargs):
+        model = load(*args, **kwargs)
+        devices.extend({p.device.type for p in model.parameters()})
+        return model
+
+    monkeypatch.setattr(score_module, "load_model", recording_load)
     assert cli_main(["push", str(folder), "me/student", "--dry-run", "--endpoint", hub]) == 0
     printed = capsys.readouterr().out
     for f in upload_plan(folder):
         assert f"{f.size:,}  {f.path}" in printed
-    assert FakeHub.requests == []
+    assert FakeHub.requests == [] and devices == ["meta"]
     assert not any(name in printed for name in SECRETS)
+    assert printed.splitlines()[-1].startswith(
+        "dry run: nothing was uploaded; push would send these files to me/student@main"
+    )
 
 
-def test_dry_run_warns_about_files_export_did_not_write(hub, folder, capsys):
+def test_dry_run_warns_about_files_export_did_not_write(hub, folder, capsys, monkeypatch):
+    monkeypatch.setenv(ENDPOINT_TOKEN, "endpoint_token")
     assert cli_main(["push", str(folder), "me/student", "--dry-run", "--endpoint", hub]) == 0
     captured = capsys.readouterr()
     assert "warning: not uploading 3 file(s)" in captured.err and all(name in captured.err for name in SECRETS)
     assert not any(name in captured.out for name in SECRETS)
 
 
-def test_push_refuses_a_folder_export_did_not_write(hub, tmp_path):
+def test_push_refuses_a_folder_export_did_not_write(hub, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv(ENDPOINT_TOKEN, "endpoint_token")
     (tmp_path / "config.json").write_text("{}")
     assert cli_main(["push", str(tmp_path), "me/student", "--dry-run", "--endpoint", hub]) == 2
-
-
-def test_push_refuses_a_folder_that_does_not_load(hub, folder, tmp_path):
-    (tmp_path / "config.json").write_text("{}")
-    with pytest.raises(UserError, match="does not load with AutoModelForCausalLM"):
-        push_folder(tmp_path, "me/student", endpoint=hub)
-    no_tokenizer = tmp_path / "model_only"
-    LlamaForCausalLM.from_pretrained(folder).save_pretrained(no_tokenizer)
-    assert cli_main(["push", str(no_tokenizer), "me/student", "--endpoint", hub]) == 2
-    assert FakeHub.requests == []
+    assert f"has no {EXPORT_RECORD}" in capsys.readouterr().err
