@@ -23,8 +23,10 @@ def _name_problem(name: object) -> str | None:
     """Why ``name`` cannot be a file export wrote (None: it can)."""
     if not isinstance(name, str) or not name:
         return "not a file name"
-    if name.startswith("/") or "\\" in name or "\0" in name:
-        return "not a relative path inside the folder"
+    if name.startswith("/"):
+        return "an absolute path"
+    if "\\" in name or "\0" in name:
+        return "not a plain path (backslash or NUL)"
     parts = name.split("/")
     if ".." in parts:
         return "a path outside the folder"

@@ -8,7 +8,8 @@ of the one error line it must print. :func:`check_edge` runs it in a fresh folde
 - every file in the folder (and the targets of its symlinks) is byte-identical before and after:
   a refused command touched nothing (``creates_ok``: it may have added files of its own).
 
-Arguments may use ``{tmp}`` for the case's folder. Rows run in-process (``bytedistill`` main) by
+Arguments and environment values may use ``{tmp}`` for the case's folder, and ``{name}`` for any
+value the test passes in ``values`` (a server's URL, a fixture's path). Rows run in-process (``bytedistill`` main) by
 default; ``subprocess=True`` runs ``python -m distill.cli`` instead, for cases that need their own
 process (a resource limit, an environment variable read at import, a signal).
 """
@@ -67,21 +68,23 @@ def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _argv(edge: Edge, tmp: Path) -> list[str]:
-    return [arg.replace("{tmp}", str(tmp)) for arg in edge.argv]
+def _fill(text: str, values: dict[str, str]) -> str:
+    for name, value in values.items():
+        text = text.replace(f"{{{name}}}", value)
+    return text
 
 
-def _run_in_process(edge: Edge, tmp: Path, capsys, monkeypatch) -> tuple[int, str]:
+def _run_in_process(edge: Edge, tmp: Path, capsys, monkeypatch, values: dict[str, str]) -> tuple[int, str]:
     monkeypatch.chdir(tmp)
     for name, value in edge.env.items():
-        monkeypatch.setenv(name, value.replace("{tmp}", str(tmp)))
+        monkeypatch.setenv(name, _fill(value, values))
     capsys.readouterr()
-    status = bytedistill(_argv(edge, tmp))
+    status = bytedistill([_fill(arg, values) for arg in edge.argv])
     return status, capsys.readouterr().err
 
 
-def _run_subprocess(edge: Edge, tmp: Path) -> tuple[int, str]:
-    env = {**os.environ, **{k: v.replace("{tmp}", str(tmp)) for k, v in edge.env.items()}}
+def _run_subprocess(edge: Edge, tmp: Path, values: dict[str, str]) -> tuple[int, str]:
+    env = {**os.environ, **{k: _fill(v, values) for k, v in edge.env.items()}}
     env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parent.parent), env.get("PYTHONPATH", "")])
 
     def limit() -> None:
@@ -89,7 +92,8 @@ def _run_subprocess(edge: Edge, tmp: Path) -> tuple[int, str]:
             resource.setrlimit(resource.RLIMIT_FSIZE, (edge.file_size_limit, edge.file_size_limit))
 
     done = subprocess.run(
-        [sys.executable, "-m", "distill.cli", *_argv(edge, tmp)],
+        [sys.executable, "-m", "distill.cli", *(_fill(arg, values) for arg in edge.argv)],
+        check=False,
         cwd=tmp,
         env=env,
         capture_output=True,
@@ -100,14 +104,16 @@ def _run_subprocess(edge: Edge, tmp: Path) -> tuple[int, str]:
     return done.returncode, done.stderr
 
 
-def check_edge(edge: Edge, tmp: Path, capsys, monkeypatch) -> str:
-    """Run one row in ``tmp`` and assert its contract; returns the error line."""
+def check_edge(edge: Edge, tmp: Path, capsys, monkeypatch, values: dict[str, str] | None = None) -> str:
+    """Run one row in ``tmp`` and assert its contract; returns the error line. ``values`` fill the
+    row's ``{name}`` placeholders besides ``{tmp}``."""
+    values = {**(values or {}), "tmp": str(tmp)}
     edge.setup(tmp)
     before = snapshot(tmp)
     if edge.subprocess:
-        status, err = _run_subprocess(edge, tmp)
+        status, err = _run_subprocess(edge, tmp, values)
     else:
-        status, err = _run_in_process(edge, tmp, capsys, monkeypatch)
+        status, err = _run_in_process(edge, tmp, capsys, monkeypatch, values)
     assert "Traceback" not in err, f"{edge}: traceback\n{err}"
     lines = [line for line in err.splitlines() if line.strip()]
     command = edge.argv[0]

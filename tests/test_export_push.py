@@ -1,14 +1,9 @@
-"""``push`` against a fake Hub: a small http.server on 127.0.0.1 implementing just the endpoints
-that create_repo, create_branch and upload_folder call (repos/create, branch, validate-yaml,
-preupload, commit). It records every request; the tests assert on files and commit message, and
-that nothing export did not write (secrets, dotfiles) leaves the machine.
+"""``push`` against a fake Hub (tests/fake_hub.py: a small http.server on 127.0.0.1 that records
+every request); the tests assert on files, commit message and token, and that nothing export did
+not write (secrets, dotfiles) leaves the machine.
 """
 
-import base64
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import ClassVar
 
 import pytest
 
@@ -18,67 +13,16 @@ from students.export import EXPORT_RECORD, export_student
 from students.push import ENDPOINT_TOKEN, push_folder, upload_plan
 from students.synthetic import SYNTHETIC_SOURCE
 from students.trainer import train
+from tests.fake_hub import FakeHub, serve
 from tests.tiny_student import tiny_config
 
 SECRETS = {".env": "HF_TOKEN=hf_secret", ".git-credentials": "https://me:pw@hf.co", "sub/id_rsa": "PRIVATE KEY"}
 
 
-class FakeHub(BaseHTTPRequestHandler):
-    requests: ClassVar[list] = []
-    commits: ClassVar[list] = []
-    tokens: ClassVar[list] = []
-
-    def log_message(self, *args):  # keep the test output quiet
-        pass
-
-    def _reply(self, payload, status=200):
-        body = json.dumps(payload).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def do_POST(self):  # http.server's naming
-        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-        self.requests.append((self.path, body))
-        self.tokens.append(self.headers.get("Authorization"))
-        path = self.path.split("?")[0]
-        if path == "/api/repos/create":
-            data = json.loads(body)
-            return self._reply({"url": f"http://{self.headers['Host']}/{data['organization']}/{data['name']}"})
-        if path == "/api/validate-yaml":
-            return self._reply({"errors": [], "warnings": []})
-        if "/branch/" in path:
-            return self._reply({})
-        if "/preupload/" in path:
-            files = json.loads(body)["files"]
-            return self._reply(
-                {"files": [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False} for f in files]}
-            )
-        if "/commit/" in path:
-            lines = [json.loads(line) for line in body.decode().splitlines() if line]
-            header = next(item["value"] for item in lines if item["key"] == "header")
-            files = {
-                item["value"]["path"]: base64.b64decode(item["value"]["content"])
-                for item in lines
-                if item["key"] == "file"
-            }
-            self.commits.append({"path": path, "summary": header["summary"], "files": files})
-            return self._reply(
-                {"commitUrl": f"http://{self.headers['Host']}/me/student/commit/abc", "commitOid": "a" * 40}
-            )
-        return self._reply({"error": f"not faked: {path}"}, status=404)
-
-
 @pytest.fixture
 def hub():
-    FakeHub.requests, FakeHub.commits, FakeHub.tokens = [], [], []
-    server = ThreadingHTTPServer(("127.0.0.1", 0), FakeHub)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
+    with serve(FakeHub) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
