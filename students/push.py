@@ -56,8 +56,8 @@ class UploadFile:
 @dataclass(frozen=True)
 class Target:
     endpoint: str
-    token: str
-    token_source: str  # where the token came from, in words
+    token: str | None  # None only for a dry run: push refuses to start without one
+    token_note: str  # "with the token from …", or (no token) why push refuses
 
 
 @dataclass(frozen=True)
@@ -138,8 +138,9 @@ def _is_this_machine(host: str) -> bool:
         return False
 
 
-def resolve_target(endpoint: str | None = None) -> Target:
-    """The endpoint to push to and the token for it (see the module docstring for the rule)."""
+def resolve_target(endpoint: str | None = None, *, need_token: bool = True) -> Target:
+    """The endpoint to push to and the token for it (see the module docstring for the rule); without
+    ``need_token`` (a dry run) a missing token is noted instead of refused."""
     from huggingface_hub import get_token
 
     hubs = {_origin(HUB, "the Hub")}
@@ -148,23 +149,24 @@ def resolve_target(endpoint: str | None = None) -> Target:
     url = _origin(endpoint, "--endpoint") if endpoint else _origin(os.environ.get("HF_ENDPOINT") or HUB, "HF_ENDPOINT")
     if url in hubs:
         token, source = get_token(), "HF_TOKEN or the saved login"
-        if not token:
-            raise UserError(f"no Hugging Face token for {url}: set HF_TOKEN or log in with `hf auth login`")
+        missing = f"no Hugging Face token for {url}: set HF_TOKEN or log in with `hf auth login`"
     else:
         token, source = os.environ.get(ENDPOINT_TOKEN), ENDPOINT_TOKEN
-        if not token:
-            raise UserError(
-                f"{url} is not the Hub ({HUB} or HF_ENDPOINT): your Hugging Face token is never sent there; "
-                f"set {ENDPOINT_TOKEN} to the token for that server"
-            )
-    host = urlsplit(url).hostname or ""
-    if url.startswith("http://") and not _is_this_machine(host):
+        missing = (
+            f"{url} is not the Hub ({HUB} or HF_ENDPOINT): your Hugging Face token is never sent there; "
+            f"set {ENDPOINT_TOKEN} to the token for that server"
+        )
+    if not token:
+        if need_token:
+            raise UserError(missing)
+        return Target(url, None, missing)
+    if url.startswith("http://") and not _is_this_machine(urlsplit(url).hostname or ""):
         raise UserError(f"refusing to send a token to {url} over plain http: use https")
-    return Target(url, token, source)
+    return Target(url, token, f"with the token from {source}")
 
 
-def plan_push(folder: Path, repo_id: str, endpoint: str | None = None) -> PushPlan:
-    """Every check push makes before the network: folder, record, repo id, token rule, loading."""
+def plan_push(folder: Path, repo_id: str, endpoint: str | None = None, *, need_token: bool = True) -> PushPlan:
+    """Every check push makes before the network: folder, repo id, record, token rule, loading."""
     from huggingface_hub.utils import HFValidationError, validate_repo_id
 
     folder = Path(folder)
@@ -175,7 +177,7 @@ def plan_push(folder: Path, repo_id: str, endpoint: str | None = None) -> PushPl
     except HFValidationError as exc:
         raise UserError(f"{repo_id!r} is not a Hub repo id (like your-name/byte-student): {first_line(exc)}") from exc
     files = upload_plan(folder)
-    target = resolve_target(endpoint)
+    target = resolve_target(endpoint, need_token=need_token)
     check_loadable(folder)
     return PushPlan(folder, repo_id, target, files, left_out(folder, files))
 
@@ -248,6 +250,8 @@ def upload(
     from huggingface_hub import CommitOperationAdd, HfApi
 
     check_network_options(timeout, retries)
+    if plan.target.token is None:
+        raise UserError(plan.target.token_note)
     if _offline():
         raise UserError("HF_HUB_OFFLINE is set: push needs the network (unset it, or use --dry-run)")
     api = HfApi(endpoint=plan.target.endpoint, token=plan.target.token)

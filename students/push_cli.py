@@ -42,7 +42,7 @@ def push(config: PushConfig) -> int:
     from students.push import check_network_options, plan_push, upload
 
     check_network_options(config.timeout, config.retries)
-    plan = plan_push(Path(config.folder), config.repo_id, config.endpoint)
+    plan = plan_push(Path(config.folder), config.repo_id, config.endpoint, need_token=not config.dry_run)
     if plan.left_out:
         print(
             f"warning: not uploading {len(plan.left_out)} file(s) export did not write: {', '.join(plan.left_out)}",
@@ -55,7 +55,8 @@ def push(config: PushConfig) -> int:
         print(f"{sum(f.size for f in plan.files):>14,}  total, {len(plan.files)} files")
         print(
             f"dry run: nothing was uploaded; push would send these files to {config.repo_id}@{revision} "
-            f"at {plan.target.endpoint}, with the token from {plan.target.token_source}"
+            f"at {plan.target.endpoint}, "
+            + (plan.target.token_note if plan.target.token else f"but push would refuse: {plan.target.token_note}")
         )
         return 0
     url = upload(

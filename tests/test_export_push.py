@@ -101,3 +101,12 @@ def test_push_refuses_a_folder_export_did_not_write(hub, tmp_path, capsys, monke
     (tmp_path / "config.json").write_text("{}")
     assert cli_main(["push", str(tmp_path), "me/student", "--dry-run", "--endpoint", hub]) == 2
     assert f"has no {EXPORT_RECORD}" in capsys.readouterr().err
+
+
+def test_dry_run_without_a_token_says_push_would_refuse(hub, folder, capsys, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "hf_must_stay_here")
+    monkeypatch.delenv(ENDPOINT_TOKEN, raising=False)
+    assert cli_main(["push", str(folder), "me/student", "--dry-run", "--endpoint", hub]) == 0
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last.startswith("dry run: nothing was uploaded") and "but push would refuse" in last
+    assert ENDPOINT_TOKEN in last and FakeHub.requests == []
