@@ -32,7 +32,7 @@ class PushConfig:
     dry_run: bool = field(
         default=False,
         metadata={
-            "help": "make every check (no tensor is loaded), list the files that would be uploaded, upload nothing"
+            "help": "make push's checks (no tensor is loaded; a missing token is reported), list the files, upload nothing"
         },
     )
 

@@ -66,6 +66,14 @@ def test_another_endpoint_gets_its_own_token_never_the_hugging_face_one(hub, fol
     assert FakeHub.commits and set(FakeHub.tokens) == {"Bearer endpoint_token"}
 
 
+def test_an_endpoint_from_a_shared_config_file_gets_no_token(hub, folder, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "hf_must_stay_here")
+    monkeypatch.delenv(ENDPOINT_TOKEN, raising=False)
+    (tmp_path / "push.yaml").write_text(f"endpoint: {hub}\nprivate: true\n")
+    assert cli_main(["push", "--config", str(tmp_path / "push.yaml"), str(folder), "me/student"]) == 2
+    assert "your Hugging Face token is never sent there" in capsys.readouterr().err and FakeHub.requests == []
+
+
 def test_dry_run_lists_files_uploads_nothing_and_says_so(hub, folder, capsys, monkeypatch):
     monkeypatch.setenv(ENDPOINT_TOKEN, "endpoint_token")
     devices = []  # of every tensor of every model the dry run builds: meta, none read from the file
