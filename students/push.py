@@ -42,6 +42,7 @@ from students.export_record import recorded_files
 HUB = "https://huggingface.co"
 ENDPOINT_TOKEN = "BYTEDISTILL_ENDPOINT_TOKEN"
 LOCAL_HOSTS = {"localhost"}
+DEFAULT_PORTS = {"http": 80, "https": 443}
 TRANSIENT_STATUS = {408, 429, 500, 502, 503, 504}
 
 T = TypeVar("T")
@@ -116,7 +117,8 @@ def check_loadable(folder: Path) -> None:
 
 
 def _origin(url: str, what: str) -> str:
-    """``scheme://host[:port][/path]`` of an http(s) URL, lower-cased, no trailing slash; a UserError otherwise."""
+    """``scheme://host[:port][/path]`` of an http(s) URL (host lower-cased, no default port, no trailing
+    slash), so that one server has one spelling; a UserError otherwise."""
     try:
         parts = urlsplit(url)
         port = parts.port
@@ -126,7 +128,9 @@ def _origin(url: str, what: str) -> str:
         raise UserError(f"{what} {url!r} is not an http(s) URL of a server (like {HUB})")
     host = parts.hostname.lower()
     netloc = f"[{host}]" if ":" in host else host
-    return f"{parts.scheme}://{netloc}{f':{port}' if port else ''}{parts.path.rstrip('/')}"
+    if port and port != DEFAULT_PORTS[parts.scheme]:
+        netloc += f":{port}"
+    return f"{parts.scheme}://{netloc}{parts.path.rstrip('/')}"
 
 
 def _is_this_machine(host: str) -> bool:

@@ -232,12 +232,30 @@ def _tensor_name(key) -> str:
 
 
 def load_model(folder: Path, *, weights: bool = True):
-    """The exported student in eval mode (``weights=False``: on the meta device, reading of the weights
-    only their header, so names, shapes and file length are checked and no tensor is loaded).
+    """The exported student in eval mode (``weights=False``: on the meta device, no tensor loaded).
 
-    A folder that does not load, or whose weights do not match its config.json (missing, unexpected or
-    mis-shaped tensors, which transformers would fill with random values), is refused in one line.
+    It is first built on the meta device, reading of the weights only their header (names, shapes,
+    file length): a folder that does not load, or whose weights do not match its config.json
+    (missing, unexpected or mis-shaped tensors, which transformers would fill with random values),
+    is refused in one line before any memory is allocated for it; so is a corrupt generation_config.json.
     """
+    _check_generation_config(Path(folder))
+    model = _from_pretrained(folder, device_map="meta")
+    return _from_pretrained(folder).eval() if weights else model.eval()
+
+
+def _check_generation_config(folder: Path) -> None:
+    """transformers falls back to defaults (no ``<eos>`` stop, ``<bos>`` allowed) when this file is corrupt."""
+    from transformers import GenerationConfig
+
+    if (folder / "generation_config.json").is_file():
+        try:
+            GenerationConfig.from_pretrained(folder)
+        except Exception as exc:  # a corrupt file raises OSError, ValueError or a JSON error
+            raise UserError(f"{folder / 'generation_config.json'} does not load: {first_line(exc)}") from exc
+
+
+def _from_pretrained(folder: Path, **options):
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
@@ -248,10 +266,7 @@ def load_model(folder: Path, *, weights: bool = True):
     hf_logging.set_verbosity_error()  # its load report would print a table above our one line
     try:
         model, info = AutoModelForCausalLM.from_pretrained(
-            folder,
-            output_loading_info=True,
-            ignore_mismatched_sizes=True,
-            **({} if weights else {"device_map": "meta"}),
+            folder, output_loading_info=True, ignore_mismatched_sizes=True, **options
         )
     except Exception as exc:  # json, safetensors and transformers each raise their own types for a corrupt file
         raise UserError(f"{folder} does not load as a model: {first_line(exc)}") from exc
@@ -264,7 +279,7 @@ def load_model(folder: Path, *, weights: bool = True):
     ]
     if problems:
         raise UserError(f"{folder}: the weights do not match config.json ({'; '.join(problems)})")
-    return model.eval()
+    return model
 
 
 def load_stream_tokenizer(folder: Path) -> ByteStreamTokenizer:

@@ -100,6 +100,16 @@ def drop_tensor(tmp: Path) -> None:
     save_file(tensors, weights, metadata={"format": "pt"})
 
 
+def edit_config(**changes) -> Setup:
+    """model/config.json with ``changes`` (a corrupt config the weights do not fit)."""
+
+    def run(tmp: Path) -> None:
+        path = tmp / "model/config.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
+
+    return run
+
+
 def unfinish_checkpoints(tmp: Path) -> None:
     for state in (tmp / "run/checkpoints").glob("step-*/trainer_state.json"):
         state.rename(state.with_name("trainer_state.json.bak"))
@@ -305,6 +315,18 @@ EDGES = [
         GENERATE,
         "teacher_tokenizer.json is not a teacher tokenizer",
         truncate("model/teacher_tokenizer.json"),
+    ),
+    ExportEdge(
+        "generate: generation_config.json corrupt",
+        GENERATE,
+        "generation_config.json does not load",
+        write("model/generation_config.json", b"{"),
+    ),
+    ExportEdge(
+        "generate: config.json far larger than the weights",
+        GENERATE,
+        "mis-shaped model.embed_tokens.weight ([260, 32] in the file, [260, 200000] by config.json)",
+        edit_config(hidden_size=200_000, intermediate_size=400_000),
     ),
     ExportEdge(
         "score: config.json without a model type",
