@@ -8,9 +8,10 @@ import json
 import pytest
 
 from distill.cli import main as cli_main
+from distill.errors import UserError
 from students import score as score_module
 from students.export import EXPORT_RECORD, export_student
-from students.push import ENDPOINT_TOKEN, push_folder, upload_plan
+from students.push import ENDPOINT_TOKEN, push_folder, resolve_target, upload_plan
 from students.synthetic import SYNTHETIC_SOURCE
 from students.trainer import train
 from tests.fake_hub import FakeHub, serve
@@ -118,3 +119,14 @@ def test_dry_run_without_a_token_says_push_would_refuse(hub, folder, capsys, mon
     last = capsys.readouterr().out.splitlines()[-1]
     assert last.startswith("dry run: nothing was uploaded") and "but push would refuse" in last
     assert ENDPOINT_TOKEN in last and FakeHub.requests == []
+
+
+def test_the_hub_in_any_spelling_gets_the_hugging_face_token_and_only_it(monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "hf_x")
+    monkeypatch.delenv("HF_ENDPOINT", raising=False)
+    monkeypatch.delenv(ENDPOINT_TOKEN, raising=False)
+    for url in (None, "https://huggingface.co", "https://HuggingFace.co:443/"):
+        assert resolve_target(url).token == "hf_x"
+    for lookalike in ("https://huggingface.co.evil.example", "https://huggingface.co:8443", "http://huggingface.co"):
+        with pytest.raises(UserError, match="never sent there"):
+            resolve_target(lookalike)
