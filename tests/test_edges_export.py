@@ -62,7 +62,11 @@ def steps(*setups: Setup) -> Setup:
 
 
 def write(name: str, data: bytes) -> Setup:
-    return lambda tmp: (tmp / name).parent.mkdir(parents=True, exist_ok=True) or (tmp / name).write_bytes(data)
+    def run(tmp: Path) -> None:
+        (tmp / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp / name).write_bytes(data)
+
+    return run
 
 
 def truncate(name: str) -> Setup:
