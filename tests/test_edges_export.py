@@ -249,6 +249,12 @@ EDGES = [
     ),
     ExportEdge("push: not a URL", [*PUSH, "--endpoint", "hub.example"], "is not an http(s) URL", env=OWN_TOKEN),
     ExportEdge(
+        "push: HF_ENDPOINT not a URL",
+        PUSH,
+        "HF_ENDPOINT 'hub.example' is not an http(s) URL",
+        env={"HF_ENDPOINT": "hub.example"},
+    ),
+    ExportEdge(
         "push: port out of range",
         [*PUSH, "--endpoint", "http://127.0.0.1:99999"],
         "is not an http(s) URL",
