@@ -274,7 +274,17 @@ def _validate(config: DumpConfig) -> None:
 
 
 def _device(config: DumpConfig, state) -> torch.device:
-    return state.device if config.device == "auto" else torch.device(config.device)
+    if config.device == "auto":
+        return state.device
+    try:
+        device = torch.device(config.device)
+    except RuntimeError:
+        raise UserError(f"--device {config.device!r} is not a device (cpu, cuda, cuda:N or auto)") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"--device {config.device}: CUDA is not available on this machine (use --device cpu)")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise UserError(f"--device {config.device}: this machine has {torch.cuda.device_count()} CUDA devices")
+    return device
 
 
 def _store_writers(config: DumpConfig, workers: int) -> int:
