@@ -40,6 +40,7 @@ from distill.stream import StreamLayout
 from distill.teacher import Teacher, load_teacher
 from distill.windows import Window, plan_windows
 from logit_store.encodings import DEFAULT_ENCODING, ENCODINGS
+from logit_store.ownership import check_store_files
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -305,6 +306,7 @@ def run_dump(config: DumpConfig) -> DumpSummary:
 
     _validate(config)
     check_source(corpus_spec(config))
+    check_store_files(Path(config.output))  # before the teacher loads: a refusal is quick
     started = time.perf_counter()
     state = PartialState(cpu=config.device == "cpu" or not torch.cuda.is_available())
     if config.threads:
@@ -337,6 +339,7 @@ def dump_with_teacher(
     teacher.permute_output(converter.column_order)
     _check_memory(config, teacher, on_device)
     encoder = DocumentEncoder(teacher.tokenizer, teacher.vocab)
+    check_store_files(Path(config.output))  # before the locks are created in it
     with ExitStack() as locks:
         for w in mine:
             locks.enter_context(WriterLock(Path(config.output), w))

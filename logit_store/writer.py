@@ -33,6 +33,7 @@ from logit_store.manifest import (
     settings_hash,
     write_atomic,
 )
+from logit_store.ownership import check_store_files
 from logit_store.reader import layout_text_bytes
 from logit_store.shard import (
     ShardFile,
@@ -125,6 +126,7 @@ class StoreWriter:
 
     # -- setup / resume
     def _open_directory(self) -> None:
+        check_store_files(self.directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         manifest_path = self.directory / MANIFEST
         if manifest_path.exists():
@@ -136,10 +138,10 @@ class StoreWriter:
             vocab_path = self.directory / VOCAB_FILE
             if not vocab_path.is_file():
                 write_atomic(vocab_path, vocab_to_bytes(self.vocab), f"w{self.writer_id}")
-        else:
-            write_atomic(self.directory / VOCAB_FILE, vocab_to_bytes(self.vocab), f"w{self.writer_id}")
+        else:  # the manifest first: a store file in a directory without one is not a store's
             text = json.dumps(self.manifest, indent=2, sort_keys=True) + "\n"
             write_atomic(manifest_path, text.encode(), f"w{self.writer_id}")
+            write_atomic(self.directory / VOCAB_FILE, vocab_to_bytes(self.vocab), f"w{self.writer_id}")
         fsync_directory(self.directory)
 
         for tmp in self.directory.glob(f"shard-{self.writer_id:05d}-*.tmp"):
