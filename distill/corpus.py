@@ -14,7 +14,8 @@ Sources (by what ``--corpus`` names):
 A local document's key is its file's path relative to the corpus folder (or the file's name),
 with ``:line`` or ``#part``, so keys do not depend on where the corpus lies or how its path was
 spelled. Selection is applied on top: a deterministic held-out split by a hash of each
-document's content, ``max_docs`` and ``max_bytes``. Empty documents are skipped and counted.
+document's content, ``max_docs`` and ``max_bytes``. Empty documents are skipped and counted;
+corpus entries that are not read are counted by reason (:mod:`distill.corpus_files`).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from distill.corpus_files import RECORD_SUFFIXES, TEXT_SUFFIXES, list_corpus, zstd_lines
+from distill.corpus_files import RECORD_SUFFIXES, TEXT_SUFFIXES, CorpusListing, list_corpus, zstd_lines
 from distill.corpus_files import file_suffix as _suffix
 from distill.errors import UserError
 
@@ -158,6 +159,14 @@ def check_source(spec: CorpusSpec) -> None:
         raise UserError("--separator must not be empty (leave it out for one document per file)")
     if path.is_dir() and not _is_saved_dataset(path):
         corpus_files(path)  # raises when the folder holds no corpus files
+
+
+def corpus_listing(spec: CorpusSpec) -> CorpusListing | None:
+    """A local corpus's files and the entries that are not read, with why (None for a dataset)."""
+    path = Path(spec.source)
+    if not path.exists() or _is_saved_dataset(path):
+        return None
+    return list_corpus(path)
 
 
 def _is_saved_dataset(path: Path) -> bool:

@@ -38,12 +38,12 @@ class CorpusListing:
     not_read: list[tuple[Path, str]] = field(default_factory=list)  # (entry, why it is not read)
 
     def not_read_note(self) -> str | None:
-        """``3 corpus entries not read (2 not a supported suffix, 1 dangling link)``, or None."""
+        """``3 corpus entries (2 not a supported suffix, 1 dangling link)``, or None."""
         if not self.not_read:
             return None
         reasons = Counter(reason for _, reason in self.not_read)
         detail = ", ".join(f"{n} {reason}" for reason, n in sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0])))
-        return f"{len(self.not_read)} corpus entries not read ({detail})"
+        return f"{len(self.not_read)} corpus entries ({detail})"
 
 
 def list_corpus(source: Path) -> CorpusListing:

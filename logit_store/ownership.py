@@ -90,3 +90,16 @@ def _is_manifest(path: Path) -> bool:
     except (OSError, ValueError):
         return False
     return isinstance(value, dict) and value.get("format") == FORMAT_NAME
+
+
+def remove_unfinished_store(directory: Path) -> list[str]:
+    """Delete a store that holds no complete shard: its files (checked to be a store's first), never
+    another file; returns the names deleted."""
+    directory = Path(directory)
+    check_store_files(directory)
+    names = sorted(e.name for e in directory.iterdir() if store_file_kind(e.name) is not None)
+    if any(store_file_kind(name) == "shard" for name in names):
+        raise UserError(f"{directory} holds finished documents: it is not replaced")
+    for name in names:
+        (directory / name).unlink()
+    return names

@@ -53,6 +53,14 @@ def _differences(name: str, stored, new) -> str:
     return f"{name}: store has {stored!r}, this run has {new!r}"
 
 
+class DifferentStore(UserError):
+    """The directory holds a store of another identity; ``finished``: it holds complete shards."""
+
+    def __init__(self, message: str, fields: list[str], finished: bool):
+        super().__init__(message)
+        self.fields, self.finished = fields, finished
+
+
 class StoreWriter:
     """Writes documents into ``directory`` as shards ``shard-<writer_id>-<seq>.bds``.
 
@@ -134,7 +142,11 @@ class StoreWriter:
             differ = [k for k in IDENTITY_FIELDS if existing.get(k) != self.manifest.get(k)]
             if differ:
                 detail = "; ".join(_differences(k, existing.get(k), self.manifest.get(k)) for k in differ)
-                raise UserError(f"{self.directory} holds a different store ({', '.join(differ)} differ): {detail}")
+                raise DifferentStore(
+                    f"{self.directory} holds a different store ({', '.join(differ)} differ): {detail}",
+                    fields=differ,
+                    finished=bool(shard_sequences(self.directory)),
+                )
             vocab_path = self.directory / VOCAB_FILE
             if not vocab_path.is_file():
                 write_atomic(vocab_path, vocab_to_bytes(self.vocab), f"w{self.writer_id}")
