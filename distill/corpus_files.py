@@ -81,7 +81,7 @@ def _check_name(file: Path, source: Path) -> None:
         name.encode("utf-8")
     except UnicodeEncodeError:
         shown = os.fsencode(name).decode("utf-8", errors="backslashreplace")
-        raise UserError(f"corpus file name {shown!r} under {source} is not UTF-8: rename it") from None
+        raise UserError(f"corpus file name '{shown}' under {source} is not UTF-8: rename it") from None
 
 
 def zstd_lines(path: Path) -> Iterator[bytes]:

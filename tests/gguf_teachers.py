@@ -5,6 +5,7 @@ with a 2-layer random Llama of hidden size 16, so tests can build GGUF files tha
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -38,10 +39,10 @@ def write_tiny_gguf(path: Path, keep=lambda name: True, seed: int = 0) -> Path:
     """A tiny random Llama GGUF with SmolLM2's tokenizer, holding the tensors ``keep`` accepts."""
     import gguf
 
-    source = gguf.GGUFReader(smollm2_gguf())
-    tokens = source.fields["tokenizer.ggml.tokens"].contents()[:VOCAB]
+    source = _smollm2_tokenizer()
+    tokens = source["tokens"][:VOCAB]
     kept = set(tokens)
-    merges = [m for m in source.fields["tokenizer.ggml.merges"].contents() if _merged(m) <= kept]
+    merges = [m for m in source["merges"] if _merged(m) <= kept]
     writer = gguf.GGUFWriter(str(path), "llama")
     writer.add_block_count(LAYERS)
     writer.add_context_length(512)
@@ -52,15 +53,15 @@ def write_tiny_gguf(path: Path, keep=lambda name: True, seed: int = 0) -> Path:
     writer.add_rope_dimension_count(HIDDEN // HEADS)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_vocab_size(len(tokens))
-    writer.add_tokenizer_model(source.fields["tokenizer.ggml.model"].contents())
-    writer.add_tokenizer_pre(source.fields["tokenizer.ggml.pre"].contents())
+    writer.add_tokenizer_model(source["model"])
+    writer.add_tokenizer_pre(source["pre"])
     writer.add_token_list(tokens)
-    writer.add_token_types(source.fields["tokenizer.ggml.token_type"].contents()[:VOCAB])
+    writer.add_token_types(source["token_type"][:VOCAB])
     writer.add_token_merges(merges)
-    for name in ("bos", "eos", "unknown", "padding"):
-        getattr(writer, f"add_{'unk' if name == 'unknown' else 'pad' if name == 'padding' else name}_token_id")(
-            source.fields[f"tokenizer.ggml.{name}_token_id"].contents()
-        )
+    writer.add_bos_token_id(source["bos_token_id"])
+    writer.add_eos_token_id(source["eos_token_id"])
+    writer.add_unk_token_id(source["unknown_token_id"])
+    writer.add_pad_token_id(source["padding_token_id"])
     rng = np.random.default_rng(seed)
     for name, shape in tensor_shapes(len(tokens)).items():
         if keep(name):
@@ -70,6 +71,16 @@ def write_tiny_gguf(path: Path, keep=lambda name: True, seed: int = 0) -> Path:
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+@functools.cache
+def _smollm2_tokenizer() -> dict:
+    """The ``tokenizer.ggml.*`` fields of the bundled SmolLM2 GGUF (read once: parsing them is slow)."""
+    import gguf
+
+    fields = gguf.GGUFReader(smollm2_gguf()).fields
+    prefix = "tokenizer.ggml."
+    return {name[len(prefix) :]: field.contents() for name, field in fields.items() if name.startswith(prefix)}
 
 
 def _merged(merge: str) -> set[str]:
