@@ -43,7 +43,8 @@ class CorpusListing:
             return None
         reasons = Counter(reason for _, reason in self.not_read)
         detail = ", ".join(f"{n} {reason}" for reason, n in sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0])))
-        return f"{len(self.not_read)} corpus entries ({detail})"
+        entries = "entry" if len(self.not_read) == 1 else "entries"
+        return f"{len(self.not_read)} corpus {entries} ({detail})"
 
 
 def list_corpus(source: Path) -> CorpusListing:
