@@ -54,9 +54,13 @@ class CorpusCounts:
 
 def corpus_files(source: Path) -> list[Path]:
     """The files of a file-based source in sorted order (a folder is searched recursively)."""
-    files = list_corpus(source).files
-    if not files:
-        raise UserError(f"no .txt/.jsonl/.jsonl.zst/.parquet files under {source}")
+    listing = list_corpus(source)
+    if not listing.files:
+        note = listing.not_read_note()
+        raise UserError(
+            f"no .txt/.jsonl/.jsonl.zst/.parquet files under {source}" + (f"; not read: {note}" if note else "")
+        )
+    files = listing.files
     return files
 
 

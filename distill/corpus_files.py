@@ -38,11 +38,11 @@ class CorpusListing:
     not_read: list[tuple[Path, str]] = field(default_factory=list)  # (entry, why it is not read)
 
     def not_read_note(self) -> str | None:
-        """``3 corpus entries (2 not a supported suffix, 1 dangling link)``, or None."""
+        """``3 corpus entries (not a supported suffix: 2, dangling link: 1)``, or None."""
         if not self.not_read:
             return None
         reasons = Counter(reason for _, reason in self.not_read)
-        detail = ", ".join(f"{n} {reason}" for reason, n in sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0])))
+        detail = ", ".join(f"{reason}: {n}" for reason, n in sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0])))
         entries = "entry" if len(self.not_read) == 1 else "entries"
         return f"{len(self.not_read)} corpus {entries} ({detail})"
 

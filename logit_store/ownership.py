@@ -18,6 +18,7 @@ from distill.errors import UserError
 from logit_store.manifest import FORMAT_NAME, MANIFEST
 from logit_store.shard import SHARD_MAGIC
 
+MANIFEST_START = b'{\n  "compression": '  # how every manifest a writer writes begins (sorted keys, indent 2)
 STORE_NAMES = {
     "manifest": re.compile(r"^manifest\.json$"),
     "vocab": re.compile(r"^vocab\.bin$"),
@@ -71,7 +72,11 @@ def _content_problem(path: Path, kind: str) -> str | None:
     first_line, complete, _ = head.partition(b"\n")  # a line cut by a crash is the writer's too
     if kind == "skip list" and complete and not _json_object_with(first_line, "reason"):
         return "is not a skip list"
-    if kind == "partial file" and path.name.startswith(MANIFEST) and head and not _is_manifest(path):
+    if (
+        kind == "partial file"
+        and path.name.startswith(MANIFEST)
+        and not MANIFEST_START.startswith(head[: len(MANIFEST_START)])
+    ):
         return "is not a partial store manifest"
     return None
 

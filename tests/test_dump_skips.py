@@ -58,7 +58,10 @@ def test_unencodable_documents_are_skipped_listed_and_resumed(teacher, tmp_path,
     out = capsys.readouterr().out
     assert "38 (+0 already stored, 0 empty skipped, 10 unencodable skipped)" in out
     assert "doc02.txt: the teacher vocabulary has no token for the byte 0xFE" in out
-    assert "… 5 more; all in" in out and "not read            2 corpus entries (1 dangling link, 1 not a" in out
+    assert (
+        "… 5 more; all in" in out
+        and "not read            2 corpus entries (dangling link: 1, not a supported suffix: 1)" in out
+    )
     expected = [
         Skip(i, f"doc{i:02d}.txt", "the teacher vocabulary has no token for the byte 0xFE") for i in sorted(BAD)
     ]

@@ -93,6 +93,12 @@ def non_utf8_name(tmp: Path) -> None:
     Path(os.fsdecode(os.fsencode(tmp / "corpus") + b"/caf\xe9.txt")).write_bytes(b"a document")
 
 
+def dangling_links(tmp: Path) -> None:
+    (tmp / "corpus").mkdir()
+    for name in ("a.txt", "b.txt"):
+        (tmp / "corpus" / name).symlink_to(tmp / "nowhere" / name)
+
+
 def output_is_a_file(tmp: Path) -> None:
     corpus(tmp)
     (tmp / "out").write_text("a file of mine")
@@ -148,6 +154,18 @@ EDGES = [
         dump("small"),
         "is not a completion record",
         store_with_file("writer-00003.json", b"[1, 2, 3]"),
+    ),
+    Edge(
+        "user's manifest.json.w0.tmp in --output",
+        dump("small"),
+        "manifest.json.w0.tmp is not a partial store manifest",
+        with_file("manifest.json.w0.tmp", b"my draft"),
+    ),
+    Edge(
+        "corpus folder of dangling links",
+        dump("small"),
+        "corpus; not read: 2 corpus entries (dangling link: 2)",
+        dangling_links,
     ),
     Edge("--output is a file", dump("small"), "is a file, not a folder", output_is_a_file),
     # a teacher whose weights do not all load
