@@ -94,9 +94,11 @@ def non_utf8_name(tmp: Path) -> None:
 
 
 def dangling_links(tmp: Path) -> None:
+    """Setup: a corpus folder of two dangling links and a named pipe (never opened)."""
     (tmp / "corpus").mkdir()
     for name in ("a.txt", "b.txt"):
         (tmp / "corpus" / name).symlink_to(tmp / "nowhere" / name)
+    os.mkfifo(tmp / "corpus" / "pipe.txt")
 
 
 def output_is_a_file(tmp: Path) -> None:
@@ -162,9 +164,9 @@ EDGES = [
         with_file("manifest.json.w0.tmp", b"my draft"),
     ),
     Edge(
-        "corpus folder of dangling links",
+        "corpus folder of dangling links and a pipe",
         dump("small"),
-        "corpus; not read: 2 corpus entries (dangling link: 2)",
+        "corpus; not read: 3 corpus entries (dangling link: 2, not a regular file: 1)",
         dangling_links,
     ),
     Edge("--output is a file", dump("small"), "is a file, not a folder", output_is_a_file),
