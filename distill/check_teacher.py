@@ -1,7 +1,8 @@
 """``bytedistill check-teacher``: can this teacher's tokenizer be distilled exactly?
 
 Loads the vocabulary, describes it (family, size, specials, end-of-text ids, prefix handling,
-output layer), encodes a built-in sample (multilingual text, code, literal special-token text,
+output layer), checks that a model folder or GGUF file holds every weight of its model
+(:mod:`distill.teacher_weights`), encodes a built-in sample (multilingual text, code, literal special-token text,
 bytes that are not UTF-8) and checks that the token bytes give the sample back exactly, then
 converts random logits for the sample on both conversion paths and compares them with a brute
 force over the whole vocabulary (prefix tests on every id's bytes, independent of the trie) and
@@ -21,7 +22,8 @@ from distill.alphabet import ALPHABET_SIZE, EOS, EOT
 from distill.convert import Converter
 from distill.encode import DocumentEncoder
 from distill.errors import UserError
-from distill.vocab import TeacherVocab, load_teacher_tokenizer, vocab_from_tokenizer
+from distill.teacher_weights import describe_names, missing_weights
+from distill.vocab import TeacherVocab, load_teacher_tokenizer, split_gguf_path, vocab_from_tokenizer
 
 SAMPLE: dict[str, bytes] = {
     "english": b"The quick brown fox jumps over the lazy dog. It's 3.14, isn't it?",
@@ -104,7 +106,10 @@ class TeacherCheck:
         if len(missing) == 0:
             return "every byte value has a token"
         listed = " ".join(f"0x{b:02X}" for b in missing)
-        return f"no single-byte token for {listed}: a document that needs one is refused"
+        return (
+            f"no single-byte token for {listed}: dump skips a document that needs one "
+            "(listed in the store's skipped-*.jsonl; --strict refuses it instead)"
+        )
 
     def verdict(self) -> str:
         if self.ok:
@@ -123,6 +128,12 @@ def check_teacher(config: CheckTeacherConfig) -> TeacherCheck:
     check = TeacherCheck(vocab, names, rows)
     if rows is not None and rows < vocab.size:
         check.failures.append(f"the output layer has {rows} rows for {vocab.size} tokenizer ids")
+    missing = missing_weights(*split_gguf_path(config.teacher, config.gguf_file))
+    if missing:
+        check.failures.append(
+            f"the checkpoint lacks {len(missing)} of its model's weights ({describe_names(missing)}): "
+            "dump refuses it (loading it would fill them with random values)"
+        )
     encoder = DocumentEncoder(tokenizer, vocab)
     documents = []
     for name, data in SAMPLE.items():

@@ -14,22 +14,21 @@ Sources (by what ``--corpus`` names):
 A local document's key is its file's path relative to the corpus folder (or the file's name),
 with ``:line`` or ``#part``, so keys do not depend on where the corpus lies or how its path was
 spelled. Selection is applied on top: a deterministic held-out split by a hash of each
-document's content, ``max_docs`` and ``max_bytes``. Empty documents are skipped and counted.
+document's content, ``max_docs`` and ``max_bytes``. Empty documents are skipped and counted;
+corpus entries that are not read are counted by reason (:mod:`distill.corpus_files`).
 """
 
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from distill.corpus_files import RECORD_SUFFIXES, TEXT_SUFFIXES, CorpusListing, list_corpus, zstd_lines
+from distill.corpus_files import file_suffix as _suffix
 from distill.errors import UserError
-
-TEXT_SUFFIXES = (".txt", ".text", ".md")
-RECORD_SUFFIXES = (".jsonl", ".jsonl.zst", ".parquet")
 
 
 @dataclass
@@ -53,21 +52,15 @@ class CorpusCounts:
     empty_skipped: int = 0
 
 
-def _suffix(path: Path) -> str:
-    name = path.name.lower()
-    for suffix in RECORD_SUFFIXES + TEXT_SUFFIXES:
-        if name.endswith(suffix):
-            return suffix
-    return path.suffix.lower()
-
-
 def corpus_files(source: Path) -> list[Path]:
     """The files of a file-based source in sorted order (a folder is searched recursively)."""
-    if source.is_file():
-        return [source]
-    files = sorted(p for p in source.rglob("*") if p.is_file() and _suffix(p) in TEXT_SUFFIXES + RECORD_SUFFIXES)
-    if not files:
-        raise UserError(f"no .txt/.jsonl/.jsonl.zst/.parquet files under {source}")
+    listing = list_corpus(source)
+    if not listing.files:
+        note = listing.not_read_note()
+        raise UserError(
+            f"no .txt/.jsonl/.jsonl.zst/.parquet files under {source}" + (f"; not read: {note}" if note else "")
+        )
+    files = listing.files
     return files
 
 
@@ -102,25 +95,23 @@ def _record_text(record: dict, text_field: str, where: str) -> bytes:
 
 
 def _jsonl_documents(path: Path, name: str, text_field: str) -> Iterator[tuple[str, bytes]]:
-    if path.name.lower().endswith(".zst"):
-        import zstandard
+    lines = zstd_lines(path) if path.name.lower().endswith(".zst") else _file_lines(path)
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        where = f"{path}:{number}"
+        try:
+            record = json.loads(line)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise UserError(f"{where}: not valid JSON ({exc.msg if hasattr(exc, 'msg') else exc})") from None
+        if not isinstance(record, dict):
+            raise UserError(f"{where}: a JSON line must be an object with a {text_field!r} field")
+        yield f"{name}:{number}", _record_text(record, text_field, where)
 
-        raw = zstandard.ZstdDecompressor().stream_reader(path.open("rb"))
-        lines = io.BufferedReader(raw)
-    else:
-        lines = path.open("rb")
-    with lines:
-        for number, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{number}"
-            try:
-                record = json.loads(line)
-            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                raise UserError(f"{where}: not valid JSON ({exc.msg if hasattr(exc, 'msg') else exc})") from None
-            if not isinstance(record, dict):
-                raise UserError(f"{where}: a JSON line must be an object with a {text_field!r} field")
-            yield f"{name}:{number}", _record_text(record, text_field, where)
+
+def _file_lines(path: Path) -> Iterator[bytes]:
+    with path.open("rb") as f:
+        yield from f
 
 
 def _parquet_documents(path: Path, name: str, text_field: str) -> Iterator[tuple[str, bytes]]:
@@ -168,8 +159,18 @@ def check_source(spec: CorpusSpec) -> None:
     looks_like_path = spec.source.startswith((".", "/", "~")) or _suffix(path) in TEXT_SUFFIXES + RECORD_SUFFIXES
     if not path.exists() and looks_like_path:
         raise UserError(f"corpus not found: {spec.source}")
+    if spec.separator == "":
+        raise UserError("--separator must not be empty (leave it out for one document per file)")
     if path.is_dir() and not _is_saved_dataset(path):
         corpus_files(path)  # raises when the folder holds no corpus files
+
+
+def corpus_listing(spec: CorpusSpec) -> CorpusListing | None:
+    """A local corpus's files and the entries that are not read, with why (None for a dataset)."""
+    path = Path(spec.source)
+    if not path.exists() or _is_saved_dataset(path):
+        return None
+    return list_corpus(path)
 
 
 def _is_saved_dataset(path: Path) -> bool:
@@ -188,12 +189,15 @@ def raw_documents(spec: CorpusSpec) -> Iterator[tuple[str, bytes]]:
         return
     for file in corpus_files(path):
         suffix, name = _suffix(file), _file_key(file, path)
-        if suffix in (".jsonl", ".jsonl.zst"):
-            yield from _jsonl_documents(file, name, spec.text_field)
-        elif suffix == ".parquet":
-            yield from _parquet_documents(file, name, spec.text_field)
-        else:
-            yield from _text_documents(file, name, spec.separator)
+        try:
+            if suffix in (".jsonl", ".jsonl.zst"):
+                yield from _jsonl_documents(file, name, spec.text_field)
+            elif suffix == ".parquet":
+                yield from _parquet_documents(file, name, spec.text_field)
+            else:
+                yield from _text_documents(file, name, spec.separator)
+        except OSError as exc:
+            raise UserError(f"cannot read the corpus file {file}: {exc.strerror or exc}") from None
 
 
 def _file_key(file: Path, source: Path) -> str:
@@ -232,8 +236,9 @@ def select_documents(spec: CorpusSpec, counts: CorpusCounts | None = None) -> It
 
 def corpus_fingerprint(spec: CorpusSpec) -> str:
     """Identity of the corpus for the store manifest: the selection settings plus, for local file
-    sources, each file's name, size and a hash of its first and last MiB. Where local files lie
-    is not part of it, so a moved corpus, or one named by a relative path, still resumes."""
+    sources, each file's name, size and a SHA-256 of all its bytes (README "Corpus fingerprint"
+    gives its cost). Where local files lie is not part of it, so a moved corpus, or one named by
+    a relative path, still resumes."""
     settings = dict(spec.__dict__)
     path = Path(spec.source)
     local_files = path.exists() and not _is_saved_dataset(path)
@@ -244,11 +249,10 @@ def corpus_fingerprint(spec: CorpusSpec) -> str:
     h = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode())
     if local_files:
         for file in corpus_files(path):
-            size = file.stat().st_size
-            h.update(f"{_file_key(file, path)}|{size}|".encode())
-            with file.open("rb") as f:
-                h.update(f.read(1 << 20))
-                if size > 2 << 20:
-                    f.seek(-(1 << 20), io.SEEK_END)
-                    h.update(f.read())
+            try:
+                with file.open("rb") as f:
+                    digest = hashlib.file_digest(f, "sha256").hexdigest()
+            except OSError as exc:
+                raise UserError(f"cannot read the corpus file {file}: {exc.strerror or exc}") from None
+            h.update(f"{_file_key(file, path)}|{file.stat().st_size}|{digest}|".encode())
     return h.hexdigest()

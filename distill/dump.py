@@ -32,15 +32,25 @@ from tqdm.auto import tqdm
 from distill import dump_memory
 from distill.convert import Converter, DocumentDistributions
 from distill.convert_torch import TorchConversion, torch_conversion
-from distill.corpus import CorpusCounts, CorpusSpec, check_source, corpus_fingerprint, select_documents
-from distill.encode import DocumentEncoder
+from distill.corpus import (
+    CorpusCounts,
+    CorpusSpec,
+    check_source,
+    corpus_fingerprint,
+    corpus_listing,
+    select_documents,
+)
+from distill.encode import DocumentEncoder, UnencodableDocument
 from distill.errors import UserError
 from distill.sharding import WriterLock, writer_of, writers_of
 from distill.stream import StreamLayout
 from distill.teacher import Teacher, load_teacher
 from distill.windows import Window, plan_windows
 from logit_store.encodings import DEFAULT_ENCODING, ENCODINGS
+from logit_store.ownership import check_store_files
+from logit_store.skips import Skip, SkipList
 
+SHOWN_SKIPS = 5  # skipped documents named in the summary (all are in the store's skip lists)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -147,6 +157,17 @@ class DumpConfig:
     shard_index: int = field(default=0, metadata={"help": "which of --num-shards this job is (0-based)"})
     threads: int | None = field(default=None, metadata={"help": "torch CPU threads (default: torch's choice)"})
     progress: bool = field(default=True, metadata={"help": "show a progress bar"})
+    strict: bool = field(
+        default=False,
+        metadata={
+            "help": "refuse the first document the teacher cannot encode, instead of skipping it "
+            "(skipped documents are listed in the store's skipped-*.jsonl)"
+        },
+    )
+    max_document_bytes: int | None = field(
+        default=None, metadata={"help": "skip (and list) documents longer than this many bytes"}
+    )
+    verbose: bool = field(default=False, metadata={"help": "name every corpus entry that is not read, and why"})
 
 
 @dataclass
@@ -161,6 +182,10 @@ class DumpSummary:
     dropped_mass_sum: float = 0.0
     teacher_rows: int = 0
     empty_skipped: int = 0
+    skips: list[Skip] = field(default_factory=list)  # this worker's writers' skip lists, this run's and earlier
+    skipped_now: int = 0  # of them, met by this run
+    not_read: str | None = None  # corpus entries not read, counted by reason
+    store: str = ""  # the store directory
     store_bytes: int = 0  # this writer's shards, documents of earlier runs included
     setup_seconds: float = 0.0  # loading the teacher, tokenizer and trie
     seconds: float = 0.0  # the pass itself, after setup
@@ -178,22 +203,41 @@ class DumpSummary:
         stored_text = self.existing_text_bytes + self.text_bytes
         return self.store_bytes / stored_text if stored_text else float("nan")
 
+    def document_counts(self) -> str:
+        return (
+            f"{self.documents:,} (+{self.skipped_existing:,} already stored, {self.empty_skipped:,} empty skipped, "
+            f"{len(self.skips):,} unencodable skipped)"
+        )
+
+    def skip_lines(self) -> list[str]:
+        """The skipped documents, the first few by key and reason, and where the list is."""
+        if not self.skips:
+            return []
+        earlier = len(self.skips) - self.skipped_now
+        head = f"skipped             {len(self.skips):,} documents the teacher cannot encode" + (
+            f" ({earlier:,} listed by an earlier run)" if earlier else ""
+        )
+        shown = [f"  {s.key}: {s.reason}" for s in self.skips[:SHOWN_SKIPS]]
+        more = len(self.skips) - len(shown)
+        return [
+            head,
+            *shown,
+            f"  {'… ' + format(more, ',') + ' more; ' if more else ''}all in {Path(self.store) / 'skipped-*.jsonl'}",
+        ]
+
     def lines(self) -> list[str]:
         store = f"{self.store_bytes:,} bytes in shards ({self.bytes_per_text_byte:.2f} per text byte)"
+        notes = self.skip_lines() + ([f"not read            {self.not_read}"] if self.not_read else [])
         if not self.documents:
             return [
-                (
-                    f"documents           0 (+{self.skipped_existing:,} already stored, "
-                    f"{self.empty_skipped:,} empty skipped): nothing left to dump"
-                ),
+                f"documents           {self.document_counts()}: nothing left to dump",
+                *notes,
                 f"store size          {store}",
             ]
         mean_dropped = self.dropped_mass_sum / max(self.teacher_rows, 1)
         return [
-            (
-                f"documents           {self.documents:,} (+{self.skipped_existing:,} already stored, "
-                f"{self.empty_skipped:,} empty skipped)"
-            ),
+            f"documents           {self.document_counts()}",
+            *notes,
             f"text bytes          {self.text_bytes:,}",
             f"teacher tokens      {self.tokens:,}",
             f"stream positions    {self.positions:,}",
@@ -255,7 +299,7 @@ def store_settings(config: DumpConfig, teacher: Teacher, writers: int) -> dict:
         "end_of_text_ids": list(teacher.vocab.end_of_text_ids),
         "corpus": {k: v for k, v in asdict(corpus_spec(config)).items() if k != "source"},
         "writers": writers,
-    }
+    } | ({"max_document_bytes": config.max_document_bytes} if config.max_document_bytes is not None else {})
 
 
 def _validate(config: DumpConfig) -> None:
@@ -271,10 +315,22 @@ def _validate(config: DumpConfig) -> None:
         raise UserError("--head-rows must be at least 1")
     if config.writers is not None and config.writers < 1:
         raise UserError("--writers must be at least 1")
+    if config.max_document_bytes is not None and config.max_document_bytes < 1:
+        raise UserError("--max-document-bytes must be at least 1")
 
 
 def _device(config: DumpConfig, state) -> torch.device:
-    return state.device if config.device == "auto" else torch.device(config.device)
+    if config.device == "auto":
+        return state.device
+    try:
+        device = torch.device(config.device)
+    except RuntimeError:
+        raise UserError(f"--device {config.device!r} is not a device (cpu, cuda, cuda:N or auto)") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"--device {config.device}: CUDA is not available on this machine (use --device cpu)")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise UserError(f"--device {config.device}: this machine has {torch.cuda.device_count()} CUDA devices")
+    return device
 
 
 def _store_writers(config: DumpConfig, workers: int) -> int:
@@ -295,6 +351,7 @@ def run_dump(config: DumpConfig) -> DumpSummary:
 
     _validate(config)
     check_source(corpus_spec(config))
+    check_store_files(Path(config.output))  # before the teacher loads: a refusal is quick
     started = time.perf_counter()
     state = PartialState(cpu=config.device == "cpu" or not torch.cuda.is_available())
     if config.threads:
@@ -327,19 +384,26 @@ def dump_with_teacher(
     teacher.permute_output(converter.column_order)
     _check_memory(config, teacher, on_device)
     encoder = DocumentEncoder(teacher.tokenizer, teacher.vocab)
+    check_store_files(Path(config.output))  # before the locks are created in it
     with ExitStack() as locks:
         for w in mine:
             locks.enter_context(WriterLock(Path(config.output), w))
         stores = _open_stores(config, spec, teacher, converter, mine, num_writers)
         summary = DumpSummary(
+            store=config.output,
             skipped_existing=sum(s.num_existing_documents for s in stores.values()),
             existing_text_bytes=sum(s.existing_text_bytes for s in stores.values()),
         )
+        summary.not_read = _report_not_read(spec, config.verbose)
         summary.setup_seconds = time.perf_counter() - started
         started = time.perf_counter()
         counts = CorpusCounts()
-        skip = {w: s.num_existing_documents for w, s in stores.items()}
-        documents = _worker_documents(select_documents(spec, counts), num_writers, skip)
+        skip_lists = {w: SkipList(Path(config.output), w) for w in mine}
+        _check_strict(config, skip_lists)
+        resume = {w: skip_lists[w].resume_ordinal(s.num_existing_documents, num_writers) for w, s in stores.items()}
+        known = frozenset().union(*(skips.indices for skips in skip_lists.values()))
+        documents = _worker_documents(select_documents(spec, counts), num_writers, resume, known)
+        skipper = _Skipper(config, skip_lists)
         bar = tqdm(
             desc=f"dump[{worker}]",
             unit="tok",
@@ -351,7 +415,7 @@ def dump_with_teacher(
         conversion = torch_conversion(converter, device, "sorted") if on_device else None
         sink = _Sink(stores, converter, conversion, summary, bar)
         try:
-            for group in _groups(documents, encoder, converter, teacher, config):
+            for group in _groups(documents, encoder, converter, teacher, config, skipper):
                 sink.add(group)
                 forward_start, converted = time.perf_counter(), summary.device_convert_seconds
                 _run_teacher(teacher, group, config, sink, bar)
@@ -367,7 +431,11 @@ def dump_with_teacher(
             raise
         finally:
             bar.close()
+            for skips in skip_lists.values():
+                skips.close()
     summary.empty_skipped = counts.empty_skipped
+    summary.skips = sorted((s for skips in skip_lists.values() for s in skips.skips), key=lambda s: s.index)
+    summary.skipped_now = skipper.count
     summary.store_bytes = sum(p.stat().st_size for w in mine for p in Path(config.output).glob(f"shard-{w:05d}-*.bds"))
     summary.seconds = time.perf_counter() - started
     summary.outside_forward_seconds = summary.seconds - summary.forward_seconds
@@ -377,12 +445,15 @@ def dump_with_teacher(
 def _open_stores(
     config: DumpConfig, spec: CorpusSpec, teacher: Teacher, converter: Converter, mine: list[int], num_writers: int
 ) -> dict:
-    """This worker's store writers by writer id (each resumes its own shards)."""
+    """This worker's store writers by writer id (each resumes its own shards). A store of another
+    corpus or settings that holds no finished document is replaced when one process runs."""
     from logit_store.store import StoreWriter
+    from logit_store.writer import DifferentStore
 
     settings, fingerprint = store_settings(config, teacher, num_writers), corpus_fingerprint(spec)
-    return {
-        w: StoreWriter(
+
+    def open_writer(w: int) -> StoreWriter:
+        return StoreWriter(
             config.output,
             teacher.vocab,
             encoding=config.encoding,
@@ -393,8 +464,44 @@ def _open_stores(
             docs_per_shard=config.docs_per_shard,
             trie=converter.trie,
         )
-        for w in mine
-    }
+
+    try:
+        first = open_writer(mine[0])
+    except DifferentStore as exc:
+        _replace_unfinished(config, exc, mine, num_writers)
+        first = open_writer(mine[0])
+    return {mine[0]: first} | {w: open_writer(w) for w in mine[1:]}
+
+
+def _replace_unfinished(config: DumpConfig, exc, mine: list[int], num_writers: int) -> None:
+    """Replace a different store without finished documents, or refuse naming what to do."""
+    from logit_store.ownership import remove_unfinished_store
+
+    output = Path(config.output)
+    if exc.finished:
+        raise UserError(f"{exc}; it holds finished documents: choose another --output, or move it away") from None
+    others = sorted(
+        {int(p.name[len(".writer-") : -len(".lock")]) for p in output.glob(".writer-?????.lock")} - set(mine)
+    )
+    if len(mine) < num_writers or not _all_free(output, others):
+        raise UserError(
+            f"{exc}; it holds no finished document: rerun this dump in one process to replace it, "
+            "or choose another --output"
+        ) from None
+    remove_unfinished_store(output)
+    differ = ", ".join(exc.fields)
+    print(f"bytedistill dump: replacing {output}: it held no finished document ({differ} differed)", file=sys.stderr)
+
+
+def _all_free(output: Path, writer_ids: list[int]) -> bool:
+    """Whether no other dump holds any of these writers' locks."""
+    with ExitStack() as locks:
+        try:
+            for w in writer_ids:
+                locks.enter_context(WriterLock(output, w))
+        except UserError:
+            return False
+    return True
 
 
 def _check_memory(config: DumpConfig, teacher: Teacher, on_device: bool) -> None:
@@ -413,27 +520,32 @@ def _check_memory(config: DumpConfig, teacher: Teacher, on_device: bool) -> None
         raise UserError(problem)
 
 
-def _worker_documents(documents, writers: int, skip: dict[int, int]) -> Iterator[tuple[int, str, bytes, int]]:
+def _worker_documents(
+    documents, writers: int, skip: dict[int, int], known_skips: frozenset[int] = frozenset()
+) -> Iterator[tuple[int, str, bytes, int]]:
     """The documents of this worker's writers (``skip``'s keys), minus the first ``skip[w]`` of
-    each writer ``w``, which its shards already hold: ``(index, key, data, writer)``."""
+    each writer ``w``, which it already stored or skipped, and minus those its skip lists name
+    (``known_skips``, by corpus index): ``(index, key, data, writer)``."""
     seen = dict.fromkeys(skip, 0)
     for index, (key, data) in enumerate(documents):
         writer = writer_of(index, writers)
         if writer not in seen:
             continue
         seen[writer] += 1
-        if seen[writer] > skip[writer]:
+        if seen[writer] > skip[writer] and index not in known_skips:
             yield index, key, data, writer
 
 
 def _groups(
-    documents, encoder: DocumentEncoder, converter: Converter, teacher: Teacher, config: DumpConfig
+    documents, encoder: DocumentEncoder, converter: Converter, teacher: Teacher, config: DumpConfig, skipper: _Skipper
 ) -> Iterator[list[PendingDocument]]:
     prefix = len(teacher.context_prefix)
     group: list[PendingDocument] = []
     tokens = 0
     for index, key, data, writer in documents:
-        ids = encoder.encode(data)
+        ids = skipper.encode(encoder, index, key, data, writer)
+        if ids is None:
+            continue
         windows = plan_windows(len(ids), prefix, config.max_length, config.stride)
         layout = converter.layout(ids)
         values = np.empty(layout.num_values, dtype=np.float64)
@@ -445,6 +557,49 @@ def _groups(
             group, tokens = [], 0
     if group:
         yield group
+
+
+def _report_not_read(spec: CorpusSpec, verbose: bool) -> str | None:
+    """The count of corpus entries not read (by reason); with ``verbose`` each is named on stderr."""
+    listing = corpus_listing(spec)
+    note = listing.not_read_note() if listing else None
+    if note is None:
+        return None
+    if verbose:
+        for entry, reason in listing.not_read:
+            print(f"not read: {entry} ({reason})", file=sys.stderr)
+        return note
+    return note + "; --verbose names them"
+
+
+def _check_strict(config: DumpConfig, skip_lists: dict[int, SkipList]) -> None:
+    listed = sum(len(skips.skips) for skips in skip_lists.values())
+    if config.strict and listed:
+        raise UserError(
+            f"--strict: the store {config.output} already lists {listed} skipped documents (skipped-*.jsonl); "
+            "resume it without --strict"
+        )
+
+
+class _Skipper:
+    """Encodes a document, or skips it: a document the teacher cannot encode (or longer than
+    --max-document-bytes) is recorded in its writer's skip list, or, with --strict, refused."""
+
+    def __init__(self, config: DumpConfig, skip_lists: dict[int, SkipList]):
+        self.strict, self.limit, self.skip_lists = config.strict, config.max_document_bytes, skip_lists
+        self.count = 0
+
+    def encode(self, encoder: DocumentEncoder, index: int, key: str, data: bytes, writer: int) -> np.ndarray | None:
+        try:
+            if self.limit is not None and len(data) > self.limit:
+                raise UnencodableDocument(f"{len(data):,} bytes, more than --max-document-bytes {self.limit:,}")
+            return encoder.encode(data)
+        except UnencodableDocument as exc:
+            if self.strict:
+                raise UserError(f"document {key}: {exc} (without --strict it is skipped and listed)") from None
+            self.skip_lists[writer].add(Skip(index, key, str(exc)))
+            self.count += 1
+            return None
 
 
 def _run_teacher(teacher: Teacher, group: list[PendingDocument], config: DumpConfig, sink: _Sink, bar) -> None:

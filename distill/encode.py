@@ -23,6 +23,10 @@ from students.stream_tokenizer import utf8_runs  # self-contained (shipped with 
 WORD_BOUNDARY = "\u2581"  # SentencePiece's ▁, read as a space in the token bytes
 
 
+class UnencodableDocument(UserError):
+    """A document the teacher cannot represent exactly (a byte with no token, a lossy normalizer)."""
+
+
 class DocumentEncoder:
     """Turns document bytes into teacher token ids (no BOS/EOS: the conversion adds those)."""
 
@@ -67,7 +71,7 @@ class DocumentEncoder:
         ids = [int(table[b]) for b in run]
         if min(ids) < 0:
             bad = run[ids.index(-1)]
-            raise UserError(f"the teacher vocabulary has no token for the byte 0x{bad:02X}")
+            raise UnencodableDocument(f"the teacher vocabulary has no token for the byte 0x{bad:02X}")
         return ids
 
     def _check_round_trip(self, tokens: np.ndarray, data: bytes) -> None:
@@ -76,7 +80,7 @@ class DocumentEncoder:
             return
         at = next((i for i, (a, b) in enumerate(zip(got, expected)) if a != b), min(len(got), len(expected)))
         at = max(0, at - (len(expected) - len(data)))  # in document coordinates
-        raise UserError(
+        raise UnencodableDocument(
             f"the teacher tokenizer does not reproduce the document's bytes: byte {at} "
             f"(0x{data[at]:02X}) is changed by {self._lossy_rule(data)}, which cannot be undone exactly"
             if at < len(data)

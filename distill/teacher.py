@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from distill.errors import UserError
+from distill.teacher_weights import check_weights, refuse_missing
 from distill.vocab import TeacherVocab, load_teacher_tokenizer, split_gguf_path, vocab_from_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -83,7 +84,8 @@ def load_teacher(
     dtype: torch.dtype | None = None,
     end_of_text: list[str] | None = None,
 ) -> Teacher:
-    """Load a causal LM (folder, Hub id or ``.gguf`` file) and its tokenizer, and check they match."""
+    """Load a causal LM (folder, Hub id or ``.gguf`` file) and its tokenizer, and check they match
+    and that the checkpoint holds every weight (:mod:`distill.teacher_weights`)."""
     from transformers import AutoModelForCausalLM
 
     model_source, gguf = split_gguf_path(source, gguf_file)
@@ -96,10 +98,14 @@ def load_teacher(
     device = torch.device(device)
     dtype = dtype or default_dtype(device)
     kwargs = {"gguf_file": gguf} if gguf else {}
+    check_weights(source, model_source, gguf)  # before memory is allocated for a model
     try:
-        model = AutoModelForCausalLM.from_pretrained(model_source, dtype=dtype, **kwargs)
+        model, loading = AutoModelForCausalLM.from_pretrained(
+            model_source, dtype=dtype, output_loading_info=True, **kwargs
+        )
     except Exception as exc:  # noqa: BLE001 - transformers raises many types for a bad source
         raise UserError(f"cannot load the teacher {source}: {str(exc).splitlines()[0]}") from None
+    refuse_missing(source, loading.get("missing_keys", ()))
     model.to(device).eval()
     head = model.get_output_embeddings()
     vocab = fit_output_layer(vocab, head.weight.shape[0])

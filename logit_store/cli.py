@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from distill.errors import UserError
+from logit_store.skips import read_skips
 from logit_store.store import LogitStore
 
 
@@ -44,6 +45,7 @@ def inspect(config: InspectConfig) -> int:
     stats["format_version"] = store.manifest["format_version"]
     stats["corpus_hash"] = store.manifest.get("corpus_hash")
     stats["settings"] = store.manifest.get("settings")
+    stats["skipped_documents"] = len(read_skips(store.directory))
     if config.json:
         print(json.dumps(stats, sort_keys=True))
         return 0
@@ -57,6 +59,7 @@ def inspect(config: InspectConfig) -> int:
         f"text bytes:      {stats['text_bytes']:,}",
         f"positions:       {stats['positions']:,}",
         f"tokens:          {stats['tokens']:,}",
+        f"skipped:         {stats['skipped_documents']:,} documents the teacher could not encode (skipped-*.jsonl)",
         f"shards/chunks:   {stats['shards']} / {stats['chunks']}",
         f"size on disk:    {_human(stats['size_on_disk'])} ({stats['size_on_disk']:,} bytes)",
         f"bytes/text byte: {bpb:.2f} "

@@ -33,6 +33,7 @@ from logit_store.manifest import (
     settings_hash,
     write_atomic,
 )
+from logit_store.ownership import check_store_files
 from logit_store.reader import layout_text_bytes
 from logit_store.shard import (
     ShardFile,
@@ -50,6 +51,14 @@ def _differences(name: str, stored, new) -> str:
         keys = sorted(k for k in stored.keys() | new.keys() if stored.get(k) != new.get(k))
         return "; ".join(_differences(f"{name}.{k}", stored.get(k), new.get(k)) for k in keys)
     return f"{name}: store has {stored!r}, this run has {new!r}"
+
+
+class DifferentStore(UserError):
+    """The directory holds a store of another identity; ``finished``: it holds complete shards."""
+
+    def __init__(self, message: str, fields: list[str], finished: bool):
+        super().__init__(message)
+        self.fields, self.finished = fields, finished
 
 
 class StoreWriter:
@@ -125,6 +134,7 @@ class StoreWriter:
 
     # -- setup / resume
     def _open_directory(self) -> None:
+        check_store_files(self.directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         manifest_path = self.directory / MANIFEST
         if manifest_path.exists():
@@ -132,14 +142,18 @@ class StoreWriter:
             differ = [k for k in IDENTITY_FIELDS if existing.get(k) != self.manifest.get(k)]
             if differ:
                 detail = "; ".join(_differences(k, existing.get(k), self.manifest.get(k)) for k in differ)
-                raise UserError(f"{self.directory} holds a different store ({', '.join(differ)} differ): {detail}")
+                raise DifferentStore(
+                    f"{self.directory} holds a different store ({', '.join(differ)} differ): {detail}",
+                    fields=differ,
+                    finished=bool(shard_sequences(self.directory)),
+                )
             vocab_path = self.directory / VOCAB_FILE
             if not vocab_path.is_file():
                 write_atomic(vocab_path, vocab_to_bytes(self.vocab), f"w{self.writer_id}")
-        else:
-            write_atomic(self.directory / VOCAB_FILE, vocab_to_bytes(self.vocab), f"w{self.writer_id}")
+        else:  # the manifest first: a store file in a directory without one is not a store's
             text = json.dumps(self.manifest, indent=2, sort_keys=True) + "\n"
             write_atomic(manifest_path, text.encode(), f"w{self.writer_id}")
+            write_atomic(self.directory / VOCAB_FILE, vocab_to_bytes(self.vocab), f"w{self.writer_id}")
         fsync_directory(self.directory)
 
         for tmp in self.directory.glob(f"shard-{self.writer_id:05d}-*.tmp"):

@@ -1,0 +1,171 @@
+"""A corpus is not all-or-nothing: documents the teacher cannot encode are skipped, counted and
+listed, a resume passes over them, and a store without finished documents can be replaced.
+
+The teacher is a tiny GGUF over SmolLM2's first ids (tests/gguf_teachers.py), which, like SmolLM2,
+has no single-byte token for 21 byte values (0xFE among them)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from distill.cli import main as bytedistill
+from logit_store.skips import Skip, SkipList, read_skips
+from logit_store.store import LogitStore, store_content_hash
+from tests.edges import Edge, check_edge
+from tests.gguf_teachers import write_tiny_gguf
+
+KILLABLE = ["--max-length", "64", "--stride", "16", "--batch-tokens", "64", "--group-tokens", "64"]
+ARGS = [*KILLABLE, "--progress", "false", "--docs-per-shard", "2"]
+BAD = {2, 7, 12, 17, 22, 27, 32, 37, 42, 47}  # documents with a byte the teacher has no token for
+
+
+@pytest.fixture(scope="module")
+def teacher(tmp_path_factory) -> Path:
+    return write_tiny_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf")
+
+
+def mixed_corpus(folder: Path, count: int = 48) -> Path:
+    """``count`` documents of growing length, those in BAD holding 0xFE; plus a dangling link and
+    a file with an unsupported suffix, which are not read."""
+    folder.mkdir()
+    for i in range(count):
+        bad = b"\xfe" if i in BAD else b""
+        (folder / f"doc{i:02d}.txt").write_bytes(f"Document {i}: ".encode() + bad + b"lorem ipsum dolor " * (5 + i))
+    (folder / "gone.txt").symlink_to(folder / "nowhere.txt")
+    (folder / "notes.csv").write_text("a,b\n")
+    return folder
+
+
+def dump(teacher: Path, corpus: Path, output: Path, *extra: str) -> list[str]:
+    return ["dump", "--teacher", str(teacher), "--corpus", str(corpus), "--output", str(output), *ARGS, *extra]
+
+
+@pytest.mark.slow
+def test_unencodable_documents_are_skipped_listed_and_resumed(teacher, tmp_path, capsys):
+    """The good documents are stored, the others listed with their reasons; a run killed midway
+    and resumed gives the same store (content hash) and the same skip list, without encoding a
+    listed document again."""
+    corpus = mixed_corpus(tmp_path / "corpus")
+    whole = tmp_path / "whole"
+    assert bytedistill(dump(teacher, corpus, whole)) == 0
+    out = capsys.readouterr().out
+    assert "38 (+0 already stored, 0 empty skipped, 10 unencodable skipped)" in out
+    assert "doc02.txt: the teacher vocabulary has no token for the byte 0xFE" in out
+    assert (
+        "… 5 more; all in" in out
+        and "not read            2 corpus entries (dangling link: 1, not a supported suffix: 1)" in out
+    )
+    expected = [
+        Skip(i, f"doc{i:02d}.txt", "the teacher vocabulary has no token for the byte 0xFE") for i in sorted(BAD)
+    ]
+    assert read_skips(whole) == expected
+    assert [LogitStore(whole).document(i).key for i in range(3)] == ["doc00.txt", "doc01.txt", "doc03.txt"]
+
+    killed = tmp_path / "killed"
+    command = [sys.executable, "-m", "distill.cli", *dump(teacher, corpus, killed)]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    deadline = time.time() + 180
+    while len(list(killed.glob("shard-*.bds"))) < 2 and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.02)
+    assert proc.poll() is None, "the dump finished before it could be killed"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert 0 < len(read_skips(killed)) < len(BAD)  # doc02 was skipped before the second shard
+    assert read_skips(killed) == expected[: len(read_skips(killed))]
+
+    assert bytedistill(dump(teacher, corpus, killed)) == 0
+    resumed = capsys.readouterr().out
+    assert "listed by an earlier run)" in resumed
+    assert store_content_hash(killed) == store_content_hash(whole)
+    assert read_skips(killed) == expected
+
+    assert bytedistill(["inspect", str(killed)]) == 0
+    assert "skipped:         10 documents" in capsys.readouterr().out
+    assert bytedistill(dump(teacher, corpus, killed, "--verbose")) == 0  # nothing left; the entries by name
+    captured = capsys.readouterr()
+    assert "nothing left to dump" in captured.out and "(10 listed by an earlier run)" in captured.out
+    assert f"not read: {corpus / 'gone.txt'} (dangling link)" in captured.err
+
+
+def test_strict_refuses_the_first_unencodable_document(teacher, tmp_path, capsys, monkeypatch):
+    def setup(tmp: Path) -> None:
+        mixed_corpus(tmp / "corpus", count=4)
+
+    edge = Edge(
+        "--strict",
+        dump(teacher, Path("{tmp}/corpus"), Path("{tmp}/out"), "--strict"),
+        "document doc02.txt: the teacher vocabulary has no token for the byte 0xFE",
+        setup,
+        creates_ok=True,
+    )
+    check_edge(edge, tmp_path, capsys, monkeypatch)
+
+
+def test_rerun_after_a_refusal_replaces_the_unfinished_store(teacher, tmp_path, capsys):
+    """A store refused before its first finished shard is replaced by a rerun with the corpus
+    fixed (one line says so); the user's own file in the folder stays; a store with finished
+    documents is never replaced."""
+    corpus = mixed_corpus(tmp_path / "corpus", count=4)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    strict = [*dump(teacher, corpus, out, "--strict"), "--docs-per-shard", "100"]
+    assert bytedistill(strict) == 2
+    assert (out / "manifest.json").exists() and not list(out.glob("shard-*.bds"))
+    (corpus / "doc02.txt").unlink()
+    assert bytedistill(dump(teacher, corpus, out)) == 0
+    captured = capsys.readouterr()
+    assert f"bytedistill dump: replacing {out}: it held no finished document (corpus_hash differed)" in captured.err
+    assert "3 (+0 already stored, 0 empty skipped, 0 unencodable skipped)" in captured.out
+    assert (out / "notes.txt").read_text() == "mine"
+
+    (corpus / "doc03.txt").unlink()
+    before = store_content_hash(out)
+    assert bytedistill(dump(teacher, corpus, out)) == 2
+    assert "it holds finished documents: choose another --output" in capsys.readouterr().err
+    assert store_content_hash(out) == before
+
+
+def test_check_teacher_says_what_dump_does_with_missing_bytes(teacher, capsys):
+    bytedistill(["check-teacher", str(teacher)])
+    out = capsys.readouterr().out
+    assert "no single-byte token for 0x04 0x06" in out and "0xFE 0xFF" in out
+    assert "dump skips a document that needs one" in out and "--strict refuses it" in out
+
+
+@pytest.mark.parametrize(
+    "stored, skipped, writers, resume",
+    [
+        (0, [], 1, 0),
+        (3, [], 1, 3),
+        (2, [0], 1, 3),  # skipped, stored, stored
+        (2, [2], 1, 2),  # the skip after the stored two is passed over as listed
+        (2, [1, 2], 1, 4),
+        (1, [1, 5], 2, 2),  # writer 1 of 2: its ordinals 0 (skipped), 1 (stored), 2 (skipped, listed)
+        (1, [1, 3, 5], 2, 4),  # its ordinals 0, 1, 2 skipped, 3 stored
+    ],
+)
+def test_resume_ordinal_passes_the_skips_among_the_stored(tmp_path, stored, skipped, writers, resume):
+    skips = SkipList(tmp_path, 1)
+    for index in skipped:
+        skips.add(Skip(index, f"k{index}", "r"))
+    skips.close()
+    assert SkipList(tmp_path, 1).resume_ordinal(stored, writers) == resume
+
+
+def test_a_skip_line_cut_by_a_crash_is_dropped(tmp_path):
+    skips = SkipList(tmp_path, 0)
+    skips.add(Skip(4, "a", "r"))
+    skips.close()
+    with skips.path.open("ab") as f:
+        f.write(b'{"index": 9, "ke')
+    assert SkipList(tmp_path, 0).skips == [Skip(4, "a", "r")]
+    assert skips.path.read_bytes().endswith(b"}\n")
