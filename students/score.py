@@ -29,6 +29,7 @@ import torch
 from tqdm.auto import tqdm
 
 from distill.alphabet import BOS, EOS, NUM_BYTES, PAD
+from distill.config import COUNT, at_least
 from distill.errors import UserError
 from students.stream_tokenizer import TEACHER_TOKENIZER_FILE, ByteStreamTokenizer
 
@@ -71,17 +72,21 @@ class ScoreOptions:
         },
     )
     context: int | None = field(
-        default=None, metadata={"help": "window length in symbols (default and maximum: the trained context)"}
+        default=None,
+        metadata={"help": "window length in symbols (default and maximum: the trained context)", "range": at_least(2)},
     )
     stride: int | None = field(
         default=None,
-        metadata={"help": "window step (default: the context, as train evaluates; smaller: more context per position)"},
+        metadata={
+            "help": "window step (default: the context, as train evaluates; smaller: more context per position)",
+            "range": COUNT,
+        },
     )
     packed: bool = field(
         default=True,
         metadata={"help": "documents back to back as train evaluates (false: each document on its own, as lm-eval)"},
     )
-    batch_size: int = field(default=8, metadata={"help": "windows per forward pass"})
+    batch_size: int = field(default=8, metadata={"help": "windows per forward pass", "range": COUNT})
     text_field: str = field(default="text", metadata={"help": "field of each .jsonl record holding the text"})
     progress: bool = field(default=True, metadata={"help": "show a progress bar"})
 

@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from distill.config import COUNT, FRACTION, NON_NEGATIVE, POSITIVE, SEED, at_least, check_ranges
 from distill.errors import UserError
 from logit_store.dataset import SplitBatches
 from students.checkpoints import (
@@ -58,59 +59,101 @@ class TrainConfig:
     eval_store: str | None = field(default=None, metadata={"help": "held-out logit store for periodic evaluation"})
     # student
     preset: str = field(default="small", metadata={"help": "student size preset", "choices": list(PRESETS)})
-    hidden_size: int | None = field(default=None, metadata={"help": "override the preset's hidden size"})
-    num_layers: int | None = field(default=None, metadata={"help": "override the preset's number of layers"})
-    num_heads: int | None = field(default=None, metadata={"help": "override the preset's attention heads"})
-    num_kv_heads: int | None = field(default=None, metadata={"help": "key/value heads (grouped-query attention)"})
-    intermediate_size: int | None = field(default=None, metadata={"help": "override the preset's MLP width"})
-    max_positions: int | None = field(default=None, metadata={"help": "model's maximum positions (default: seq_len)"})
-    rope_theta: float = field(default=10000.0, metadata={"help": "rotary embedding base"})
+    hidden_size: int | None = field(
+        default=None, metadata={"help": "override the preset's hidden size", "range": COUNT}
+    )
+    num_layers: int | None = field(
+        default=None, metadata={"help": "override the preset's number of layers", "range": COUNT}
+    )
+    num_heads: int | None = field(
+        default=None, metadata={"help": "override the preset's attention heads", "range": COUNT}
+    )
+    num_kv_heads: int | None = field(
+        default=None, metadata={"help": "key/value heads (grouped-query attention)", "range": COUNT}
+    )
+    intermediate_size: int | None = field(
+        default=None, metadata={"help": "override the preset's MLP width", "range": COUNT}
+    )
+    max_positions: int | None = field(
+        default=None, metadata={"help": "model's maximum positions (default: seq_len)", "range": COUNT}
+    )
+    rope_theta: float = field(default=10000.0, metadata={"help": "rotary embedding base", "range": POSITIVE})
     # data and batch
-    seq_len: int = field(default=512, metadata={"help": "symbols per training sequence"})
-    batch_size: int = field(default=16, metadata={"help": "sequences per micro-batch per process"})
-    grad_accum: int = field(default=1, metadata={"help": "micro-batches per optimizer step"})
+    seq_len: int = field(default=512, metadata={"help": "symbols per training sequence", "range": at_least(2)})
+    batch_size: int = field(default=16, metadata={"help": "sequences per micro-batch per process", "range": COUNT})
+    grad_accum: int = field(default=1, metadata={"help": "micro-batches per optimizer step", "range": COUNT})
     num_workers: int = field(
-        default=0, metadata={"help": "data loader worker processes per process (decode the store in parallel)"}
+        default=0,
+        metadata={
+            "help": "data loader worker processes per process (decode the store in parallel)",
+            "range": NON_NEGATIVE,
+        },
     )
     # optimisation
-    lr: float = field(default=1e-3, metadata={"help": "peak learning rate"})
-    min_lr: float = field(default=1e-4, metadata={"help": "learning rate at the end of the cosine decay"})
-    warmup_steps: int = field(default=100, metadata={"help": "linear warm-up steps"})
-    weight_decay: float = field(default=0.1, metadata={"help": "AdamW weight decay (matrices only)"})
-    grad_clip: float = field(default=1.0, metadata={"help": "clip the gradient norm to this (0: off)"})
-    max_steps: int | None = field(default=None, metadata={"help": "stop after this many optimizer steps"})
-    max_train_bytes: int | None = field(default=None, metadata={"help": "stop after this many UTF-8 training bytes"})
+    lr: float = field(default=1e-3, metadata={"help": "peak learning rate", "range": POSITIVE})
+    min_lr: float = field(
+        default=1e-4, metadata={"help": "learning rate at the end of the cosine decay", "range": NON_NEGATIVE}
+    )
+    warmup_steps: int = field(default=100, metadata={"help": "linear warm-up steps", "range": NON_NEGATIVE})
+    weight_decay: float = field(
+        default=0.1, metadata={"help": "AdamW weight decay (matrices only)", "range": NON_NEGATIVE}
+    )
+    grad_clip: float = field(
+        default=1.0, metadata={"help": "clip the gradient norm to this (0: off)", "range": NON_NEGATIVE}
+    )
+    max_steps: int | None = field(
+        default=None, metadata={"help": "stop after this many optimizer steps", "range": COUNT}
+    )
+    max_train_bytes: int | None = field(
+        default=None, metadata={"help": "stop after this many UTF-8 training bytes", "range": COUNT}
+    )
     stop_at_step: int | None = field(
         default=None,
-        metadata={"help": "end this session at this step with a checkpoint (schedule unchanged); resume later"},
+        metadata={
+            "help": "end this session at this step with a checkpoint (schedule unchanged); resume later",
+            "range": COUNT,
+        },
     )
     # loss
     alpha: float = field(
-        default=1.0, metadata={"help": "weight of KL(teacher||student); 1-alpha weighs cross-entropy; 0 = baseline"}
+        default=1.0,
+        metadata={
+            "help": "weight of KL(teacher||student); 1-alpha weighs cross-entropy; 0 = baseline",
+            "range": FRACTION,
+        },
     )
-    temperature: float = field(default=1.0, metadata={"help": "distillation temperature"})
+    temperature: float = field(default=1.0, metadata={"help": "distillation temperature", "range": POSITIVE})
     # evaluation, checkpoints, logs
-    eval_every: int = field(default=500, metadata={"help": "evaluate every N steps (0: only at start and end)"})
+    eval_every: int = field(
+        default=500, metadata={"help": "evaluate every N steps (0: only at start and end)", "range": NON_NEGATIVE}
+    )
     eval_bytes: int = field(
         default=1_000_000,
         metadata={
             "help": "evaluate on the held-out documents, in store order, "
-            "until their streams reach about this many symbols (0: all)"
+            "until their streams reach about this many symbols (0: all)",
+            "range": NON_NEGATIVE,
         },
     )
     checkpoint_every: int = field(
-        default=1000, metadata={"help": "save a checkpoint every N steps (0: only at the end)"}
+        default=1000, metadata={"help": "save a checkpoint every N steps (0: only at the end)", "range": NON_NEGATIVE}
     )
-    keep_checkpoints: int = field(default=3, metadata={"help": "keep only the newest N checkpoints (0: keep all)"})
-    log_every: int = field(default=10, metadata={"help": "log training loss every N steps"})
+    keep_checkpoints: int = field(
+        default=3, metadata={"help": "keep only the newest N checkpoints (0: keep all)", "range": NON_NEGATIVE}
+    )
+    log_every: int = field(default=10, metadata={"help": "log training loss every N steps", "range": COUNT})
     log_dir: str | None = field(default=None, metadata={"help": "TensorBoard directory (default: OUTPUT_DIR/logs)"})
     wandb_project: str | None = field(default=None, metadata={"help": "also log to this wandb project (needs wandb)"})
     progress: bool = field(default=True, metadata={"help": "show a progress bar"})
     # run
-    seed: int = field(default=0, metadata={"help": "seed for initialisation and data order"})
+    seed: int = field(default=0, metadata={"help": "seed for initialisation and data order", "range": SEED})
     mixed_precision: str = field(default="no", metadata={"help": "mixed precision", "choices": ["no", "fp16", "bf16"]})
     resume: str | None = field(
         default=None, metadata={"help": "'latest' (newest checkpoint in OUTPUT_DIR, if any) or a checkpoint directory"}
+    )
+    overwrite: bool = field(
+        default=False,
+        metadata={"help": "start a new run in an OUTPUT_DIR that holds one, removing that run's files (only those)"},
     )
 
     def __post_init__(self) -> None:
@@ -120,9 +163,17 @@ class TrainConfig:
             raise UserError("give at least one --train-stores directory")
         if self.max_steps is None and self.max_train_bytes is None:
             raise UserError("give --max-steps or --max-train-bytes")
-        for name in ("seq_len", "batch_size", "grad_accum", "log_every", "max_steps", "max_train_bytes"):
-            if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise UserError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+        check_ranges(type(self), vars(self))  # a library caller gets the parser's checks too
+        if self.max_positions is not None and self.seq_len > self.max_positions:
+            raise UserError(f"--seq-len {self.seq_len} is more than the model's --max-positions {self.max_positions}")
+        if self.min_lr > self.lr:
+            raise UserError(f"--min-lr {self.min_lr:g} is more than the peak --lr {self.lr:g}")
+        if self.eval_store is not None and Path(self.eval_store).resolve() in {
+            Path(s).resolve() for s in self.train_stores
+        }:
+            raise UserError(f"--eval-store {self.eval_store} is also a --train-stores store: hold out another store")
+        if self.overwrite and self.resume is not None:
+            raise UserError("give --resume to continue the run in --output-dir or --overwrite to replace it, not both")
 
 
 def learning_rate(config: TrainConfig, step: int, progress: float) -> float:
