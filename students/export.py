@@ -29,7 +29,7 @@ from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 from distill.alphabet import BOS, EOS, PAD
 from distill.errors import UserError
 from students import stream_tokenizer
-from students.checkpoints import latest_checkpoint
+from students.checkpoints import STATE_ERRORS, first_line, latest_checkpoint, read_json
 from students.stream_tokenizer import TEACHER_TOKENIZER_FILE, TeacherTokens
 from students.tokenizer import build_tokenizer
 
@@ -53,8 +53,12 @@ def load_student(checkpoint: Path) -> LlamaForCausalLM:
     for needed in (config_file, weights_file):
         if not needed.is_file():
             raise UserError(f"checkpoint {checkpoint} lacks {needed.name}")
-    model = LlamaForCausalLM(LlamaConfig.from_json_file(str(config_file)))
-    missing, unexpected = model.load_state_dict(load_file(str(weights_file)), strict=False)
+    model = LlamaForCausalLM(LlamaConfig.from_dict(read_json(config_file)))
+    try:
+        weights = load_file(str(weights_file))
+    except STATE_ERRORS as exc:
+        raise UserError(f"{weights_file} does not read ({first_line(exc)}): the file is damaged") from None
+    missing, unexpected = model.load_state_dict(weights, strict=False)
     tied = {"lm_head.weight"} if model.config.tie_word_embeddings else set()
     if set(missing) - tied or unexpected:
         raise UserError(f"{weights_file} does not match its config: missing {missing}, unexpected {unexpected}")
@@ -74,7 +78,7 @@ def generation_config() -> GenerationConfig:
 
 def read_run_info(checkpoint: Path) -> dict[str, Any]:
     path = checkpoint / "run_info.json"
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    return read_json(path) if path.is_file() else {}
 
 
 def teacher_tokenizer_json(source: str | None, info: dict[str, Any]) -> str:

@@ -15,10 +15,16 @@ Output directory::
     run_info.json                 config, teacher/data description, bytes, latest evaluation
     logs/                         TensorBoard (and wandb when asked for)
     checkpoints/step-00001000/    see :mod:`students.checkpoints`
+    bytedistill_run.json          the run the directory belongs to; see :mod:`students.run_directory`
+
+A directory holds one run: a new run into one that holds a run is refused unless ``overwrite``,
+and one ``train`` at a time works in it (a lock).
 
 A resumed run (``resume="latest"`` or a checkpoint path) restores weights, optimiser, RNG and
 every rank's data position and seeks there (:mod:`students.data`), so it continues exactly as if
 never stopped; evaluation records after the checkpoint's step are dropped from metrics.jsonl.
+A loss that is not finite (NaN, Inf) stops the run with an error before the next checkpoint, as
+do weights that are not finite when a checkpoint is due: the newest checkpoint stays the last good one.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import dataclasses
 import json
 import math
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,9 +44,12 @@ from distill.config import COUNT, FRACTION, NON_NEGATIVE, POSITIVE, SEED, at_lea
 from distill.errors import UserError
 from logit_store.dataset import SplitBatches
 from students.checkpoints import (
+    METRICS,
+    RUN_INFO,
     TrainerState,
     checkpoint_dir,
     keep_metrics_until,
+    latest_checkpoint,
     load_checkpoint,
     prune_checkpoints,
     resolve_resume,
@@ -50,6 +60,7 @@ from students.data import STORE_SOURCE, BatchStream, DataSource, to_device, utf8
 from students.evaluation import EvalMetrics, evaluate
 from students.loss import distill_loss
 from students.model import PRESETS, build_student, count_parameters, student_config
+from students.run_directory import TRACKER, claim, run_lock
 
 
 @dataclass
@@ -206,6 +217,7 @@ class Run:
     data: dict[str, Any]  # teacher and data, as the stores describe them
     state: TrainerState
     bar: Any  # tqdm
+    run_id: str | None = None  # the run the output directory records (main process)
     losses: dict[int, float] = field(default_factory=dict)  # step -> this process's mean loss
     window: tuple[float, int] = (0.0, 0)  # throughput window: start time, bytes since
 
@@ -233,7 +245,22 @@ class TrainResult:
 
 def train(config: TrainConfig, source: DataSource = STORE_SOURCE) -> TrainResult:
     """Train (or resume) a student as ``config`` says; returns where it ended."""
+    from accelerate import PartialState
+
+    output_dir = Path(config.output_dir)
+    with ExitStack() as held:
+        run_id = None
+        if PartialState().is_main_process:
+            held.enter_context(run_lock(output_dir))
+            resume_from = resolve_resume(config.resume, output_dir)
+            run_id = claim(output_dir, resume_from, overwrite=config.overwrite, resuming=config.resume is not None)
+        return train_session(config, source, run_id)
+
+
+def train_session(config: TrainConfig, source: DataSource, run_id: str | None) -> TrainResult:
+    """The training itself, in a directory this session may write."""
     run, resumed = start_run(config, source)
+    run.run_id = run_id
     if not resumed:
         evaluate_and_record(run)
     last_checkpoint = None
@@ -309,10 +336,10 @@ def start_run(config: TrainConfig, source: DataSource) -> tuple[Run, bool]:
     state, position = TrainerState(), {"epoch": 0, "batches": 0}
     resume_from = resolve_resume(config.resume, output_dir)
     if resume_from is not None:
-        state, position = load_checkpoint(accelerator, resume_from, train_set.order_settings())
+        state, position = load_checkpoint(accelerator, model, resume_from, train_set.order_settings())
         if accelerator.is_main_process:
-            keep_metrics_until(output_dir / "metrics.jsonl", state.step)
-    accelerator.init_trackers("bytedistill", config=_hparams(config))
+            keep_metrics_until(output_dir / METRICS, state.step)
+    accelerator.init_trackers(TRACKER, config=_hparams(config))
     bar = tqdm(
         total=config.max_steps,
         initial=state.step,
@@ -364,7 +391,10 @@ def train_step(run: Run) -> StepStats:
         for name in sums:
             sums[name] += getattr(out, name).detach()
         step_bytes += utf8_bytes(batch)
-    added = int(accelerator.reduce(step_bytes, reduction="sum"))
+    not_finite = (~torch.isfinite(sums["total"])).to(torch.int64)
+    added, not_finite = accelerator.reduce(torch.stack([step_bytes, not_finite]), reduction="sum").tolist()
+    if not_finite:
+        stop_not_finite(run, f"the loss is not finite (NaN or Inf) at step {state.step + 1}")
     state.step += 1
     state.train_bytes += added
     run.window = (run.window[0], run.window[1] + added)
@@ -402,7 +432,7 @@ def evaluate_and_record(run: Run) -> EvalMetrics | None:
     state.last_eval = {"step": state.step, "train_bytes": state.train_bytes, **dataclasses.asdict(metrics)}
     run.accelerator.log({f"eval/{k}": v for k, v in dataclasses.asdict(metrics).items()}, step=state.step)
     if run.accelerator.is_main_process:
-        with (run.output_dir / "metrics.jsonl").open("a", encoding="utf-8") as f:
+        with (run.output_dir / METRICS).open("a", encoding="utf-8") as f:
             f.write(json.dumps(state.last_eval) + "\n")
         run.bar.write(
             f"eval step {state.step}: student {metrics.student_bpb:.4f} bpb, teacher {metrics.teacher_bpb:.4f} bpb, "
@@ -411,8 +441,23 @@ def evaluate_and_record(run: Run) -> EvalMetrics | None:
     return metrics
 
 
+def stop_not_finite(run: Run, what: str) -> None:
+    """End the session without saving: the newest checkpoint is the last good one."""
+    newest = latest_checkpoint(run.output_dir)
+    kept = f"the newest checkpoint, {newest}, is kept" if newest else "no checkpoint was saved"
+    raise UserError(f"{what}: training stopped, {kept}; try a lower --lr or more --warmup-steps")
+
+
+def weights_finite(run: Run) -> bool:
+    """Every parameter finite, on every process."""
+    bad = torch.stack([~torch.isfinite(p).all() for p in run.model.parameters()]).any().to(torch.int64)
+    return int(run.accelerator.reduce(bad, reduction="sum")) == 0
+
+
 def save(run: Run) -> Path:
     """A checkpoint of the current step; older ones beyond ``keep_checkpoints`` are removed."""
+    if not weights_finite(run):
+        stop_not_finite(run, f"the weights are not finite (NaN or Inf) at step {run.state.step}")
     path = checkpoint_dir(run.output_dir, run.state.step)
     save_checkpoint(
         run.accelerator,
@@ -430,7 +475,7 @@ def save(run: Run) -> Path:
 
 def finish(run: Run, last_checkpoint: Path) -> TrainResult:
     if run.accelerator.is_main_process:
-        write_json(run.output_dir / "run_info.json", {**run_info(run), "checkpoint": str(last_checkpoint)})
+        write_json(run.output_dir / RUN_INFO, {**run_info(run), "checkpoint": str(last_checkpoint)})
     run.bar.close()
     run.accelerator.end_training()
     state = run.state
@@ -439,6 +484,7 @@ def finish(run: Run, last_checkpoint: Path) -> TrainResult:
 
 def run_info(run: Run) -> dict[str, Any]:
     return {
+        "run_id": run.run_id,
         "config": dataclasses.asdict(run.config),
         "data": run.data,
         "parameters": count_parameters(run.accelerator.unwrap_model(run.model)),
