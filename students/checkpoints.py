@@ -62,6 +62,15 @@ def resolve_resume(resume: str | None, output_dir: Path) -> Path | None:
     return path
 
 
+def require_complete(checkpoint: Path) -> TrainerState:
+    """The checkpoint's trainer state: its mark of completeness, which must read."""
+    values = read_json(checkpoint / TRAINER_STATE)
+    try:
+        return TrainerState(**values)
+    except TypeError:
+        raise UserError(f"{checkpoint / TRAINER_STATE} is not a trainer state: the file is damaged") from None
+
+
 def read_json(path: Path) -> Any:
     """A JSON file a run wrote; one that does not parse (truncated, edited) is a :class:`UserError` naming it."""
     try:
@@ -133,7 +142,7 @@ def load_checkpoint(accelerator, model, path: Path, data_order: dict) -> tuple[T
         detail = ", ".join(f"{key}: checkpoint {saved.get(key)!r}, now {data_order.get(key)!r}" for key in changed)
         raise UserError(f"cannot resume {path}: the data order would change ({detail})")
     _require_same_model(path, accelerator.unwrap_model(model).config)
-    state = TrainerState(**read_json(path / TRAINER_STATE))
+    state = require_complete(path)
     position = read_json(path / f"data_position_rank{accelerator.process_index}.json")
     try:
         accelerator.load_state(str(path))

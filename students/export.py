@@ -29,7 +29,7 @@ from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 from distill.alphabet import BOS, EOS, PAD
 from distill.errors import UserError
 from students import stream_tokenizer
-from students.checkpoints import STATE_ERRORS, first_line, latest_checkpoint, read_json
+from students.checkpoints import STATE_ERRORS, first_line, latest_checkpoint, read_json, require_complete
 from students.stream_tokenizer import TEACHER_TOKENIZER_FILE, TeacherTokens
 from students.tokenizer import build_tokenizer
 
@@ -41,8 +41,10 @@ def resolve_checkpoint(path: Path) -> Path:
     """A checkpoint directory itself, or the newest checkpoint of a training output directory."""
     path = Path(path)
     if (path / "trainer_state.json").is_file():
+        require_complete(path)
         return path
     if path.is_dir() and (found := latest_checkpoint(path)) is not None:
+        require_complete(found)
         return found
     raise UserError(f"{path} is neither a training checkpoint nor an output directory with checkpoints")
 
@@ -142,8 +144,8 @@ def export_student(
     checkpoint = resolve_checkpoint(checkpoint)
     output = Path(output)
     info = read_run_info(checkpoint)
+    model = load_student(checkpoint)  # before the (slow) tokenizer: a damaged checkpoint is refused at once
     tokenizer_json = teacher_tokenizer_json(teacher_tokenizer, info)
-    model = load_student(checkpoint)
     model.config.max_position_embeddings = trained_context(model, info)
     model.generation_config = generation_config()
     clear_previous_export(output)

@@ -69,26 +69,37 @@ def claim(output_dir: Path, resume_from: Path | None, overwrite: bool, resuming:
     ``resume_from`` is the checkpoint to continue; None with ``resuming`` (``--resume latest`` before
     the first checkpoint) starts the recorded run again from its beginning. Call it holding :func:`run_lock`.
     """
+    refuse_foreign(output_dir, resume_from)
     recorded = recorded_run(output_dir)
     if resume_from is not None:
         return _continue(output_dir, resume_from, recorded)
-    if recorded is None:
-        if found := [name for name in MARKERS if (output_dir / name).exists()]:
+    if recorded is not None:
+        if not (overwrite or resuming):
+            newest = latest_checkpoint(output_dir)
+            holds = f"run {recorded}" + (f" (newest checkpoint {newest.name})" if newest else "")
             raise UserError(
-                f"{output_dir / found[0]} was not written by a run recorded in {output_dir} (no {RUN_RECORD}): "
-                "give another --output-dir"
+                f"{output_dir} holds {holds}: give --resume latest to continue it or --overwrite to replace it"
             )
-    elif overwrite or resuming:
         remove_run_files(output_dir)
         if resuming:
             return recorded
-    else:
-        newest = latest_checkpoint(output_dir)
-        holds = f"run {recorded}" + (f" (newest checkpoint {newest.name})" if newest else "")
-        raise UserError(f"{output_dir} holds {holds}: give --resume latest to continue it or --overwrite to replace it")
     run_id = uuid.uuid4().hex
     write_json(output_dir / RUN_RECORD, {"run_id": run_id})
     return run_id
+
+
+def refuse_foreign(output_dir: Path, resume_from: Path | None) -> None:
+    """Refuse a directory holding train's names without a record, unless resuming a checkpoint of its own
+    (a run of an older version). Read-only: call it before :func:`run_lock` creates the lock file too."""
+    if (output_dir / RUN_RECORD).is_file():
+        return
+    if resume_from is not None and resume_from.resolve().parent.parent == output_dir.resolve():
+        return
+    if found := [name for name in MARKERS if (output_dir / name).exists()]:
+        raise UserError(
+            f"{output_dir / found[0]} was not written by a run recorded in {output_dir} (no {RUN_RECORD}): "
+            "give another --output-dir"
+        )
 
 
 def _continue(output_dir: Path, checkpoint: Path, recorded: str | None) -> str:

@@ -60,7 +60,7 @@ from students.data import STORE_SOURCE, BatchStream, DataSource, to_device, utf8
 from students.evaluation import EvalMetrics, evaluate
 from students.loss import distill_loss
 from students.model import PRESETS, build_student, count_parameters, student_config
-from students.run_directory import TRACKER, claim, run_lock
+from students.run_directory import TRACKER, claim, refuse_foreign, run_lock
 
 
 @dataclass
@@ -251,8 +251,9 @@ def train(config: TrainConfig, source: DataSource = STORE_SOURCE) -> TrainResult
     with ExitStack() as held:
         run_id = None
         if PartialState().is_main_process:
-            held.enter_context(run_lock(output_dir))
             resume_from = resolve_resume(config.resume, output_dir)
+            refuse_foreign(output_dir, resume_from)
+            held.enter_context(run_lock(output_dir))
             run_id = claim(output_dir, resume_from, overwrite=config.overwrite, resuming=config.resume is not None)
         return train_session(config, source, run_id)
 
