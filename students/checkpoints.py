@@ -80,8 +80,9 @@ def read_json(path: Path) -> Any:
 
 
 def first_line(exc: BaseException) -> str:
+    """The exception's type and first sentence (torch's messages go on to advise at length)."""
     text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+    return f"{type(exc).__name__}: {text[0].split('. ')[0]}" if text else type(exc).__name__
 
 
 def write_json(path: Path, data: Any) -> None:
@@ -111,7 +112,7 @@ def save_checkpoint(
         shutil.rmtree(partial, ignore_errors=True)
         newest = latest_checkpoint(path.parent.parent)
         kept = f"the newest complete checkpoint, {newest}, is kept" if newest else "no earlier checkpoint exists"
-        raise UserError(f"cannot save checkpoint {path} ({first_line(exc)}); {kept}") from None
+        raise UserError(f"cannot save checkpoint {path}, is the disk full? ({first_line(exc)}); {kept}") from None
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         if path.exists():  # the same step saved again (a resume at its last step): the same state

@@ -268,7 +268,7 @@ EDGES = [
         creates_ok=True,
         after=no_partial_checkpoint,
     ),
-    # score and generate on the exported student
+    # score and generate on the exported student (plain mode: the stream tokenizer is slow to load, and not needed)
     Edge(
         "generate-prompt-not-utf8",
         ["generate", "{tmp}/model", "--prompt", "ok \udcff"],
@@ -283,26 +283,28 @@ EDGES = [
     ),
     Edge(
         "score-text-field-list",
-        ["score", "{tmp}/model", "{tmp}/d.jsonl"],
+        ["score", "{tmp}/model", "--mode", "plain", "{tmp}/d.jsonl"],
         "field 'text' holds list, not text",
         setup=written("d.jsonl", b'{"text": ["a"]}\n', with_model),
     ),
     Edge(
         "score-text-field-null",
-        ["score", "{tmp}/model", "{tmp}/d.jsonl"],
+        ["score", "{tmp}/model", "--mode", "plain", "{tmp}/d.jsonl"],
         "d.jsonl: no documents to score",
         setup=written("d.jsonl", b'{"text": null}\n', with_model),
     ),
     Edge(
         "score-empty-text-file",
-        ["score", "{tmp}/model", "{tmp}/ok.txt", "{tmp}/e.txt"],
+        ["score", "{tmp}/model", "--mode", "plain", "{tmp}/ok.txt", "{tmp}/e.txt"],
         "e.txt: no documents to score",
         setup=written("e.txt", b"", written("ok.txt", b"text", with_model)),
     ),
 ]
 
 
-@pytest.mark.parametrize("edge", EDGES, ids=str)
+@pytest.mark.parametrize(
+    "edge", [pytest.param(e, marks=pytest.mark.slow) if e.subprocess else e for e in EDGES], ids=str
+)
 def test_edge(edge, tmp_path, capsys, monkeypatch):
     check_edge(edge, tmp_path, capsys, monkeypatch)
 
