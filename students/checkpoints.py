@@ -29,6 +29,7 @@ RUN_INFO = "run_info.json"
 DATA_ORDER = "data_order.json"
 TRAINER_STATE = "trainer_state.json"
 MODEL_CONFIG = "config.json"
+STEP_GLOB = "step-*[0-9]"  # a checkpoint's folder; not step-….partial, one being written
 # what torch, safetensors and pickle raise for a file that is truncated or not theirs, or a full disk
 STATE_ERRORS = (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError, SafetensorError)
 
@@ -46,7 +47,7 @@ def checkpoint_dir(output_dir: Path, step: int) -> Path:
 
 def latest_checkpoint(output_dir: Path) -> Path | None:
     """The newest complete checkpoint (one with trainer_state.json) under ``output_dir``."""
-    complete = sorted((output_dir / CHECKPOINTS).glob(f"step-*/{TRAINER_STATE}"))
+    complete = sorted((output_dir / CHECKPOINTS).glob(f"{STEP_GLOB}/{TRAINER_STATE}"))
     return complete[-1].parent if complete else None
 
 
@@ -124,7 +125,7 @@ def save_checkpoint(
 def prune_checkpoints(output_dir: Path, keep: int) -> None:
     if keep <= 0:
         return
-    complete = sorted(p.parent for p in (output_dir / CHECKPOINTS).glob(f"step-*/{TRAINER_STATE}"))
+    complete = sorted(p.parent for p in (output_dir / CHECKPOINTS).glob(f"{STEP_GLOB}/{TRAINER_STATE}"))
     for old in complete[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
 

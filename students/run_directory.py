@@ -39,6 +39,8 @@ MARKERS = (CHECKPOINTS, METRICS, RUN_INFO)  # any of them: the directory has hel
 @contextmanager
 def run_lock(output_dir: Path) -> Iterator[None]:
     """Hold the directory's train lock for the duration of the block."""
+    if output_dir.exists() and not output_dir.is_dir():
+        raise UserError(f"--output-dir {output_dir} is a file, not a directory")
     output_dir.mkdir(parents=True, exist_ok=True)
     fd = os.open(output_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
     try:

@@ -208,6 +208,12 @@ EDGES = [
         "metrics.jsonl was not written by a run recorded in",
         setup=unrecorded,
     ),
+    Edge(
+        "train-output-dir-is-a-file",
+        [*TRAIN, "--max-steps", "1"],
+        "--output-dir",
+        setup=written("run", b"x", with_store),
+    ),
     Edge("train-second-train-at-once", RESUME, "another train is running in", setup=running_train),
     Edge("train-resume-and-overwrite", [*RESUME, "--overwrite"], "give --resume", setup=with_run),
     Edge(
@@ -337,3 +343,14 @@ def test_overwrite_removes_only_the_recorded_runs_files(tmp_path, capsys):
     info = json.loads((run / "run_info.json").read_text())
     assert new_id != old_id and info["run_id"] == new_id and info["step"] == 1
     assert json.loads((latest_checkpoint(run) / "run_info.json").read_text())["run_id"] == new_id
+
+
+def test_resume_before_the_first_checkpoint_restarts_the_recorded_run(tmp_path):
+    with_run(tmp_path)
+    run = tmp_path / "run"
+    shutil.rmtree(run / "checkpoints")  # killed before its first checkpoint
+    recorded = json.loads((run / RUN_RECORD).read_text())["run_id"]
+    argv = [arg.replace("{tmp}", str(tmp_path)) for arg in RESUME]
+    assert bytedistill([*argv, "--max-steps", "1"]) == 0
+    assert json.loads((run / RUN_RECORD).read_text())["run_id"] == recorded
+    assert latest_checkpoint(run).name == "step-00000001"
