@@ -245,22 +245,22 @@ class TrainResult:
 
 def train(config: TrainConfig, source: DataSource = STORE_SOURCE) -> TrainResult:
     """Train (or resume) a student as ``config`` says; returns where it ended."""
-    from accelerate import PartialState
-
     output_dir = Path(config.output_dir)
+    accelerator = _accelerator(config, Path(config.log_dir) if config.log_dir else output_dir / "logs")
     with ExitStack() as held:
         run_id = None
-        if PartialState().is_main_process:
+        if accelerator.is_main_process:
             resume_from = resolve_resume(config.resume, output_dir)
             refuse_foreign(output_dir, resume_from)
             held.enter_context(run_lock(output_dir))
             run_id = claim(output_dir, resume_from, overwrite=config.overwrite, resuming=config.resume is not None)
-        return train_session(config, source, run_id)
+        accelerator.wait_for_everyone()  # the other ranks read the directory once it is claimed
+        return train_session(config, source, accelerator, run_id)
 
 
-def train_session(config: TrainConfig, source: DataSource, run_id: str | None) -> TrainResult:
+def train_session(config: TrainConfig, source: DataSource, accelerator: Any, run_id: str | None) -> TrainResult:
     """The training itself, in a directory this session may write."""
-    run, resumed = start_run(config, source)
+    run, resumed = start_run(config, source, accelerator)
     run.run_id = run_id
     if not resumed:
         evaluate_and_record(run)
@@ -294,14 +294,13 @@ def require_one_teacher(train_set: Any, eval_set: Any, eval_store: str) -> None:
         )
 
 
-def start_run(config: TrainConfig, source: DataSource) -> tuple[Run, bool]:
-    """Accelerator, model, optimiser and data, restored from a checkpoint when resuming."""
+def start_run(config: TrainConfig, source: DataSource, accelerator: Any) -> tuple[Run, bool]:
+    """Model, optimiser and data, restored from a checkpoint when resuming."""
     from accelerate.utils import set_seed
     from tqdm.auto import tqdm
 
     output_dir = Path(config.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    accelerator = _accelerator(config, Path(config.log_dir) if config.log_dir else output_dir / "logs")
     set_seed(config.seed)
     model, optimizer = accelerator.prepare(*_model_and_optimizer(config))
     common = {
