@@ -25,7 +25,7 @@ from tests.edges import Edge, check_edge
 from tests.stores import random_texts, write_random_store
 from tests.tiny_student import TINY
 
-BUILT: dict[str, Path] = {}  # what the module fixture built: "store", "run", "model", "tokenizer"
+BUILT: dict[str, Path] = {}  # what the module fixture built: "store", "run", "model"
 HELD: list[int] = []  # lock file descriptors a row's setup holds while its command runs
 CHECKPOINT = "run/checkpoints/step-00000002"
 TINY_FLAGS = [
@@ -48,7 +48,7 @@ def built(tmp_path_factory, llama3_vocab, llama3_converter, llama3_encoder, llam
         bytedistill(["export", str(root / "run"), str(root / "model"), "--teacher-tokenizer", llama3_tokenizer_path])
         == 0
     )
-    BUILT.update(store=store, run=root / "run", model=root / "model", tokenizer=Path(llama3_tokenizer_path))
+    BUILT.update(store=store, run=root / "run", model=root / "model")
     yield BUILT
     BUILT.clear()
 
