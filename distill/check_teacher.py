@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from distill.alphabet import ALPHABET_SIZE, EOS, EOT
+from distill.config import SEED
 from distill.convert import Converter
 from distill.encode import DocumentEncoder
 from distill.errors import UserError
@@ -51,7 +52,7 @@ class CheckTeacherConfig:
     end_of_text: list[str] | None = field(
         default=None, metadata={"help": "end-of-text token(s) (default: the usual names + the tokenizer's eos)"}
     )
-    seed: int = field(default=0, metadata={"help": "seed of the random logits for the conversion check"})
+    seed: int = field(default=0, metadata={"help": "seed of the random logits for the conversion check", "range": SEED})
 
 
 @dataclass

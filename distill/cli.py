@@ -20,7 +20,7 @@ from collections.abc import Callable
 from jsonargparse import ArgumentParser
 
 from distill import check_teacher_cli, dump_cli
-from distill.config import config_files_first, config_from_namespace, config_parser, error_line
+from distill.config import check_config_files, config_files_first, config_from_namespace, config_parser, error_line
 from distill.errors import UserError
 from logit_store import cli as store_cli
 from students import export_cli, generate_cli, push_cli, score_cli, train_cli
@@ -80,8 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     name = argv[0] if argv and argv[0] in COMMANDS else None
     prefix = f"bytedistill {name}" if name else "bytedistill"
     try:
+        check_config_files(argv[1:])
         namespace = build_parser().parse_args([*argv[:1], *config_files_first(argv[1:])])
-    except ArgumentError as exc:
+    except (ArgumentError, UserError) as exc:
         print(f"{prefix}: error: {_without_command_prefix(error_line(exc), name)}", file=sys.stderr)
         return 2
     name = namespace.command

@@ -4,25 +4,113 @@ Each command declares one plain dataclass; :func:`config_parser` turns its field
 ``jsonargparse`` parser, which coerces every value to the field's type (from flags and from files
 alike: ``lr: 3e-4`` in YAML is a float), refuses unknown keys, reads ``--config FILE`` (flags win,
 wherever they stand) and writes a run's full config with ``--print-config``. Field metadata drives the
-rest: ``help`` (the ``--help`` text), ``choices``, and ``positional`` (an argument without a flag).
+rest: ``help`` (the ``--help`` text), ``choices``, ``positional`` (an argument without a flag) and
+``range`` (a :class:`Range`: every numeric field has one; a value outside it is refused when parsed,
+in one line naming the flag, and ``--help`` shows it).
 Flags are the field names with dashes (``max_length`` -> ``--max-length``); a file may spell keys
 either way, and may give a list field one value without brackets (``train_stores: a`` is ``[a]``).
+A ``--config`` file that is not UTF-8 or not valid YAML/JSON is refused in one line naming it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from argparse import ArgumentError
 from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
+import yaml
 from jsonargparse import ActionConfigFile, ArgumentParser, Namespace, get_loader, set_loader
 
 from distill.errors import UserError
 
 T = TypeVar("T")
+
+# argparse takes "-1e-3" for an option, not a number ("expected one argument"); any float is a number
+NEGATIVE_NUMBER = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
+
+
+@dataclass(frozen=True)
+class Range:
+    """The values a numeric field accepts: above ``low`` and below ``high`` (None: unbounded), each
+    bound itself included unless ``low_open`` / ``high_open``."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+
+    def __contains__(self, value: float) -> bool:
+        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
+            return False
+        return self.high is None or (value < self.high if self.high_open else value <= self.high)
+
+    def __str__(self) -> str:
+        parts = []
+        if self.low is not None:
+            parts.append(f"{'greater than' if self.low_open else 'at least'} {self.low:g}")
+        if self.high is not None:
+            parts.append(f"{'less than' if self.high_open else 'at most'} {self.high:g}")
+        return " and ".join(parts)
+
+
+def at_least(low: float) -> Range:
+    return Range(low)
+
+
+def above(low: float) -> Range:
+    return Range(low, low_open=True)
+
+
+POSITIVE = above(0)  # a real number > 0 (a rate, a temperature)
+COUNT = at_least(1)  # a size or a count of something that must exist
+NON_NEGATIVE = at_least(0)  # 0 usually means "off" or "all" (the field's help says which)
+FRACTION = Range(0.0, 1.0)
+SEED = Range(0, 2**32 - 1)  # what numpy's seeding accepts
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def check_ranges(config_cls: type, values: dict[str, Any]) -> None:
+    """Refuse a numeric value outside its field's ``range``, naming the flag."""
+    for field in dataclasses.fields(config_cls):
+        allowed, value = field.metadata.get("range"), values.get(field.name)
+        if allowed is not None and value is not None and value not in allowed:
+            raise UserError(f"{_flag(field.name)} must be {allowed}, got {value}")
+
+
+def _config_paths(argv: Sequence[str]) -> list[Path]:
+    paths, args = [], iter(argv)
+    for arg in args:
+        if arg == "--config":
+            paths.append(Path(next(args, "")))
+        elif arg.startswith("--config="):
+            paths.append(Path(arg.removeprefix("--config=")))
+    return paths
+
+
+def check_config_files(argv: Sequence[str]) -> None:
+    """Refuse a ``--config`` file that is not UTF-8 or not YAML/JSON in one line naming it
+    (jsonargparse would raise the loader's exception)."""
+    for path in _config_paths(argv):
+        if not path.is_file():
+            continue  # jsonargparse says it is not found
+        try:
+            get_loader("yaml")(path.read_bytes().decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            raise UserError(f"--config {path}: not UTF-8 text (byte {exc.start})") from None
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+            problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+            raise UserError(f"--config {path}: not valid YAML or JSON ({where}{problem})") from None
 
 
 def _list_item_type(annotation: Any) -> type | None:
@@ -45,7 +133,10 @@ def _add_field(parser: ArgumentParser, field: dataclasses.Field, annotation: Any
     """One argument for one field; lists take space-separated values (``--end-of-text a b``)."""
     if "choices" in field.metadata:  # a Literal, so that --help names the choices, not a wrapper
         annotation = typing.Literal[tuple(field.metadata["choices"])]
-    kwargs: dict[str, Any] = {"help": field.metadata.get("help"), "type": annotation}
+    help_text = field.metadata.get("help")
+    if "range" in field.metadata:
+        help_text = f"{help_text} ({field.metadata['range']})"
+    kwargs: dict[str, Any] = {"help": help_text, "type": annotation}
     item_type = _list_item_type(annotation)
     if item_type is not None:
         kwargs.update(type=item_type, nargs="+")
@@ -58,9 +149,9 @@ def _add_field(parser: ArgumentParser, field: dataclasses.Field, annotation: Any
         kwargs["nargs"] = "*" if item_type is not None else "?"
         parser.add_argument(field.name, default=default, **kwargs)
     elif default is dataclasses.MISSING:
-        parser.add_argument("--" + field.name.replace("_", "-"), required=True, **kwargs)
+        parser.add_argument(_flag(field.name), required=True, **kwargs)
     else:
-        parser.add_argument("--" + field.name.replace("_", "-"), default=default, **kwargs)
+        parser.add_argument(_flag(field.name), default=default, **kwargs)
 
 
 def _scalars_as_lists(loaded: Any, list_keys: frozenset[str]) -> Any:
@@ -92,6 +183,7 @@ def config_parser(config_cls: type, prog: str | None = None, description: str | 
         print_config="--print-config",
         parser_mode=_yaml_mode(config_cls, hints),
     )
+    parser._negative_number_matcher = NEGATIVE_NUMBER
     parser.add_argument(
         "--config",
         action=ActionConfigFile,
@@ -103,8 +195,10 @@ def config_parser(config_cls: type, prog: str | None = None, description: str | 
 
 
 def config_from_namespace(config_cls: type[T], namespace: Namespace) -> T:
-    """The dataclass from a namespace that :func:`config_parser`'s parser produced."""
-    return config_cls(**{f.name: namespace[f.name] for f in dataclasses.fields(config_cls)})
+    """The dataclass from a namespace that :func:`config_parser`'s parser produced, its ranges checked."""
+    values = {f.name: namespace[f.name] for f in dataclasses.fields(config_cls)}
+    check_ranges(config_cls, values)
+    return config_cls(**values)
 
 
 def config_files_first(argv: Sequence[str]) -> list[str]:
@@ -130,6 +224,7 @@ def error_line(error: Exception) -> str:
 def parse_config(config_cls: type[T], argv: Sequence[str]) -> T:
     """Parse ``argv`` (flags, ``--config FILE``) into ``config_cls``; a mistake is a :class:`UserError`."""
     parser = config_parser(config_cls)
+    check_config_files(argv)
     try:
         namespace = parser.parse_args(config_files_first(argv))
     except ArgumentError as exc:

@@ -30,6 +30,7 @@ import torch
 from tqdm.auto import tqdm
 
 from distill import dump_memory
+from distill.config import COUNT, FRACTION, NON_NEGATIVE, at_least
 from distill.convert import Converter, DocumentDistributions
 from distill.convert_torch import TorchConversion, torch_conversion
 from distill.corpus import (
@@ -89,33 +90,42 @@ class DumpConfig:
         },
     )
     heldout_fraction: float = field(
-        default=0.0, metadata={"help": "fraction of documents (by a hash of their key) in the held-out side"}
+        default=0.0,
+        metadata={"help": "fraction of documents (by a hash of their key) in the held-out side", "range": FRACTION},
     )
     max_docs: int | None = field(
-        default=None, metadata={"help": "stop after this many documents (before the split across workers)"}
+        default=None,
+        metadata={"help": "stop after this many documents (before the split across workers)", "range": COUNT},
     )
-    max_bytes: int | None = field(default=None, metadata={"help": "stop after this many bytes of text"})
-    max_length: int = field(default=2048, metadata={"help": "teacher window length in tokens, its BOS included"})
+    max_bytes: int | None = field(default=None, metadata={"help": "stop after this many bytes of text", "range": COUNT})
+    max_length: int = field(
+        default=2048, metadata={"help": "teacher window length in tokens, its BOS included", "range": at_least(2)}
+    )
     stride: int = field(
         default=512,
         metadata={
             "help": "overlap between windows: every prediction sees at least this many earlier tokens of its document "
-            "(or all of them)"
+            "(or all of them)",
+            "range": NON_NEGATIVE,
         },
     )
-    batch_tokens: int = field(default=8192, metadata={"help": "padded tokens per teacher forward batch"})
+    batch_tokens: int = field(
+        default=8192, metadata={"help": "padded tokens per teacher forward batch", "range": COUNT}
+    )
     group_tokens: int = field(
         default=32768,
         metadata={
             "help": "tokens read and ordered by length together "
-            "(their converted values wait for their documents to be complete)"
+            "(their converted values wait for their documents to be complete)",
+            "range": COUNT,
         },
     )
     head_rows: int = field(
         default=1024,
         metadata={
             "help": "teacher rows whose float32 logits exist at once: the LM head and the conversion run in chunks "
-            "of this many rows (the logits' memory, independent of batch, group and document size)"
+            "of this many rows (the logits' memory, independent of batch, group and document size)",
+            "range": COUNT,
         },
     )
     conversion: str = field(
@@ -131,7 +141,8 @@ class DumpConfig:
         metadata={
             "help": "fixed number of store writers the documents are dealt to, recorded in the store "
             "(default: the store's own on resume, else processes × --num-shards); "
-            "any number of processes up to it can resume"
+            "any number of processes up to it can resume",
+            "range": COUNT,
         },
     )
     device: str = field(default="auto", metadata={"help": "cpu, cuda, cuda:N or auto (the accelerate device)"})
@@ -151,11 +162,17 @@ class DumpConfig:
         },
     )
     docs_per_shard: int | None = field(
-        default=None, metadata={"help": "close a shard after this many documents (default: by size)"}
+        default=None, metadata={"help": "close a shard after this many documents (default: by size)", "range": COUNT}
     )
-    num_shards: int = field(default=1, metadata={"help": "split the corpus across this many independent jobs"})
-    shard_index: int = field(default=0, metadata={"help": "which of --num-shards this job is (0-based)"})
-    threads: int | None = field(default=None, metadata={"help": "torch CPU threads (default: torch's choice)"})
+    num_shards: int = field(
+        default=1, metadata={"help": "split the corpus across this many independent jobs", "range": COUNT}
+    )
+    shard_index: int = field(
+        default=0, metadata={"help": "which of --num-shards this job is (0-based)", "range": NON_NEGATIVE}
+    )
+    threads: int | None = field(
+        default=None, metadata={"help": "torch CPU threads (default: torch's choice)", "range": COUNT}
+    )
     progress: bool = field(default=True, metadata={"help": "show a progress bar"})
     strict: bool = field(
         default=False,

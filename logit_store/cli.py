@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from distill.config import POSITIVE
 from distill.errors import UserError
 from logit_store.skips import read_skips
 from logit_store.store import LogitStore
@@ -22,7 +23,9 @@ class InspectConfig:
 @dataclass
 class VerifyConfig:
     store: str = field(metadata={"help": "logit store directory", "positional": True})
-    tolerance: float = field(default=1e-3, metadata={"help": "largest allowed |sum of a position's probabilities - 1|"})
+    tolerance: float = field(
+        default=1e-3, metadata={"help": "largest allowed |sum of a position's probabilities - 1|", "range": POSITIVE}
+    )
     json: bool = field(default=False, metadata={"help": "print the summary as one JSON object"})
 
 

@@ -3,22 +3,35 @@
 ``checkpoints/step-00001000/`` holds the accelerate state (model.safetensors, optimizer, RNG),
 config.json, run_info.json, ``data_order.json`` (the settings that decide which batch comes
 when), ``data_position_rank<r>.json`` (each rank's epoch and batches consumed in it) and
-trainer_state.json, written last: it marks the checkpoint complete.
+trainer_state.json, written last: it marks the checkpoint complete. A checkpoint is written as
+``step-00001000.partial`` and renamed when complete, so a save that fails (a full disk) leaves the
+newest complete checkpoint as it was and removes its partial files. A file of a checkpoint that
+does not read (truncated, not JSON) is refused in one line naming it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import pickle
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from distill.errors import UserError
+from safetensors import SafetensorError
 
+from distill.errors import UserError, first_line
+
+CHECKPOINTS = "checkpoints"
+METRICS = "metrics.jsonl"
+RUN_INFO = "run_info.json"
 DATA_ORDER = "data_order.json"
 TRAINER_STATE = "trainer_state.json"
+MODEL_CONFIG = "config.json"
+STEP_GLOB = "step-*[0-9]"  # a checkpoint's folder; not step-….partial, one being written
+# what torch, safetensors and pickle raise for a file that is truncated or not theirs, or a full disk
+STATE_ERRORS = (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError, SafetensorError)
 
 
 @dataclass
@@ -29,12 +42,12 @@ class TrainerState:
 
 
 def checkpoint_dir(output_dir: Path, step: int) -> Path:
-    return output_dir / "checkpoints" / f"step-{step:08d}"
+    return output_dir / CHECKPOINTS / f"step-{step:08d}"
 
 
 def latest_checkpoint(output_dir: Path) -> Path | None:
     """The newest complete checkpoint (one with trainer_state.json) under ``output_dir``."""
-    complete = sorted((output_dir / "checkpoints").glob(f"step-*/{TRAINER_STATE}"))
+    complete = sorted((output_dir / CHECKPOINTS).glob(f"{STEP_GLOB}/{TRAINER_STATE}"))
     return complete[-1].parent if complete else None
 
 
@@ -50,6 +63,23 @@ def resolve_resume(resume: str | None, output_dir: Path) -> Path | None:
     return path
 
 
+def require_complete(checkpoint: Path) -> TrainerState:
+    """The checkpoint's trainer state: its mark of completeness, which must read."""
+    values = read_json(checkpoint / TRAINER_STATE)
+    try:
+        return TrainerState(**values)
+    except TypeError:
+        raise UserError(f"{checkpoint / TRAINER_STATE} is not a trainer state: the file is damaged") from None
+
+
+def read_json(path: Path) -> Any:
+    """A JSON file a run wrote; one that does not parse (truncated, edited) is a :class:`UserError` naming it."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise UserError(f"{path} is not valid JSON ({exc}): the file is damaged") from None
+
+
 def write_json(path: Path, data: Any) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
@@ -59,42 +89,74 @@ def write_json(path: Path, data: Any) -> None:
 def save_checkpoint(
     accelerator, model, path: Path, state: TrainerState, position: dict, data_order: dict, run_info: dict
 ) -> None:
-    """Everything needed to continue exactly; trainer_state.json goes last."""
-    accelerator.save_state(str(path), safe_serialization=True)
-    write_json(path / f"data_position_rank{accelerator.process_index}.json", position)
+    """Everything needed to continue exactly, written beside ``path`` and renamed to it when complete."""
+    partial = path.with_name(path.name + ".partial")
+    if accelerator.is_main_process:
+        shutil.rmtree(partial, ignore_errors=True)
+    accelerator.wait_for_everyone()
+    try:
+        accelerator.save_state(str(partial), safe_serialization=True)
+        write_json(partial / f"data_position_rank{accelerator.process_index}.json", position)
+        accelerator.wait_for_everyone()
+        if accelerator.is_main_process:
+            accelerator.unwrap_model(model).config.to_json_file(partial / MODEL_CONFIG)
+            write_json(partial / DATA_ORDER, data_order)
+            write_json(partial / RUN_INFO, run_info)
+            write_json(partial / TRAINER_STATE, dataclasses.asdict(state))
+    except STATE_ERRORS as exc:
+        shutil.rmtree(partial, ignore_errors=True)
+        newest = latest_checkpoint(path.parent.parent)
+        kept = f"the newest complete checkpoint, {newest}, is kept" if newest else "no earlier checkpoint exists"
+        raise UserError(f"cannot save checkpoint {path}, is the disk full? ({first_line(exc)}); {kept}") from None
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        accelerator.unwrap_model(model).config.to_json_file(path / "config.json")
-        write_json(path / DATA_ORDER, data_order)
-        write_json(path / "run_info.json", run_info)
-        write_json(path / TRAINER_STATE, dataclasses.asdict(state))
+        if path.exists():  # the same step saved again (a resume at its last step): the same state
+            shutil.rmtree(path)
+        partial.rename(path)
     accelerator.wait_for_everyone()
 
 
 def prune_checkpoints(output_dir: Path, keep: int) -> None:
     if keep <= 0:
         return
-    complete = sorted(p.parent for p in (output_dir / "checkpoints").glob(f"step-*/{TRAINER_STATE}"))
+    complete = sorted(p.parent for p in (output_dir / CHECKPOINTS).glob(f"{STEP_GLOB}/{TRAINER_STATE}"))
     for old in complete[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def load_checkpoint(accelerator, path: Path, data_order: dict) -> tuple[TrainerState, dict[str, int]]:
+def load_checkpoint(accelerator, model, path: Path, data_order: dict) -> tuple[TrainerState, dict[str, int]]:
     """Restore the accelerate state; return the trainer state and this rank's data position.
 
-    Refuses a checkpoint whose data order settings differ from ``data_order``, naming them.
+    Refuses a checkpoint whose data order settings differ from ``data_order``, or whose model differs
+    from ``model`` (another preset or size), naming them; and one whose files do not read.
     """
     if not (path / DATA_ORDER).is_file():
         raise UserError(f"cannot resume {path}: it has no {DATA_ORDER} (written by an older version); start a new run")
-    saved = json.loads((path / DATA_ORDER).read_text(encoding="utf-8"))
+    saved = read_json(path / DATA_ORDER)
     changed = [key for key in sorted(set(saved) | set(data_order)) if saved.get(key) != data_order.get(key)]
     if changed:
         detail = ", ".join(f"{key}: checkpoint {saved.get(key)!r}, now {data_order.get(key)!r}" for key in changed)
         raise UserError(f"cannot resume {path}: the data order would change ({detail})")
-    accelerator.load_state(str(path))
-    state = TrainerState(**json.loads((path / TRAINER_STATE).read_text(encoding="utf-8")))
-    position = json.loads((path / f"data_position_rank{accelerator.process_index}.json").read_text(encoding="utf-8"))
+    _require_same_model(path, accelerator.unwrap_model(model).config)
+    state = require_complete(path)
+    position = read_json(path / f"data_position_rank{accelerator.process_index}.json")
+    try:
+        accelerator.load_state(str(path))
+    except STATE_ERRORS as exc:
+        raise UserError(f"cannot resume {path}: its saved state does not load ({first_line(exc)})") from None
     return state, position
+
+
+def _require_same_model(path: Path, config) -> None:
+    """Refuse a checkpoint of another model configuration (its weights cannot load into this one)."""
+    if not (path / MODEL_CONFIG).is_file():
+        raise UserError(f"cannot resume {path}: it has no {MODEL_CONFIG}")
+    saved, now = read_json(path / MODEL_CONFIG), json.loads(config.to_json_string())
+    ignored = {"transformers_version"}
+    changed = [key for key in sorted(set(saved) | set(now)) if key not in ignored and saved.get(key) != now.get(key)]
+    if changed:
+        detail = ", ".join(f"{key}: checkpoint {saved.get(key)!r}, now {now.get(key)!r}" for key in changed)
+        raise UserError(f"cannot resume {path}: it holds another model ({detail}); give the run's own model settings")
 
 
 def keep_metrics_until(path: Path, step: int) -> None:

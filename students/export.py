@@ -32,7 +32,8 @@ from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 from distill.alphabet import BOS, EOS, PAD
 from distill.errors import UserError
 from students import stream_tokenizer
-from students.checkpoints import TRAINER_STATE, latest_checkpoint
+from distill.errors import first_line
+from students.checkpoints import STATE_ERRORS, TRAINER_STATE, latest_checkpoint, read_json, require_complete
 from students.export_record import EXPORT_RECORD, foreign_entries, recorded_files, visible_entries, write_record
 from students.stream_tokenizer import TEACHER_TOKENIZER_FILE, TeacherTokens
 from students.tokenizer import build_tokenizer
@@ -47,24 +48,16 @@ class ChosenCheckpoint:
     unfinished: list[Path]  # newer checkpoints passed over: they have no trainer_state.json (a run stopped mid-save)
 
 
-def _step(checkpoint: Path) -> int:
-    state = checkpoint / TRAINER_STATE
-    try:
-        return int(json.loads(state.read_text(encoding="utf-8"))["step"])
-    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-        raise UserError(f"{state} is not a trainer state (JSON with a step): {exc}") from exc
-
-
 def choose_checkpoint(path: Path) -> ChosenCheckpoint:
     """A checkpoint directory itself, or the newest finished checkpoint of a training output directory."""
     path = Path(path)
     if (path / TRAINER_STATE).is_file():
-        return ChosenCheckpoint(path, _step(path), [])
+        return ChosenCheckpoint(path, require_complete(path).step, [])
     started = sorted(p for p in (path / "checkpoints").glob("step-*") if p.is_dir()) if path.is_dir() else []
     found = latest_checkpoint(path) if path.is_dir() else None
     unfinished = [p for p in started if not (p / TRAINER_STATE).is_file() and (found is None or p.name > found.name)]
     if found is not None:
-        return ChosenCheckpoint(found, _step(found), unfinished)
+        return ChosenCheckpoint(found, require_complete(found).step, unfinished)
     if unfinished:
         raise UserError(f"{path} has no finished checkpoint ({unfinished[-1].name} has no {TRAINER_STATE})")
     raise UserError(f"{path} is neither a training checkpoint nor an output directory with checkpoints")
@@ -81,8 +74,12 @@ def load_student(checkpoint: Path) -> LlamaForCausalLM:
     for needed in (config_file, weights_file):
         if not needed.is_file():
             raise UserError(f"checkpoint {checkpoint} lacks {needed.name}")
-    model = LlamaForCausalLM(LlamaConfig.from_json_file(str(config_file)))
-    missing, unexpected = model.load_state_dict(load_file(str(weights_file)), strict=False)
+    model = LlamaForCausalLM(LlamaConfig.from_dict(read_json(config_file)))
+    try:
+        weights = load_file(str(weights_file))
+    except STATE_ERRORS as exc:
+        raise UserError(f"{weights_file} does not read ({first_line(exc)}): the file is damaged") from None
+    missing, unexpected = model.load_state_dict(weights, strict=False)
     tied = {"lm_head.weight"} if model.config.tie_word_embeddings else set()
     if set(missing) - tied or unexpected:
         raise UserError(f"{weights_file} does not match its config: missing {missing}, unexpected {unexpected}")
@@ -102,7 +99,7 @@ def generation_config() -> GenerationConfig:
 
 def read_run_info(checkpoint: Path) -> dict[str, Any]:
     path = checkpoint / "run_info.json"
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    return read_json(path) if path.is_file() else {}
 
 
 def teacher_tokenizer_json(source: str | None, info: dict[str, Any]) -> str:
@@ -171,8 +168,8 @@ def export_student(
     output = Path(output)
     previous = previous_export(output)
     info = read_run_info(checkpoint)
+    model = load_student(checkpoint)  # before the (slow) tokenizer: a damaged checkpoint is refused at once
     tokenizer_json = teacher_tokenizer_json(teacher_tokenizer, info)
-    model = load_student(checkpoint)
     model.config.max_position_embeddings = trained_context(model, info)
     model.generation_config = generation_config()
     for name in previous:

@@ -20,6 +20,7 @@ from transformers import (
 )
 
 from distill.alphabet import BOS, EOS, EOT, NUM_BYTES
+from distill.config import COUNT, NON_NEGATIVE, POSITIVE, SEED, Range
 from students.score import load_model, load_stream_tokenizer
 from students.tokenizer import decode_bytes
 
@@ -46,12 +47,18 @@ class _NoEmptyToken(LogitsProcessor):
 
 @dataclass
 class GenerateOptions:
-    max_new_bytes: int = field(default=200, metadata={"help": "bytes to generate (<eot> marks not counted)"})
-    temperature: float = field(default=1.0, metadata={"help": "sampling temperature"})
-    top_k: int = field(default=0, metadata={"help": "sample from the k most likely symbols (0: all)"})
-    top_p: float = field(default=1.0, metadata={"help": "nucleus sampling mass"})
+    max_new_bytes: int = field(
+        default=200, metadata={"help": "bytes to generate (<eot> marks not counted)", "range": COUNT}
+    )
+    temperature: float = field(default=1.0, metadata={"help": "sampling temperature", "range": POSITIVE})
+    top_k: int = field(
+        default=0, metadata={"help": "sample from the k most likely symbols (0: all)", "range": NON_NEGATIVE}
+    )
+    top_p: float = field(
+        default=1.0, metadata={"help": "nucleus sampling mass", "range": Range(0.0, 1.0, low_open=True)}
+    )
     greedy: bool = field(default=False, metadata={"help": "take the most likely symbol instead of sampling"})
-    seed: int = field(default=0, metadata={"help": "random seed for sampling"})
+    seed: int = field(default=0, metadata={"help": "random seed for sampling", "range": SEED})
 
 
 def load_folder(folder: Path):

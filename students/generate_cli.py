@@ -6,6 +6,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from distill.errors import UserError
 from students.generate import GenerateOptions, generate_bytes, load_folder
 
 
@@ -19,9 +20,20 @@ class GenerateConfig(GenerateOptions):
 
 def generate(config: GenerateConfig) -> int:
     """Continue a prompt with an exported student."""
+    require_text(config.prompt)
     model, tokenizer = load_folder(Path(config.model))
     context = model.config.max_position_embeddings
     print(f"trained context: {context} symbols; the window slides past it", file=sys.stderr)
     continuation = generate_bytes(model, tokenizer, config.prompt, config).decode("utf-8", errors="replace")
     print(config.prompt + continuation)
     return 0
+
+
+def require_text(prompt: str) -> None:
+    """Refuse a prompt that is not text: bytes of an argument that were not UTF-8 arrive as lone surrogates."""
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        char = prompt[exc.start]
+        what = f"byte 0x{ord(char) - 0xDC00:02x}" if 0xDC80 <= ord(char) <= 0xDCFF else f"{char!r}"
+        raise UserError(f"--prompt is not UTF-8 text ({what} at character {exc.start})") from None

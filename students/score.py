@@ -1,4 +1,8 @@
-"""Bits per byte of an exported student on text files, ``.jsonl`` files or logit stores (``bytedistill score``).
+"""Bits per byte of an exported student on text files, record files or logit stores (``bytedistill score``).
+
+Files are read as ``dump`` reads a corpus (:mod:`distill.corpus`): a ``.txt``/``.md`` file is one
+document, a ``.jsonl``/``.jsonl.zst``/``.parquet`` file one per record; empty documents are skipped
+and a source without any document is refused.
 
 Same definitions as ``train``'s evaluation (docs/DESIGN.md, "evaluation"): every symbol's NLL
 (``<eot>`` and ``<eos>`` included) over the UTF-8 bytes. Every document becomes its training
@@ -17,7 +21,6 @@ A store also gives the teacher's BPB on the same bytes (its stored distributions
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -29,11 +32,12 @@ import torch
 from tqdm.auto import tqdm
 
 from distill.alphabet import BOS, EOS, NUM_BYTES, PAD
+from distill.config import COUNT, at_least
+from distill.corpus import RECORD_SUFFIXES, TEXT_SUFFIXES, CorpusSpec, raw_documents
 from distill.errors import UserError, first_line
 from students.stream_tokenizer import TEACHER_TOKENIZER_FILE, ByteStreamTokenizer
 
 MODES = ("stream", "plain", "plain-renormalised")
-TEXT_SUFFIXES = (".txt", ".text", ".md")
 
 
 @dataclass
@@ -71,17 +75,21 @@ class ScoreOptions:
         },
     )
     context: int | None = field(
-        default=None, metadata={"help": "window length in symbols (default and maximum: the trained context)"}
+        default=None,
+        metadata={"help": "window length in symbols (default and maximum: the trained context)", "range": at_least(2)},
     )
     stride: int | None = field(
         default=None,
-        metadata={"help": "window step (default: the context, as train evaluates; smaller: more context per position)"},
+        metadata={
+            "help": "window step (default: the context, as train evaluates; smaller: more context per position)",
+            "range": COUNT,
+        },
     )
     packed: bool = field(
         default=True,
         metadata={"help": "documents back to back as train evaluates (false: each document on its own, as lm-eval)"},
     )
-    batch_size: int = field(default=8, metadata={"help": "windows per forward pass"})
+    batch_size: int = field(default=8, metadata={"help": "windows per forward pass", "range": COUNT})
     text_field: str = field(default="text", metadata={"help": "field of each .jsonl record holding the text"})
     progress: bool = field(default=True, metadata={"help": "show a progress bar"})
 
@@ -93,23 +101,14 @@ def plain_symbols(data: bytes) -> list[int]:
     return [BOS, *data, EOS]
 
 
-def _text_documents(path: Path, text_field: str) -> Iterator[bytes]:
-    if path.suffix == ".jsonl":
-        try:
-            lines = path.read_text(encoding="utf-8").splitlines()
-        except UnicodeDecodeError as exc:
-            raise UserError(f"{path}: not UTF-8 text (byte {exc.start})") from exc
-        for number, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            try:
-                yield str(json.loads(line)[text_field]).encode("utf-8", errors="surrogateescape")
-            except (json.JSONDecodeError, KeyError, TypeError, UnicodeEncodeError) as exc:
-                raise UserError(f"{path}:{number}: not a JSON object with a {text_field!r} text field") from exc
-    elif path.suffix in TEXT_SUFFIXES:
-        yield path.read_bytes()
-    else:
-        raise UserError(f"{path}: score reads {', '.join(TEXT_SUFFIXES)} or .jsonl files and store folders")
+def _file_documents(path: Path, text_field: str) -> Iterator[bytes]:
+    """A file's documents as ``dump`` reads them (:mod:`distill.corpus`: a text field that is not
+    text is refused); empty ones are skipped, as ``dump`` skips them."""
+    if not path.name.lower().endswith(TEXT_SUFFIXES + RECORD_SUFFIXES):
+        raise UserError(f"{path}: score reads {', '.join(TEXT_SUFFIXES + RECORD_SUFFIXES)} files and store folders")
+    for _, data in raw_documents(CorpusSpec(str(path), text_field=text_field)):
+        if data:
+            yield data
 
 
 def _store_documents(path: Path, index: int, mode: str) -> Iterator[Document]:
@@ -129,19 +128,30 @@ def _store_documents(path: Path, index: int, mode: str) -> Iterator[Document]:
 
 
 def documents(sources: list[Path], tokenizer: ByteStreamTokenizer | None, options: ScoreOptions) -> Iterator[Document]:
-    """Every document of every source, in order, as its stream."""
+    """Every document of every source, in order, as its stream; a source without any is refused."""
     for index, path in enumerate(sources):
-        if path.is_dir():
-            yield from _store_documents(path, index, options.mode)
-            continue
-        if not path.is_file():
-            raise UserError(f"{path}: no such file or store folder")
-        for data in _text_documents(path, options.text_field):
-            try:
-                symbols = tokenizer.encode_bytes(data, eos=True) if tokenizer is not None else plain_symbols(data)
-            except ValueError as exc:
-                raise UserError(f"{path}: {exc}") from exc
-            yield Document(index, np.asarray(symbols, dtype=np.int64), None)
+        found = False
+        for document in _source_documents(path, index, tokenizer, options):
+            found = True
+            yield document
+        if not found:
+            raise UserError(f"{path}: no documents to score (empty)")
+
+
+def _source_documents(
+    path: Path, index: int, tokenizer: ByteStreamTokenizer | None, options: ScoreOptions
+) -> Iterator[Document]:
+    if path.is_dir():
+        yield from _store_documents(path, index, options.mode)
+        return
+    if not path.is_file():
+        raise UserError(f"{path}: no such file or store folder")
+    for data in _file_documents(path, options.text_field):
+        try:
+            symbols = tokenizer.encode_bytes(data, eos=True) if tokenizer is not None else plain_symbols(data)
+        except ValueError as exc:
+            raise UserError(f"{path}: {exc}") from exc
+        yield Document(index, np.asarray(symbols, dtype=np.int64), None)
 
 
 # -------------------------------------------------------------------------------- scoring

@@ -16,14 +16,14 @@ class ScoreConfig(ScoreOptions):
     model: str = field(metadata={"help": "exported model folder", "positional": True})
     sources: list[str] = field(
         metadata={
-            "help": "text files (.txt/.md: one document each), .jsonl files or logit store folders",
+            "help": "text files (.txt/.md: one document each), .jsonl/.jsonl.zst/.parquet files or logit store folders",
             "positional": True,
         }
     )
 
 
 def score(config: ScoreConfig) -> int:
-    """Bits per byte of an exported student on text, .jsonl or logit stores."""
+    """Bits per byte of an exported student on text, record files or logit stores."""
     results = score_sources(Path(config.model), [Path(s) for s in config.sources], config)
     print(f"{'source':<32} {'documents':>9} {'bytes':>12} {'student BPB':>11} {'teacher BPB':>11}")
     for r in results:

@@ -15,10 +15,16 @@ Output directory::
     run_info.json                 config, teacher/data description, bytes, latest evaluation
     logs/                         TensorBoard (and wandb when asked for)
     checkpoints/step-00001000/    see :mod:`students.checkpoints`
+    bytedistill_run.json          the run the directory belongs to; see :mod:`students.run_directory`
+
+A directory holds one run: a new run into one that holds a run is refused unless ``overwrite``,
+and one ``train`` at a time works in it (a lock).
 
 A resumed run (``resume="latest"`` or a checkpoint path) restores weights, optimiser, RNG and
 every rank's data position and seeks there (:mod:`students.data`), so it continues exactly as if
 never stopped; evaluation records after the checkpoint's step are dropped from metrics.jsonl.
+A loss that is not finite (NaN, Inf) stops the run with an error before the next checkpoint, as
+do weights that are not finite when a checkpoint is due: the newest checkpoint stays the last good one.
 """
 
 from __future__ import annotations
@@ -27,18 +33,23 @@ import dataclasses
 import json
 import math
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from distill.config import COUNT, FRACTION, NON_NEGATIVE, POSITIVE, SEED, at_least, check_ranges
 from distill.errors import UserError
 from logit_store.dataset import SplitBatches
 from students.checkpoints import (
+    METRICS,
+    RUN_INFO,
     TrainerState,
     checkpoint_dir,
     keep_metrics_until,
+    latest_checkpoint,
     load_checkpoint,
     prune_checkpoints,
     resolve_resume,
@@ -49,6 +60,7 @@ from students.data import STORE_SOURCE, BatchStream, DataSource, to_device, utf8
 from students.evaluation import EvalMetrics, evaluate
 from students.loss import distill_loss
 from students.model import PRESETS, build_student, count_parameters, student_config
+from students.run_directory import TRACKER, claim, refuse_foreign, run_lock
 
 
 @dataclass
@@ -58,59 +70,101 @@ class TrainConfig:
     eval_store: str | None = field(default=None, metadata={"help": "held-out logit store for periodic evaluation"})
     # student
     preset: str = field(default="small", metadata={"help": "student size preset", "choices": list(PRESETS)})
-    hidden_size: int | None = field(default=None, metadata={"help": "override the preset's hidden size"})
-    num_layers: int | None = field(default=None, metadata={"help": "override the preset's number of layers"})
-    num_heads: int | None = field(default=None, metadata={"help": "override the preset's attention heads"})
-    num_kv_heads: int | None = field(default=None, metadata={"help": "key/value heads (grouped-query attention)"})
-    intermediate_size: int | None = field(default=None, metadata={"help": "override the preset's MLP width"})
-    max_positions: int | None = field(default=None, metadata={"help": "model's maximum positions (default: seq_len)"})
-    rope_theta: float = field(default=10000.0, metadata={"help": "rotary embedding base"})
+    hidden_size: int | None = field(
+        default=None, metadata={"help": "override the preset's hidden size", "range": COUNT}
+    )
+    num_layers: int | None = field(
+        default=None, metadata={"help": "override the preset's number of layers", "range": COUNT}
+    )
+    num_heads: int | None = field(
+        default=None, metadata={"help": "override the preset's attention heads", "range": COUNT}
+    )
+    num_kv_heads: int | None = field(
+        default=None, metadata={"help": "key/value heads (grouped-query attention)", "range": COUNT}
+    )
+    intermediate_size: int | None = field(
+        default=None, metadata={"help": "override the preset's MLP width", "range": COUNT}
+    )
+    max_positions: int | None = field(
+        default=None, metadata={"help": "model's maximum positions (default: seq_len)", "range": COUNT}
+    )
+    rope_theta: float = field(default=10000.0, metadata={"help": "rotary embedding base", "range": POSITIVE})
     # data and batch
-    seq_len: int = field(default=512, metadata={"help": "symbols per training sequence"})
-    batch_size: int = field(default=16, metadata={"help": "sequences per micro-batch per process"})
-    grad_accum: int = field(default=1, metadata={"help": "micro-batches per optimizer step"})
+    seq_len: int = field(default=512, metadata={"help": "symbols per training sequence", "range": at_least(2)})
+    batch_size: int = field(default=16, metadata={"help": "sequences per micro-batch per process", "range": COUNT})
+    grad_accum: int = field(default=1, metadata={"help": "micro-batches per optimizer step", "range": COUNT})
     num_workers: int = field(
-        default=0, metadata={"help": "data loader worker processes per process (decode the store in parallel)"}
+        default=0,
+        metadata={
+            "help": "data loader worker processes per process (decode the store in parallel)",
+            "range": NON_NEGATIVE,
+        },
     )
     # optimisation
-    lr: float = field(default=1e-3, metadata={"help": "peak learning rate"})
-    min_lr: float = field(default=1e-4, metadata={"help": "learning rate at the end of the cosine decay"})
-    warmup_steps: int = field(default=100, metadata={"help": "linear warm-up steps"})
-    weight_decay: float = field(default=0.1, metadata={"help": "AdamW weight decay (matrices only)"})
-    grad_clip: float = field(default=1.0, metadata={"help": "clip the gradient norm to this (0: off)"})
-    max_steps: int | None = field(default=None, metadata={"help": "stop after this many optimizer steps"})
-    max_train_bytes: int | None = field(default=None, metadata={"help": "stop after this many UTF-8 training bytes"})
+    lr: float = field(default=1e-3, metadata={"help": "peak learning rate", "range": POSITIVE})
+    min_lr: float = field(
+        default=1e-4, metadata={"help": "learning rate at the end of the cosine decay", "range": NON_NEGATIVE}
+    )
+    warmup_steps: int = field(default=100, metadata={"help": "linear warm-up steps", "range": NON_NEGATIVE})
+    weight_decay: float = field(
+        default=0.1, metadata={"help": "AdamW weight decay (matrices only)", "range": NON_NEGATIVE}
+    )
+    grad_clip: float = field(
+        default=1.0, metadata={"help": "clip the gradient norm to this (0: off)", "range": NON_NEGATIVE}
+    )
+    max_steps: int | None = field(
+        default=None, metadata={"help": "stop after this many optimizer steps", "range": COUNT}
+    )
+    max_train_bytes: int | None = field(
+        default=None, metadata={"help": "stop after this many UTF-8 training bytes", "range": COUNT}
+    )
     stop_at_step: int | None = field(
         default=None,
-        metadata={"help": "end this session at this step with a checkpoint (schedule unchanged); resume later"},
+        metadata={
+            "help": "end this session at this step with a checkpoint (schedule unchanged); resume later",
+            "range": COUNT,
+        },
     )
     # loss
     alpha: float = field(
-        default=1.0, metadata={"help": "weight of KL(teacher||student); 1-alpha weighs cross-entropy; 0 = baseline"}
+        default=1.0,
+        metadata={
+            "help": "weight of KL(teacher||student); 1-alpha weighs cross-entropy; 0 = baseline",
+            "range": FRACTION,
+        },
     )
-    temperature: float = field(default=1.0, metadata={"help": "distillation temperature"})
+    temperature: float = field(default=1.0, metadata={"help": "distillation temperature", "range": POSITIVE})
     # evaluation, checkpoints, logs
-    eval_every: int = field(default=500, metadata={"help": "evaluate every N steps (0: only at start and end)"})
+    eval_every: int = field(
+        default=500, metadata={"help": "evaluate every N steps (0: only at start and end)", "range": NON_NEGATIVE}
+    )
     eval_bytes: int = field(
         default=1_000_000,
         metadata={
             "help": "evaluate on the held-out documents, in store order, "
-            "until their streams reach about this many symbols (0: all)"
+            "until their streams reach about this many symbols (0: all)",
+            "range": NON_NEGATIVE,
         },
     )
     checkpoint_every: int = field(
-        default=1000, metadata={"help": "save a checkpoint every N steps (0: only at the end)"}
+        default=1000, metadata={"help": "save a checkpoint every N steps (0: only at the end)", "range": NON_NEGATIVE}
     )
-    keep_checkpoints: int = field(default=3, metadata={"help": "keep only the newest N checkpoints (0: keep all)"})
-    log_every: int = field(default=10, metadata={"help": "log training loss every N steps"})
+    keep_checkpoints: int = field(
+        default=3, metadata={"help": "keep only the newest N checkpoints (0: keep all)", "range": NON_NEGATIVE}
+    )
+    log_every: int = field(default=10, metadata={"help": "log training loss every N steps", "range": COUNT})
     log_dir: str | None = field(default=None, metadata={"help": "TensorBoard directory (default: OUTPUT_DIR/logs)"})
     wandb_project: str | None = field(default=None, metadata={"help": "also log to this wandb project (needs wandb)"})
     progress: bool = field(default=True, metadata={"help": "show a progress bar"})
     # run
-    seed: int = field(default=0, metadata={"help": "seed for initialisation and data order"})
+    seed: int = field(default=0, metadata={"help": "seed for initialisation and data order", "range": SEED})
     mixed_precision: str = field(default="no", metadata={"help": "mixed precision", "choices": ["no", "fp16", "bf16"]})
     resume: str | None = field(
         default=None, metadata={"help": "'latest' (newest checkpoint in OUTPUT_DIR, if any) or a checkpoint directory"}
+    )
+    overwrite: bool = field(
+        default=False,
+        metadata={"help": "start a new run in an OUTPUT_DIR that holds one, removing that run's files (only those)"},
     )
 
     def __post_init__(self) -> None:
@@ -120,9 +174,17 @@ class TrainConfig:
             raise UserError("give at least one --train-stores directory")
         if self.max_steps is None and self.max_train_bytes is None:
             raise UserError("give --max-steps or --max-train-bytes")
-        for name in ("seq_len", "batch_size", "grad_accum", "log_every", "max_steps", "max_train_bytes"):
-            if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise UserError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+        check_ranges(type(self), vars(self))  # a library caller gets the parser's checks too
+        if self.max_positions is not None and self.seq_len > self.max_positions:
+            raise UserError(f"--seq-len {self.seq_len} is more than the model's --max-positions {self.max_positions}")
+        if self.min_lr > self.lr:
+            raise UserError(f"--min-lr {self.min_lr:g} is more than the peak --lr {self.lr:g}")
+        if self.eval_store is not None and Path(self.eval_store).resolve() in {
+            Path(s).resolve() for s in self.train_stores
+        }:
+            raise UserError(f"--eval-store {self.eval_store} is also a --train-stores store: hold out another store")
+        if self.overwrite and self.resume is not None:
+            raise UserError("give --resume to continue the run in --output-dir or --overwrite to replace it, not both")
 
 
 def learning_rate(config: TrainConfig, step: int, progress: float) -> float:
@@ -155,6 +217,7 @@ class Run:
     data: dict[str, Any]  # teacher and data, as the stores describe them
     state: TrainerState
     bar: Any  # tqdm
+    run_id: str | None = None  # the run the output directory records (main process)
     losses: dict[int, float] = field(default_factory=dict)  # step -> this process's mean loss
     window: tuple[float, int] = (0.0, 0)  # throughput window: start time, bytes since
 
@@ -182,7 +245,23 @@ class TrainResult:
 
 def train(config: TrainConfig, source: DataSource = STORE_SOURCE) -> TrainResult:
     """Train (or resume) a student as ``config`` says; returns where it ended."""
-    run, resumed = start_run(config, source)
+    output_dir = Path(config.output_dir)
+    accelerator = _accelerator(config, Path(config.log_dir) if config.log_dir else output_dir / "logs")
+    with ExitStack() as held:
+        run_id = None
+        if accelerator.is_main_process:
+            resume_from = resolve_resume(config.resume, output_dir)
+            refuse_foreign(output_dir, resume_from)
+            held.enter_context(run_lock(output_dir))
+            run_id = claim(output_dir, resume_from, overwrite=config.overwrite, resuming=config.resume is not None)
+        accelerator.wait_for_everyone()  # the other ranks read the directory once it is claimed
+        return train_session(config, source, accelerator, run_id)
+
+
+def train_session(config: TrainConfig, source: DataSource, accelerator: Any, run_id: str | None) -> TrainResult:
+    """The training itself, in a directory this session may write."""
+    run, resumed = start_run(config, source, accelerator)
+    run.run_id = run_id
     if not resumed:
         evaluate_and_record(run)
     last_checkpoint = None
@@ -215,14 +294,13 @@ def require_one_teacher(train_set: Any, eval_set: Any, eval_store: str) -> None:
         )
 
 
-def start_run(config: TrainConfig, source: DataSource) -> tuple[Run, bool]:
-    """Accelerator, model, optimiser and data, restored from a checkpoint when resuming."""
+def start_run(config: TrainConfig, source: DataSource, accelerator: Any) -> tuple[Run, bool]:
+    """Model, optimiser and data, restored from a checkpoint when resuming."""
     from accelerate.utils import set_seed
     from tqdm.auto import tqdm
 
     output_dir = Path(config.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    accelerator = _accelerator(config, Path(config.log_dir) if config.log_dir else output_dir / "logs")
     set_seed(config.seed)
     model, optimizer = accelerator.prepare(*_model_and_optimizer(config))
     common = {
@@ -258,10 +336,10 @@ def start_run(config: TrainConfig, source: DataSource) -> tuple[Run, bool]:
     state, position = TrainerState(), {"epoch": 0, "batches": 0}
     resume_from = resolve_resume(config.resume, output_dir)
     if resume_from is not None:
-        state, position = load_checkpoint(accelerator, resume_from, train_set.order_settings())
+        state, position = load_checkpoint(accelerator, model, resume_from, train_set.order_settings())
         if accelerator.is_main_process:
-            keep_metrics_until(output_dir / "metrics.jsonl", state.step)
-    accelerator.init_trackers("bytedistill", config=_hparams(config))
+            keep_metrics_until(output_dir / METRICS, state.step)
+    accelerator.init_trackers(TRACKER, config=_hparams(config))
     bar = tqdm(
         total=config.max_steps,
         initial=state.step,
@@ -313,7 +391,10 @@ def train_step(run: Run) -> StepStats:
         for name in sums:
             sums[name] += getattr(out, name).detach()
         step_bytes += utf8_bytes(batch)
-    added = int(accelerator.reduce(step_bytes, reduction="sum"))
+    not_finite = (~torch.isfinite(sums["total"])).to(torch.int64)
+    added, not_finite = accelerator.reduce(torch.stack([step_bytes, not_finite]), reduction="sum").tolist()
+    if not_finite:
+        stop_not_finite(run, f"the loss is not finite (NaN or Inf) at step {state.step + 1}")
     state.step += 1
     state.train_bytes += added
     run.window = (run.window[0], run.window[1] + added)
@@ -351,7 +432,7 @@ def evaluate_and_record(run: Run) -> EvalMetrics | None:
     state.last_eval = {"step": state.step, "train_bytes": state.train_bytes, **dataclasses.asdict(metrics)}
     run.accelerator.log({f"eval/{k}": v for k, v in dataclasses.asdict(metrics).items()}, step=state.step)
     if run.accelerator.is_main_process:
-        with (run.output_dir / "metrics.jsonl").open("a", encoding="utf-8") as f:
+        with (run.output_dir / METRICS).open("a", encoding="utf-8") as f:
             f.write(json.dumps(state.last_eval) + "\n")
         run.bar.write(
             f"eval step {state.step}: student {metrics.student_bpb:.4f} bpb, teacher {metrics.teacher_bpb:.4f} bpb, "
@@ -360,8 +441,23 @@ def evaluate_and_record(run: Run) -> EvalMetrics | None:
     return metrics
 
 
+def stop_not_finite(run: Run, what: str) -> None:
+    """End the session without saving: the newest checkpoint is the last good one."""
+    newest = latest_checkpoint(run.output_dir)
+    kept = f"the newest checkpoint, {newest}, is kept" if newest else "no checkpoint was saved"
+    raise UserError(f"{what}: training stopped, {kept}; try a lower --lr or more --warmup-steps")
+
+
+def weights_finite(run: Run) -> bool:
+    """Every parameter finite, on every process."""
+    bad = torch.stack([~torch.isfinite(p).all() for p in run.model.parameters()]).any().to(torch.int64)
+    return int(run.accelerator.reduce(bad, reduction="sum")) == 0
+
+
 def save(run: Run) -> Path:
     """A checkpoint of the current step; older ones beyond ``keep_checkpoints`` are removed."""
+    if not weights_finite(run):
+        stop_not_finite(run, f"the weights are not finite (NaN or Inf) at step {run.state.step}")
     path = checkpoint_dir(run.output_dir, run.state.step)
     save_checkpoint(
         run.accelerator,
@@ -379,7 +475,7 @@ def save(run: Run) -> Path:
 
 def finish(run: Run, last_checkpoint: Path) -> TrainResult:
     if run.accelerator.is_main_process:
-        write_json(run.output_dir / "run_info.json", {**run_info(run), "checkpoint": str(last_checkpoint)})
+        write_json(run.output_dir / RUN_INFO, {**run_info(run), "checkpoint": str(last_checkpoint)})
     run.bar.close()
     run.accelerator.end_training()
     state = run.state
@@ -388,6 +484,7 @@ def finish(run: Run, last_checkpoint: Path) -> TrainResult:
 
 def run_info(run: Run) -> dict[str, Any]:
     return {
+        "run_id": run.run_id,
         "config": dataclasses.asdict(run.config),
         "data": run.data,
         "parameters": count_parameters(run.accelerator.unwrap_model(run.model)),

@@ -6,7 +6,8 @@ of the one error line it must print. :func:`check_edge` runs it in a fresh folde
 - exit status 2 (or ``Edge.status``), no traceback on stderr;
 - the last line of stderr is ``bytedistill CMD: error: …`` and contains the fragment;
 - every file in the folder (and the targets of its symlinks) is byte-identical before and after:
-  a refused command touched nothing (``creates_ok``: it may have added files of its own).
+  a refused command touched nothing (``creates_ok``: it may have added files of its own);
+- ``after``, if given, holds of the folder afterwards (e.g. no partial files of its own left).
 
 Arguments and environment values may use ``{tmp}`` for the case's folder, and ``{name}`` for any
 value the test passes in ``values`` (a server's URL, a fixture's path). Rows run in-process (``bytedistill`` main) by
@@ -44,6 +45,7 @@ class Edge:
     file_size_limit: int | None = None  # bytes (``ulimit -f``), subprocess rows only
     timeout: float = 300.0
     creates_ok: bool = False  # the command may leave new files of its own; existing ones stay as they were
+    after: Callable[[Path], None] | None = None  # asserts about the folder once the command has run
 
     def __str__(self) -> str:
         return self.name
@@ -126,4 +128,6 @@ def check_edge(edge: Edge, tmp: Path, capsys, monkeypatch, values: dict[str, str
     if edge.creates_ok:
         after = {key: value for key, value in after.items() if key in before}
     assert after == before, f"{edge}: files changed"
+    if edge.after is not None:
+        edge.after(tmp)
     return last

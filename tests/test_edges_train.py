@@ -1,0 +1,356 @@
+"""The edges of train, score, generate and the config files: one row per bad input (tests/edges.py).
+
+Built once per module: a real logit store (Llama-3 vocabulary, random teacher logits), a tiny run
+trained on it for 2 steps with a checkpoint, and its export. Each row copies what it needs into its
+own folder, so "every file unchanged" covers the store, the run and its checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import json
+import os
+import shutil
+import typing
+from pathlib import Path
+
+import pytest
+
+from distill.cli import COMMANDS, config_class
+from distill.cli import main as bytedistill
+from students.checkpoints import latest_checkpoint
+from students.run_directory import LOCK_FILE, RUN_RECORD
+from tests.edges import Edge, check_edge
+from tests.stores import random_texts, write_random_store
+from tests.tiny_student import TINY
+
+BUILT: dict[str, Path] = {}  # what the module fixture built: "store", "run", "model"
+HELD: list[int] = []  # lock file descriptors a row's setup holds while its command runs
+CHECKPOINT = "run/checkpoints/step-00000002"
+TINY_FLAGS = [
+    arg
+    for key, value in TINY.items()
+    for arg in (f"--{key.replace('_', '-')}", str(value).lower() if isinstance(value, bool) else str(value))
+]
+TRAIN = ["train", "--train-stores", "{tmp}/train", "--output-dir", "{tmp}/run", *TINY_FLAGS, "--warmup-steps", "1"]
+RESUME = [*TRAIN, "--max-steps", "4", "--checkpoint-every", "2", "--resume", "latest"]
+EXPORT = ["export", "{tmp}/run", "{tmp}/out"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def built(tmp_path_factory, llama3_vocab, llama3_converter, llama3_encoder, llama3_tokenizer_path):
+    root = tmp_path_factory.mktemp("built")
+    store = write_random_store(root / "train", llama3_vocab, llama3_converter, llama3_encoder, random_texts(12, 1))
+    argv = [arg.replace("{tmp}", str(root)) for arg in TRAIN]
+    assert bytedistill([*argv, "--max-steps", "2", "--checkpoint-every", "2"]) == 0
+    assert (
+        bytedistill(["export", str(root / "run"), str(root / "model"), "--teacher-tokenizer", llama3_tokenizer_path])
+        == 0
+    )
+    BUILT.update(store=store, run=root / "run", model=root / "model")
+    yield BUILT
+    BUILT.clear()
+
+
+@pytest.fixture(autouse=True)
+def release_held_locks():
+    yield
+    while HELD:
+        os.close(HELD.pop())
+
+
+# ------------------------------------------------------------------------------------ setups
+
+
+def with_store(tmp: Path) -> None:
+    shutil.copytree(BUILT["store"], tmp / "train")
+
+
+def with_run(tmp: Path) -> None:
+    with_store(tmp)
+    shutil.copytree(BUILT["run"], tmp / "run")
+
+
+def with_model(tmp: Path) -> None:
+    shutil.copytree(BUILT["model"], tmp / "model")
+
+
+def running_train(tmp: Path) -> None:
+    """A run whose directory's lock another ``train`` holds (the same ``flock`` a second process meets)."""
+    with_run(tmp)
+    fd = os.open(tmp / "run" / LOCK_FILE, os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    HELD.append(fd)
+
+
+def damaged(name: str):
+    """A run whose checkpoint's ``name`` is cut to half its length (a copy interrupted, a full disk)."""
+
+    def setup(tmp: Path) -> None:
+        with_run(tmp)
+        path = tmp / CHECKPOINT / name
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+    return setup
+
+
+def unrecorded(tmp: Path) -> None:
+    """A directory holding another program's metrics.jsonl (no run record)."""
+    with_store(tmp)
+    (tmp / "run").mkdir()
+    (tmp / "run" / "metrics.jsonl").write_text('{"step": 1, "mine": true}\n')
+
+
+def another_run(tmp: Path) -> None:
+    """The run, and a copy recorded as another run."""
+    with_run(tmp)
+    shutil.copytree(BUILT["run"], tmp / "other")
+    info = tmp / "other/checkpoints/step-00000002/run_info.json"
+    info.write_text(json.dumps({**json.loads(info.read_text()), "run_id": "another"}))
+
+
+def written(name: str, data: bytes, then=None):
+    def setup(tmp: Path) -> None:
+        (tmp / name).write_bytes(data)
+        if then is not None:
+            then(tmp)
+
+    return setup
+
+
+def no_partial_checkpoint(tmp: Path) -> None:
+    assert not list((tmp / "run/checkpoints").glob("*.partial"))
+    assert latest_checkpoint(tmp / "run").name == "step-00000002"
+
+
+BAD_CONFIGS = {
+    "syntax": ("bad.yaml", b"lr: [1e-3\nseed: 1\n", "bad.yaml: not valid YAML or JSON (line 2, column 5"),
+    "tab": ("tab.yaml", b"lr: 1e-3\n\tseed: 1\n", "tab.yaml: not valid YAML or JSON (line 2, column 1: found a tab"),
+    "not-utf8": ("latin1.yaml", b"teacher: caf\xe9\n", "latin1.yaml: not UTF-8 text (byte 12)"),
+    "json": ("bad.json", b'{"lr": 1e-3,', "bad.json: not valid YAML or JSON"),
+}
+
+EDGES = [
+    # ranges, checked when parsed: nothing is loaded, nothing written
+    Edge("generate-negative-bytes", ["generate", "m", "--max-new-bytes", "-5"], "--max-new-bytes must be at least 1"),
+    Edge("generate-temperature-0", ["generate", "m", "--temperature", "0"], "--temperature must be greater than 0"),
+    Edge("generate-top-k-negative", ["generate", "m", "--top-k", "-1"], "--top-k must be at least 0, got -1"),
+    Edge("generate-top-p-0", ["generate", "m", "--top-p", "0"], "--top-p must be greater than 0 and at most 1"),
+    Edge(
+        "dump-max-docs-negative",
+        ["dump", "--teacher", "t", "--corpus", "c", "--output", "o", "--max-docs", "-1"],
+        "--max-docs must be at least 1, got -1",
+    ),
+    Edge(
+        "dump-max-bytes-negative",
+        ["dump", "--teacher", "t", "--corpus", "c", "--output", "o", "--max-bytes", "-1"],
+        "--max-bytes must be at least 1, got -1",
+    ),
+    Edge(
+        "dump-heldout-fraction",
+        ["dump", "--teacher", "t", "--corpus", "c", "--output", "o", "--heldout-fraction", "1.5"],
+        "--heldout-fraction must be at least 0 and at most 1",
+    ),
+    Edge(
+        "dump-head-rows-0",
+        ["dump", "--teacher", "t", "--corpus", "c", "--output", "o", "--head-rows", "0"],
+        "--head-rows must be at least 1",
+    ),
+    Edge(
+        "train-seq-len-over-positions",
+        [*TRAIN, "--max-steps", "1", "--seq-len", "256", "--max-positions", "128"],
+        "--seq-len 256 is more than the model's --max-positions 128",
+    ),
+    Edge(
+        "train-warmup-negative",
+        [*TRAIN, "--max-steps", "1", "--warmup-steps", "-5"],
+        "--warmup-steps must be at least 0, got -5",
+    ),
+    Edge(
+        "train-keep-checkpoints-negative",
+        [*TRAIN, "--max-steps", "1", "--keep-checkpoints", "-1"],
+        "--keep-checkpoints must be at least 0, got -1",
+    ),
+    Edge("train-lr-negative", [*TRAIN, "--max-steps", "1", "--lr", "-1e-3"], "--lr must be greater than 0, got -0.001"),
+    Edge(
+        "train-lr-negative-in-file",
+        [*TRAIN, "--max-steps", "1", "--config", "{tmp}/c.yaml"],
+        "--lr must be greater than 0, got -0.001",
+        setup=written("c.yaml", b"lr: -1.0e-3\n"),
+    ),
+    Edge("train-min-lr-over-lr", [*TRAIN, "--max-steps", "1", "--min-lr", "0.1"], "--min-lr 0.1 is more than the peak"),
+    Edge(
+        "train-alpha-over-1", [*TRAIN, "--max-steps", "1", "--alpha", "1.5"], "--alpha must be at least 0 and at most 1"
+    ),
+    Edge("train-batch-size-0", [*TRAIN, "--max-steps", "1", "--batch-size", "0"], "--batch-size must be at least 1"),
+    Edge(
+        "train-eval-store-is-a-train-store",
+        [*TRAIN, "--max-steps", "1", "--eval-store", "{tmp}/./train"],
+        "is also a --train-stores store",
+        setup=with_store,
+    ),
+    Edge("score-batch-size-0", ["score", "m", "a.txt", "--batch-size", "0"], "--batch-size must be at least 1, got 0"),
+    Edge("score-stride-0", ["score", "m", "a.txt", "--stride", "0"], "--stride must be at least 1, got 0"),
+    Edge("verify-tolerance-0", ["verify", "s", "--tolerance", "0"], "--tolerance must be greater than 0"),
+    Edge("check-teacher-seed-negative", ["check-teacher", "t", "--seed", "-1"], "--seed must be at least 0"),
+    # a config file that does not read, for every command
+    *[
+        Edge(f"config-{kind}-{name}", [name, "--config", "{tmp}/" + file], expect, setup=written(file, data))
+        for name in COMMANDS
+        for kind, (file, data, expect) in BAD_CONFIGS.items()
+    ],
+    # the run directory
+    Edge("train-new-run-into-used-dir", [*TRAIN, "--max-steps", "1"], "run holds run ", setup=with_run),
+    Edge(
+        "train-new-run-over-foreign-metrics",
+        [*TRAIN, "--max-steps", "1", "--overwrite"],
+        "metrics.jsonl was not written by a run recorded in",
+        setup=unrecorded,
+    ),
+    Edge(
+        "train-output-dir-is-a-file",
+        [*TRAIN, "--max-steps", "1"],
+        "--output-dir",
+        setup=written("run", b"x", with_store),
+    ),
+    Edge("train-second-train-at-once", RESUME, "another train is running in", setup=running_train),
+    Edge("train-resume-and-overwrite", [*RESUME, "--overwrite"], "give --resume", setup=with_run),
+    Edge(
+        "train-resume-other-run",
+        [*RESUME[:-1], "{tmp}/other/checkpoints/step-00000002"],
+        "it belongs to run another",
+        setup=another_run,
+    ),
+    Edge(
+        "train-resume-other-preset",
+        [*RESUME, "--preset", "small", "--hidden-size", "64"],
+        "holds another model (head_dim: checkpoint 16, now 32, hidden_size: checkpoint 32, now 64)",
+        setup=with_run,
+    ),
+    *[
+        Edge(f"train-resume-damaged-{name}", RESUME, expect, setup=damaged(name), creates_ok=True)
+        for name, expect in [
+            ("model.safetensors", "its saved state does not load"),
+            ("optimizer.bin", "its saved state does not load"),
+            ("config.json", "config.json is not valid JSON"),
+            ("trainer_state.json", "trainer_state.json is not valid JSON"),
+            ("data_order.json", "data_order.json is not valid JSON"),
+        ]
+    ],
+    *[
+        Edge(f"export-damaged-{name}", EXPORT, expect, setup=damaged(name))
+        for name, expect in [
+            ("model.safetensors", "model.safetensors does not read"),
+            ("config.json", "config.json is not valid JSON"),
+            ("trainer_state.json", "trainer_state.json is not valid JSON"),
+            ("run_info.json", "run_info.json is not valid JSON"),
+        ]
+    ],
+    Edge(
+        "train-disk-full-at-checkpoint",
+        RESUME,
+        "cannot save checkpoint",
+        setup=with_run,
+        subprocess=True,
+        file_size_limit=150_000,
+        creates_ok=True,
+        after=no_partial_checkpoint,
+    ),
+    # a huge learning rate from the good step-2 checkpoint on: the weights overflow, then the loss
+    Edge(
+        "train-weights-become-nan",
+        [*RESUME, "--lr", "1e30", "--max-steps", "8"],
+        "the weights are not finite (NaN or Inf) at step 4: training stopped, the newest checkpoint",
+        setup=with_run,
+        creates_ok=True,
+        after=no_partial_checkpoint,
+    ),
+    Edge(
+        "train-loss-becomes-nan",
+        [*RESUME, "--lr", "1e30", "--max-steps", "8", "--checkpoint-every", "0"],
+        "the loss is not finite (NaN or Inf) at step",
+        setup=with_run,
+        creates_ok=True,
+        after=no_partial_checkpoint,
+    ),
+    # score and generate on the exported student (plain mode: the stream tokenizer is slow to load, and not needed)
+    Edge(
+        "generate-prompt-not-utf8",
+        ["generate", "{tmp}/model", "--prompt", "ok \udcff"],
+        "--prompt is not UTF-8 text (byte 0xff at character 3)",
+        setup=with_model,
+    ),
+    Edge(
+        "score-text-field-int",
+        ["score", "{tmp}/model", "{tmp}/d.jsonl"],
+        "field 'text' holds int, not text",
+        setup=written("d.jsonl", b'{"text": "fine"}\n{"text": 5}\n', with_model),
+    ),
+    Edge(
+        "score-text-field-list",
+        ["score", "{tmp}/model", "--mode", "plain", "{tmp}/d.jsonl"],
+        "field 'text' holds list, not text",
+        setup=written("d.jsonl", b'{"text": ["a"]}\n', with_model),
+    ),
+    Edge(
+        "score-text-field-null",
+        ["score", "{tmp}/model", "--mode", "plain", "{tmp}/d.jsonl"],
+        "d.jsonl: no documents to score",
+        setup=written("d.jsonl", b'{"text": null}\n', with_model),
+    ),
+    Edge(
+        "score-empty-text-file",
+        ["score", "{tmp}/model", "--mode", "plain", "{tmp}/ok.txt", "{tmp}/e.txt"],
+        "e.txt: no documents to score",
+        setup=written("e.txt", b"", written("ok.txt", b"text", with_model)),
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "edge", [pytest.param(e, marks=pytest.mark.slow) if e.subprocess else e for e in EDGES], ids=str
+)
+def test_edge(edge, tmp_path, capsys, monkeypatch):
+    check_edge(edge, tmp_path, capsys, monkeypatch)
+
+
+def _numeric(annotation) -> bool:
+    inner = [a for a in typing.get_args(annotation) if a is not type(None)] or [annotation]
+    return len(inner) == 1 and inner[0] in (int, float)
+
+
+@pytest.mark.parametrize("name", list(COMMANDS))
+def test_every_numeric_flag_has_a_range(name):
+    config_cls = config_class(COMMANDS[name])
+    hints = typing.get_type_hints(config_cls)
+    for field in dataclasses.fields(config_cls):
+        if _numeric(hints[field.name]):
+            assert "range" in field.metadata, f"{name} --{field.name.replace('_', '-')} has no range"
+
+
+def test_overwrite_removes_only_the_recorded_runs_files(tmp_path, capsys):
+    with_run(tmp_path)
+    run = tmp_path / "run"
+    (run / "notes.txt").write_text("mine")
+    (run / "checkpoints" / "keep.txt").write_text("mine too")
+    old_id = json.loads((run / RUN_RECORD).read_text())["run_id"]
+    argv = [arg.replace("{tmp}", str(tmp_path)) for arg in TRAIN]
+    assert bytedistill([*argv, "--max-steps", "1", "--checkpoint-every", "1", "--overwrite"]) == 0
+    assert (run / "notes.txt").read_text() == "mine" and (run / "checkpoints/keep.txt").read_text() == "mine too"
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["keep.txt", "step-00000001"]
+    new_id = json.loads((run / RUN_RECORD).read_text())["run_id"]
+    info = json.loads((run / "run_info.json").read_text())
+    assert new_id != old_id and info["run_id"] == new_id and info["step"] == 1
+    assert json.loads((latest_checkpoint(run) / "run_info.json").read_text())["run_id"] == new_id
+
+
+def test_resume_before_the_first_checkpoint_restarts_the_recorded_run(tmp_path):
+    with_run(tmp_path)
+    run = tmp_path / "run"
+    shutil.rmtree(run / "checkpoints")  # killed before its first checkpoint
+    recorded = json.loads((run / RUN_RECORD).read_text())["run_id"]
+    argv = [arg.replace("{tmp}", str(tmp_path)) for arg in RESUME]
+    assert bytedistill([*argv, "--max-steps", "1"]) == 0
+    assert json.loads((run / RUN_RECORD).read_text())["run_id"] == recorded
+    assert latest_checkpoint(run).name == "step-00000001"
