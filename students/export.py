@@ -30,9 +30,8 @@ from safetensors.torch import load_file
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
 from distill.alphabet import BOS, EOS, PAD
-from distill.errors import UserError
+from distill.errors import UserError, first_line
 from students import stream_tokenizer
-from distill.errors import first_line
 from students.checkpoints import STATE_ERRORS, TRAINER_STATE, latest_checkpoint, read_json, require_complete
 from students.export_record import EXPORT_RECORD, foreign_entries, recorded_files, visible_entries, write_record
 from students.stream_tokenizer import TEACHER_TOKENIZER_FILE, TeacherTokens
