@@ -211,7 +211,6 @@ class StoreWriter:
             dropped_mass=dropped_mass.astype(np.float32),
             text_bytes=int(text_bytes),
             key=key,
-            contexts=self.encoding.contexts(layout) if self.encoding.needs_contexts else None,
         )
         self._pending.append(doc)
         size = doc.raw_size()
@@ -219,21 +218,35 @@ class StoreWriter:
         self._shard_raw_bytes += size
         self.num_written += 1
         if self._pending_bytes >= self.chunk_bytes:
-            self._flush_chunk()
+            self._flush_chunk(last_layout=layout)
         shard_docs = (self._shard.num_docs if self._shard else 0) + len(self._pending)
         if (self.docs_per_shard and shard_docs >= self.docs_per_shard) or self._shard_raw_bytes >= self.shard_bytes:
             self._finish_shard()
 
-    def _flush_chunk(self) -> None:
+    def _flush_chunk(self, last_layout: StreamLayout | None = None) -> None:
         if not self._pending:
             return
         if self._shard is None:
             record = ShardRecord(self.writer_id, self._next_sequence, self._writer_documents, self._identity)
             path = self.directory / shard_name(self.writer_id, self._next_sequence)
             self._shard = ShardFile(path, self.compression_level, record, self.encoding)
-        self._shard.write_chunk(self._pending)
+        contexts = self._chunk_contexts(last_layout) if self.encoding.needs_contexts else None
+        self._shard.write_chunk(self._pending, contexts)
         self._pending = []
         self._pending_bytes = 0
+
+    def _chunk_contexts(self, last_layout: StreamLayout | None) -> np.ndarray:
+        """The model contexts of every pending value, from each document's stream layout (rebuilt
+        from its token ids, as the reader does; ``last_layout`` is the last document's, at hand).
+        Computed here, once per chunk, so that a pending document keeps only its stored bytes."""
+        contexts = np.empty(sum(len(d.value_bytes) for d in self._pending), np.int16)
+        start = 0
+        for i, doc in enumerate(self._pending):
+            last = i == len(self._pending) - 1 and last_layout is not None
+            layout = last_layout if last else stream_layout(self.trie, doc.token_ids.astype(np.int64))
+            self.encoding.contexts(layout, contexts[start:])
+            start += layout.num_values
+        return contexts
 
     def _finish_shard(self) -> None:
         self._flush_chunk()
