@@ -39,7 +39,7 @@ from distill.sharding import WriterLock, writer_of, writers_of
 from distill.stream import StreamLayout
 from distill.teacher import Teacher, load_teacher
 from distill.windows import Window, plan_windows
-from logit_store.encodings import DEFAULT_ENCODING, ENCODINGS
+from logit_store.encodings import DEFAULT_ENCODING, ENCODINGS, get_encoding
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -138,6 +138,13 @@ class DumpConfig:
             "help": "value encoding of the store: pow8-ans (the pow8 codes entropy-coded: a third smaller), pow8 "
             "(faster to read), log8, float16, pow12, pow16 (see logit_store/FORMAT.md)",
             "choices": list(ENCODINGS),
+        },
+    )
+    chunk_bytes: int | None = field(
+        default=None,
+        metadata={
+            "help": "raw bytes of a store chunk, which each writer holds until it is full "
+            "(default: the encoding's, 16 MiB for pow8-ans)"
         },
     )
     docs_per_shard: int | None = field(
@@ -269,6 +276,8 @@ def _validate(config: DumpConfig) -> None:
         raise UserError("--batch-tokens must be at least --max-length")
     if config.head_rows < 1:
         raise UserError("--head-rows must be at least 1")
+    if config.chunk_bytes is not None and config.chunk_bytes < 1:
+        raise UserError("--chunk-bytes must be at least 1")
     if config.writers is not None and config.writers < 1:
         raise UserError("--writers must be at least 1")
 
@@ -325,7 +334,7 @@ def dump_with_teacher(
     on_device = config.conversion == "torch" or (config.conversion == "auto" and device.type == "cuda")
     converter = Converter(teacher.vocab)
     teacher.permute_output(converter.column_order)
-    _check_memory(config, teacher, on_device)
+    _check_memory(config, teacher, on_device, len(mine))
     encoder = DocumentEncoder(teacher.tokenizer, teacher.vocab)
     with ExitStack() as locks:
         for w in mine:
@@ -391,22 +400,33 @@ def _open_stores(
             corpus_hash=fingerprint,
             writer_id=w,
             docs_per_shard=config.docs_per_shard,
+            chunk_bytes=config.chunk_bytes,
             trie=converter.trie,
         )
         for w in mine
     }
 
 
-def _check_memory(config: DumpConfig, teacher: Teacher, on_device: bool) -> None:
-    """Print the peak-memory formula's terms; refuse settings that cannot fit the device."""
-    terms = dump_memory.memory_terms(
+def memory_terms(
+    config: DumpConfig, teacher: Teacher, on_device: bool, writers: int, longest_document_tokens: int = 0
+) -> list[dump_memory.MemoryTerm]:
+    """The peak-memory formula's terms for these settings (``writers``: in this process)."""
+    return dump_memory.memory_terms(
         teacher,
         batch_tokens=config.batch_tokens,
         max_length=config.max_length,
         head_rows=config.head_rows,
         group_tokens=config.group_tokens,
         device_conversion=on_device,
+        writers=writers,
+        chunk_bytes=config.chunk_bytes or get_encoding(config.encoding).chunk_bytes,
+        longest_document_tokens=longest_document_tokens,
     )
+
+
+def _check_memory(config: DumpConfig, teacher: Teacher, on_device: bool, writers: int) -> None:
+    """Print the peak-memory formula's terms; refuse settings that cannot fit the device."""
+    terms = memory_terms(config, teacher, on_device, writers)
     print(dump_memory.describe(terms, teacher.device), file=sys.stderr)
     problem = dump_memory.over_budget(terms, teacher.device)
     if problem:
@@ -434,6 +454,11 @@ def _groups(
     tokens = 0
     for index, key, data, writer in documents:
         ids = encoder.encode(data)
+        if len(ids) > config.group_tokens:
+            extra = dump_memory.long_document_bytes(len(ids), config.group_tokens)
+            print(
+                f"dump memory: {key} has {len(ids):,} tokens, {extra / 1e9:.2f} GB more until written", file=sys.stderr
+            )
         windows = plan_windows(len(ids), prefix, config.max_length, config.stride)
         layout = converter.layout(ids)
         values = np.empty(layout.num_values, dtype=np.float64)

@@ -185,6 +185,8 @@ class StoreWriter:
     def _add(self, token_ids, values, dropped_mass, text_bytes, key, layout: StreamLayout) -> None:
         if self._closed:
             raise RuntimeError("StoreWriter is closed")
+        if self._pending_bytes >= self.chunk_bytes:  # flushed now, when the caller's float64 values are gone
+            self._flush_chunk()
         offsets = layout.offsets
         values = np.asarray(values, dtype=np.float64)
         dropped_mass = np.asarray(dropped_mass, dtype=np.float64)
@@ -199,7 +201,7 @@ class StoreWriter:
             raise UserError(f"{where}: {len(values)} values but its supports hold {offsets[-1]}")
         if len(dropped_mass) != len(token_ids) + 1:
             raise UserError(f"{where}: dropped mass needs m+1 = {len(token_ids) + 1} rows, got {len(dropped_mass)}")
-        if not np.all(np.isfinite(values)) or (len(values) and values.min() < 0):
+        if len(values) and not (np.isfinite(values.max()) and 0 <= values.min()):  # NaN, inf: not finite
             raise UserError(f"{where}: values must be finite probabilities")
         if not np.all(np.isfinite(dropped_mass)) or (len(dropped_mass) and dropped_mass.min() < 0):
             raise UserError(f"{where}: dropped mass must be finite and non-negative")
@@ -217,33 +219,30 @@ class StoreWriter:
         self._pending_bytes += size
         self._shard_raw_bytes += size
         self.num_written += 1
-        if self._pending_bytes >= self.chunk_bytes:
-            self._flush_chunk(last_layout=layout)
         shard_docs = (self._shard.num_docs if self._shard else 0) + len(self._pending)
         if (self.docs_per_shard and shard_docs >= self.docs_per_shard) or self._shard_raw_bytes >= self.shard_bytes:
             self._finish_shard()
 
-    def _flush_chunk(self, last_layout: StreamLayout | None = None) -> None:
+    def _flush_chunk(self) -> None:
         if not self._pending:
             return
         if self._shard is None:
             record = ShardRecord(self.writer_id, self._next_sequence, self._writer_documents, self._identity)
             path = self.directory / shard_name(self.writer_id, self._next_sequence)
             self._shard = ShardFile(path, self.compression_level, record, self.encoding)
-        contexts = self._chunk_contexts(last_layout) if self.encoding.needs_contexts else None
+        contexts = self._chunk_contexts() if self.encoding.needs_contexts else None
         self._shard.write_chunk(self._pending, contexts)
         self._pending = []
         self._pending_bytes = 0
 
-    def _chunk_contexts(self, last_layout: StreamLayout | None) -> np.ndarray:
+    def _chunk_contexts(self) -> np.ndarray:
         """The model contexts of every pending value, from each document's stream layout (rebuilt
-        from its token ids, as the reader does; ``last_layout`` is the last document's, at hand).
-        Computed here, once per chunk, so that a pending document keeps only its stored bytes."""
+        from its token ids, as the reader does). Computed once per chunk, when it is flushed, so
+        that a pending document keeps only its stored bytes."""
         contexts = np.empty(sum(len(d.value_bytes) for d in self._pending), np.int16)
         start = 0
-        for i, doc in enumerate(self._pending):
-            last = i == len(self._pending) - 1 and last_layout is not None
-            layout = last_layout if last else stream_layout(self.trie, doc.token_ids.astype(np.int64))
+        for doc in self._pending:
+            layout = stream_layout(self.trie, doc.token_ids.astype(np.int64))
             self.encoding.contexts(layout, contexts[start:])
             start += layout.num_values
         return contexts
