@@ -1,9 +1,9 @@
 """``dump``: run a teacher over a corpus and write a logit store (one offline pass).
 
-Documents are read in a fixed order and dealt to the store's writers (a fixed number, recorded
-in the store: :mod:`distill.sharding`), which are dealt to the workers (``accelerate`` ranks ×
-``num_shards`` independent jobs); each writer writes its own shards, so the result opens as one
-store. A worker reads documents in groups; each group is tokenised, cut into teacher windows
+The corpus's pieces are dealt to the store's writers (a fixed number, recorded in the store:
+:mod:`distill.sharding`, :mod:`distill.corpus_shares`), which are dealt to the workers
+(``accelerate`` ranks × ``num_shards`` independent jobs); a worker reads only its writers' pieces
+and each writer writes its own shards, so the result opens as one store. A worker reads documents in groups; each group is tokenised, cut into teacher windows
 (:mod:`distill.windows`), batched by length and run through the teacher trunk. The LM head (in
 float32, permuted into the conversion's column order) and the conversion run in chunks of
 ``head_rows`` rows, so logits never pile up (:mod:`distill.dump_memory`): on CUDA the torch
@@ -32,10 +32,11 @@ from tqdm.auto import tqdm
 from distill import dump_memory
 from distill.convert import Converter, DocumentDistributions
 from distill.convert_torch import TorchConversion, torch_conversion
-from distill.corpus import CorpusCounts, CorpusSpec, check_source, corpus_fingerprint, select_documents
+from distill.corpus import CorpusCounts, CorpusSpec, check_source, corpus_fingerprint
+from distill.corpus_shares import pieces_settings, writer_documents
 from distill.encode import DocumentEncoder
 from distill.errors import UserError
-from distill.sharding import WriterLock, writer_of, writers_of
+from distill.sharding import WriterLock, writers_of
 from distill.stream import StreamLayout
 from distill.teacher import Teacher, load_teacher
 from distill.windows import Window, plan_windows
@@ -219,7 +220,7 @@ class DumpSummary:
 class PendingDocument:
     """A document whose rows are being computed: its converted values fill in as they come."""
 
-    index: int
+    index: int  # its number among its writer's documents
     key: str
     data: bytes
     token_ids: np.ndarray
@@ -262,6 +263,7 @@ def store_settings(config: DumpConfig, teacher: Teacher, writers: int) -> dict:
         "end_of_text_ids": list(teacher.vocab.end_of_text_ids),
         "corpus": {k: v for k, v in asdict(corpus_spec(config)).items() if k != "source"},
         "writers": writers,
+        "corpus_pieces": pieces_settings(),
     }
 
 
@@ -326,6 +328,7 @@ def dump_with_teacher(
     """The dump pass of worker ``worker`` of ``workers`` with a loaded teacher (the benchmarks
     build random teachers in memory); ``started`` is when the setup began."""
     _validate(config)
+    dump_memory.return_freed_blocks()
     spec = corpus_spec(config)
     started = time.perf_counter() if started is None else started
     num_writers = _store_writers(config, workers)
@@ -348,7 +351,7 @@ def dump_with_teacher(
         started = time.perf_counter()
         counts = CorpusCounts()
         skip = {w: s.num_existing_documents for w, s in stores.items()}
-        documents = _worker_documents(select_documents(spec, counts), num_writers, skip)
+        documents = _worker_documents(writer_documents(spec, num_writers, mine, counts), skip)
         bar = tqdm(
             desc=f"dump[{worker}]",
             unit="tok",
@@ -433,17 +436,14 @@ def _check_memory(config: DumpConfig, teacher: Teacher, on_device: bool, writers
         raise UserError(problem)
 
 
-def _worker_documents(documents, writers: int, skip: dict[int, int]) -> Iterator[tuple[int, str, bytes, int]]:
-    """The documents of this worker's writers (``skip``'s keys), minus the first ``skip[w]`` of
-    each writer ``w``, which its shards already hold: ``(index, key, data, writer)``."""
+def _worker_documents(documents, skip: dict[int, int]) -> Iterator[tuple[int, str, bytes, int]]:
+    """This worker's ``(key, data, writer)`` documents minus the first ``skip[w]`` of each writer
+    ``w``, which its shards already hold: ``(number in its writer, key, data, writer)``."""
     seen = dict.fromkeys(skip, 0)
-    for index, (key, data) in enumerate(documents):
-        writer = writer_of(index, writers)
-        if writer not in seen:
-            continue
+    for key, data, writer in documents:
         seen[writer] += 1
         if seen[writer] > skip[writer]:
-            yield index, key, data, writer
+            yield seen[writer] - 1, key, data, writer
 
 
 def _groups(

@@ -16,6 +16,7 @@ tokenizer over English text (``benchmarks/dump_memory.py`` checks the sum agains
 
 from __future__ import annotations
 
+import ctypes
 import os
 from dataclasses import dataclass
 
@@ -31,6 +32,8 @@ PENDING_BYTES_PER_TOKEN = int(VALUES_PER_TOKEN * (8 + 2) + POSITIONS_PER_TOKEN *
 STORED_BYTES_PER_TOKEN = int(VALUES_PER_TOKEN * 1.05)  # a written document's codes, until its chunk goes
 CODING_BYTES_PER_CHUNK_BYTE = 1.5  # coding a chunk: its contexts, rANS words, raw chunk and zstd frame
 LOGIT_CHUNKS_IN_FLIGHT = 3  # CPU: one being computed, two queued for the converting thread
+MMAP_THRESHOLD = 1 << 20
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
 
 
 @dataclass(frozen=True)
@@ -90,6 +93,19 @@ def memory_terms(
 def long_document_bytes(tokens: int, group_tokens: int) -> int:
     """What a document of ``tokens`` adds to the estimate (0 when it fits in a group)."""
     return max(0, tokens - group_tokens) * (PENDING_BYTES_PER_TOKEN + STORED_BYTES_PER_TOKEN)
+
+
+def return_freed_blocks() -> None:
+    """Have glibc map every block of ``MMAP_THRESHOLD`` bytes or more on its own, so that freeing
+    it returns its pages. By default the threshold rises to the largest block freed so far (up to
+    32 MiB), after which a document's arrays come from heaps that keep freed pages: peak RSS then
+    grows with the corpus (measured: 20% from 60 KB to 120 KB of text at settings / 8) although
+    the live memory does not. Not glibc: nothing to do."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return
+    libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
 
 
 def capacity(device: torch.device) -> int:
