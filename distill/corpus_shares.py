@@ -92,6 +92,7 @@ class _Source:
         self.spec, self.jsonl_piece_bytes = spec, jsonl_piece_bytes
         self.path = Path(spec.source)
         self.dataset: Any = None
+        self.parquet_files: dict[Path, Any] = {}  # opened once: the footer is read once
 
     def pieces(self) -> list[Piece]:
         if not self.path.exists() or _is_saved_dataset(self.path):
@@ -104,7 +105,8 @@ class _Source:
             size, step = file.stat().st_size, self.jsonl_piece_bytes
             return [Piece("jsonl", name, a, min(a + step, size), file) for a in range(0, size, step)]
         if suffix == ".parquet":
-            groups = _parquet(file).metadata
+            self.parquet_files[file] = _parquet(file)
+            groups = self.parquet_files[file].metadata
             first = [0]
             for g in range(groups.num_row_groups):
                 first.append(first[-1] + groups.row_group(g).num_rows)
@@ -125,7 +127,7 @@ class _Source:
         if piece.kind == "jsonl":
             return _jsonl_range(piece, spec.text_field)
         if piece.kind == "parquet":
-            return _parquet_row_group(piece, spec.text_field)
+            return _parquet_row_group(self.parquet_files[piece.file], piece, spec.text_field)
         return dataset_documents(self.dataset, piece, spec)
 
 
@@ -183,9 +185,8 @@ def _parquet(path: Path):
         raise UserError(f"{path}: not a readable parquet file ({str(exc).splitlines()[0]})") from None
 
 
-def _parquet_row_group(piece: Piece, text_field: str) -> Iterator[tuple[str, bytes]]:
+def _parquet_row_group(table, piece: Piece, text_field: str) -> Iterator[tuple[str, bytes]]:
     """Row group ``start`` of the file (rows keep their file-wide numbers)."""
-    table = _parquet(piece.file)
     if text_field not in table.schema_arrow.names:
         raise UserError(
             f"{piece.file}: no column {text_field!r} (columns: {', '.join(table.schema_arrow.names)}); use --text-field"
