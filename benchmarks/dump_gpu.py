@@ -4,7 +4,8 @@ head) over the real Llama-3 vocabulary distils KJV text with the batch settings 
 
 Prints tokens/s, the share of the pass outside the teacher forward (the device conversion, the
 host copies and whatever the writing thread did not overlap; goal ≤ 5%), the peak GPU memory
-against the formula of :mod:`distill.dump_memory`, and the largest difference between the torch
+against the formula of :mod:`distill.dump_memory` (its device terms; on a CPU its whole sum
+against peak RSS), and the largest difference between the torch
 (device) and Numba (host) conversions of the same device logits, plus whether two device
 conversions of them are bit-identical. One prepared script, a few minutes on one H200:
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import tempfile
 import time
 from pathlib import Path
@@ -27,8 +29,7 @@ import yaml
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from benchmarks.common import kjv_chapters, llama3_tokenizer_json
-from distill import dump_memory
-from distill.dump import DumpConfig, dump_with_teacher
+from distill.dump import DumpConfig, dump_with_teacher, memory_terms
 from distill.encode import DocumentEncoder
 from distill.teacher import Teacher
 from distill.vocab import load_teacher_tokenizer, vocab_from_tokenizer
@@ -136,15 +137,11 @@ def main() -> None:
         s = dump_with_teacher(config, teacher)
         wall = time.perf_counter() - start
         peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
-    terms = dump_memory.memory_terms(
-        teacher,
-        batch_tokens=settings["batch_tokens"],
-        max_length=settings["max_length"],
-        head_rows=settings["head_rows"],
-        group_tokens=settings["group_tokens"],
-        device_conversion=device.type == "cuda",
-    )
-    formula = sum(t.bytes for t in terms if t.on_device)
+    host_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    terms = memory_terms(config, teacher, device.type == "cuda", writers=1)
+    on_device = [t for t in terms if t.on_device or device.type != "cuda"]
+    formula = sum(t.bytes for t in on_device)
+    host_formula = sum(t.bytes for t in terms if not t.on_device)
     difference, deterministic = conversion_difference(teacher, kjv_chapters()[0][1], settings["max_length"])
     print(
         f"random Llama-3 {args.shape} teacher ({teacher.dtype} trunk, float32 head) on {device}; "
@@ -161,14 +158,18 @@ def main() -> None:
         ("store bytes per text byte", f"{s.bytes_per_text_byte:.2f}"),
         ("peak GPU memory", "n/a (not cuda)" if peak is None else f"{peak / 1e9:.2f} GB"),
         ("formula (device terms)", f"{formula / 1e9:.2f} GB"),
+        ("  " + ", ".join(f"{t.name} {t.bytes / 1e9:.2f}" for t in on_device), ""),
+        ("peak host RSS", f"{host_peak / 1e9:.2f} GB"),
+        ("formula (host terms)", "n/a (not cuda)" if device.type != "cuda" else f"{host_formula / 1e9:.2f} GB"),
         ("max |torch - numba| value", f"{difference:.2e}"),
         ("device conversion repeatable", "bit-identical" if deterministic else "DIFFERS"),
     ]
     for name, value in rows:
         print(f"{name:<36}{value:>32}")
+    measured = peak if peak is not None else host_peak
     print(
         f"share outside the forward = {s.outside_forward_seconds / s.seconds:.1%} (goal <= 5%); "
-        f"{s.tokens / s.seconds:,.0f} tokens/s"
+        f"{s.tokens / s.seconds:,.0f} tokens/s; memory: formula / peak on {device} = {formula / measured:.3f}"
     )
 
 

@@ -1,13 +1,23 @@
-"""``dump`` peak memory against the group size and the document length, on the CPU.
+"""``dump`` peak memory against its formula (:mod:`distill.dump_memory`), on the CPU.
 
 A random Llama (hidden size 64, 2 layers) over the real Llama-3 vocabulary (V = 128,256) dumps
-KJV text; each configuration runs in its own process, which reports its own peak RSS. The
-configurations are the issue's — groups of 16k / 64k / 256k tokens, and a corpus 10× longer
-that includes one 1 MB document — scaled down by ``--scale`` (default 64: groups of 256 / 1k /
-4k tokens, a 16 KB long document, and ``--head-rows`` 1024/64 = 16) so the whole script takes a
-few minutes on 2 cores. Goal: ``memory growth`` (max / min peak RSS) ≤ 1.1.
+KJV text with the default encoding (``pow8-ans``); each run is its own process, which reports its
+own peak RSS next to the formula's estimate for its settings and its longest document. The
+settings are the defaults divided by ``--scale`` (at most 8: ``--max-length`` 256, ``--stride``
+64, ``--batch-tokens`` 1024, ``--group-tokens`` 4096, ``--head-rows`` 128, ``--chunk-bytes``
+2 MiB), so the terms that scale are large next to the fixed ones (the libraries, the
+vocabulary); the long document keeps its real size (1 MB). Runs:
 
-    python -m benchmarks.dump_memory [--scale 64]
+* a baseline (one KJV chapter, 4 KB: no chunk fills);
+* two corpora that fill several chunks (``--corpus-kb`` and twice that), one writer: once a chunk
+  is full, nothing more may grow, so their increments over the baseline must be equal;
+* the larger corpus with two writers in the process (two pending chunks);
+* the smaller corpus plus one document of ``--long-document`` bytes.
+
+Goals: worst |estimate − peak| / peak ≤ 0.15, and the increment of the larger corpus over that of
+the smaller ≤ 1.1. About 15 minutes on 2 cores, most of it the 1 MB document.
+
+    python -m benchmarks.dump_memory [--scale 8] [--corpus-kb 60] [--long-document 1000000]
 """
 
 from __future__ import annotations
@@ -18,17 +28,29 @@ import resource
 import subprocess
 import sys
 import tempfile
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from benchmarks.common import kjv_chapters, llama3_tokenizer_json
-from distill.dump import DumpConfig, run_dump
+from distill.dump import DumpConfig, memory_terms, run_dump
+from distill.encode import DocumentEncoder
+from distill.teacher import load_teacher
 
-GROUPS = (16_384, 65_536, 262_144)
-LONG_DOCUMENT = 1_000_000  # bytes, in the 10× corpus
-HEAD_ROWS = 1024
+MAX_SCALE = 8
+DEFAULTS = {f: DumpConfig.__dataclass_fields__[f].default for f in ("max_length", "stride", "batch_tokens")}
+DEFAULTS |= {f: DumpConfig.__dataclass_fields__[f].default for f in ("group_tokens", "head_rows")}
+DEFAULT_CHUNK_BYTES = 16 << 20  # pow8-ans
+
+
+@dataclass(frozen=True)
+class Run:
+    name: str
+    corpus_bytes: int
+    long_document: int = 0
+    writers: int = 1
 
 
 def save_teacher(folder: Path) -> None:
@@ -58,95 +80,102 @@ def write_corpus(path: Path, target_bytes: int, long_document: int = 0) -> int:
         total += len(docs[-1])
         k += 1
     if long_document:
-        joined = b"\n".join(chapters)[:long_document]
-        docs.insert(len(docs) // 2, joined)
+        joined = b"\n".join(chapters)
+        docs.insert(len(docs) // 2, (joined * (1 + long_document // len(joined)))[:long_document])
     path.write_text("\n".join(json.dumps({"text": d.decode("utf-8", errors="replace")}) for d in docs))
     return sum(len(d) for d in docs)
 
 
+def scaled_settings(scale: int) -> dict:
+    settings = {k: v // scale for k, v in DEFAULTS.items()}
+    return settings | {"chunk_bytes": DEFAULT_CHUNK_BYTES // scale}
+
+
 def child(args) -> None:
+    """One dump in this process: its peak RSS, then the formula's estimate for it."""
     config = DumpConfig(
         teacher=args.teacher,
         tokenizer=str(llama3_tokenizer_json()),
         corpus=args.corpus,
         output=args.output,
-        group_tokens=args.group_tokens,
-        head_rows=args.head_rows,
-        batch_tokens=2048,
-        max_length=512,
-        stride=128,
+        writers=args.writers,
         threads=1,
         progress=False,
+        **json.loads(args.settings),
     )
     s = run_dump(config)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    print(json.dumps({"peak": peak, "tokens": s.tokens, "seconds": s.seconds}))
+    teacher = load_teacher(config.teacher, tokenizer_source=config.tokenizer, device=torch.device("cpu"))
+    encoder = DocumentEncoder(teacher.tokenizer, teacher.vocab)
+    texts = [json.loads(line)["text"].encode() for line in Path(args.corpus).read_text().splitlines()]
+    longest = len(encoder.encode(max(texts, key=len)))
+    estimate = sum(t.bytes for t in memory_terms(config, teacher, False, args.writers, longest))
+    print(json.dumps({"peak": peak, "estimate": estimate, "tokens": s.tokens, "seconds": s.seconds}))
+
+
+def measure(tmp: Path, n: int, run: Run, settings: dict) -> dict:
+    corpus = tmp / f"corpus{n}.jsonl"
+    size = write_corpus(corpus, run.corpus_bytes, run.long_document)
+    command = [sys.executable, "-m", "benchmarks.dump_memory", "--child", "--teacher", str(tmp / "teacher")]
+    command += ["--corpus", str(corpus), "--output", str(tmp / f"store{n}"), "--writers", str(run.writers)]
+    command += ["--settings", json.dumps(settings)]
+    proc = subprocess.run(command, check=False, capture_output=True, text=True)
+    if proc.returncode:
+        raise SystemExit(f"{run.name}: the dump failed\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1]) | {"text_bytes": size}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--scale", type=int, default=64, help="divide group sizes, document length and --head-rows by this"
-    )
+    parser.add_argument("--scale", type=int, default=MAX_SCALE, help=f"divide the settings by this (1..{MAX_SCALE})")
+    parser.add_argument("--corpus-kb", type=int, default=60, help="the smaller corpus (KB of text)")
+    parser.add_argument("--long-document", type=int, default=1_000_000, help="bytes of the long document")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    for name in ("teacher", "corpus", "output"):
+    for name in ("teacher", "corpus", "output", "settings"):
         parser.add_argument(f"--{name}", help=argparse.SUPPRESS)
-    parser.add_argument("--group-tokens", type=int, help=argparse.SUPPRESS)
-    parser.add_argument("--head-rows", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--writers", type=int, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child(args)
         return
-    head_rows = max(1, HEAD_ROWS // args.scale)
+    if not 1 <= args.scale <= MAX_SCALE:
+        parser.error(f"--scale must be in 1..{MAX_SCALE}")
+    settings = scaled_settings(args.scale)
+    small, large = 1000 * args.corpus_kb, 2000 * args.corpus_kb
+    runs = [
+        Run("baseline (one KJV chapter)", 2000),
+        Run(f"{small // 1000} KB corpus", small),
+        Run(f"{large // 1000} KB corpus", large),
+        Run(f"{large // 1000} KB corpus, 2 writers", large, writers=2),
+        Run(f"{small // 1000} KB + one {args.long_document / 1e6:g} MB document", small, args.long_document),
+    ]
+    print(
+        "random Llama (hidden 64) over the Llama-3 vocabulary, CPU, 1 torch thread, pow8-ans; "
+        + ", ".join(f"{k} {v}" for k, v in settings.items())
+        + f" (defaults / {args.scale})"
+    )
+    print(f"{'run':<40}{'text bytes':>11}{'tokens':>9}{'s':>6}{'estimate':>10}{'peak':>9}{'error':>8}{'incr.':>8}")
+    results = []
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         save_teacher(tmp / "teacher")
-        base_bytes = 4 * GROUPS[-1] // args.scale  # about one largest group of tokens
-        base = write_corpus(tmp / "base.jsonl", base_bytes)
-        long = write_corpus(
-            tmp / "long.jsonl", 10 * base_bytes - LONG_DOCUMENT // args.scale, LONG_DOCUMENT // args.scale
-        )
-        runs = [
-            (f"group {g // 1024}k tokens / {args.scale}", tmp / "base.jsonl", base, g // args.scale) for g in GROUPS
-        ]
-        runs.append(
-            (
-                f"10x corpus + {LONG_DOCUMENT // args.scale // 1000} KB document",
-                tmp / "long.jsonl",
-                long,
-                GROUPS[0] // args.scale,
-            )
-        )
-        print(
-            f"random Llama (hidden 64) over the Llama-3 vocabulary, CPU, 1 thread, --head-rows {head_rows}; "
-            f"settings / {args.scale}"
-        )
-        print(f"{'run':<40}{'text bytes':>12}{'tokens':>10}{'seconds':>9}{'peak RSS':>12}")
-        peaks = []
-        for n, (name, corpus, size, group) in enumerate(runs):
-            command = [
-                sys.executable,
-                "-m",
-                "benchmarks.dump_memory",
-                "--child",
-                "--teacher",
-                str(tmp / "teacher"),
-                "--corpus",
-                str(corpus),
-                "--output",
-                str(tmp / f"store{n}"),
-                "--group-tokens",
-                str(group),
-                "--head-rows",
-                str(head_rows),
-            ]
-            proc = subprocess.run(command, capture_output=True, text=True, check=True)
-            result = json.loads(proc.stdout.strip().splitlines()[-1])
-            peaks.append(result["peak"])
+        for n, run in enumerate(runs):
+            r = measure(tmp, n, run, settings)
+            results.append(r)
+            error = (r["estimate"] - r["peak"]) / r["peak"]
+            increment = (r["peak"] - results[0]["peak"]) / 1e6
             print(
-                f"{name:<40}{size:>12,}{result['tokens']:>10,}{result['seconds']:>9.1f}{result['peak'] / 1e6:>9.0f} MB"
+                f"{run.name:<40}{r['text_bytes']:>11,}{r['tokens']:>9,}{r['seconds']:>6.0f}"
+                f"{r['estimate'] / 1e6:>7.0f} MB{r['peak'] / 1e6:>6.0f} MB{error:>+8.1%}{increment:>5.0f} MB",
+                flush=True,
             )
-    print(f"memory growth = {max(peaks) / min(peaks):.3f} (max / min peak RSS; goal <= 1.1)")
+            r |= asdict(run)
+    worst = max(abs(r["estimate"] - r["peak"]) / r["peak"] for r in results)
+    growth = (results[2]["peak"] - results[0]["peak"]) / (results[1]["peak"] - results[0]["peak"])
+    print(
+        f"memory: worst |estimate - peak| / peak = {worst:.3f} (goal <= 0.15); increment growth "
+        f"{small // 1000} KB -> {large // 1000} KB corpus = {growth:.3f} (goal <= 1.1)"
+    )
 
 
 if __name__ == "__main__":

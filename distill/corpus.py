@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -99,19 +99,23 @@ def _jsonl_documents(path: Path, name: str, text_field: str) -> Iterator[tuple[s
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
-        where = f"{path}:{number}"
-        try:
-            record = json.loads(line)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise UserError(f"{where}: not valid JSON ({exc.msg if hasattr(exc, 'msg') else exc})") from None
-        if not isinstance(record, dict):
-            raise UserError(f"{where}: a JSON line must be an object with a {text_field!r} field")
-        yield f"{name}:{number}", _record_text(record, text_field, where)
+        yield f"{name}:{number}", jsonl_text(line, text_field, f"{path}:{number}")
 
 
 def _file_lines(path: Path) -> Iterator[bytes]:
     with path.open("rb") as f:
         yield from f
+
+
+def jsonl_text(line: bytes, text_field: str, where: str) -> bytes:
+    """The text of one (non-blank) JSON line."""
+    try:
+        record = json.loads(line)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise UserError(f"{where}: not valid JSON ({exc.msg if hasattr(exc, 'msg') else exc})") from None
+    if not isinstance(record, dict):
+        raise UserError(f"{where}: a JSON line must be an object with a {text_field!r} field")
+    return _record_text(record, text_field, where)
 
 
 def _parquet_documents(path: Path, name: str, text_field: str) -> Iterator[tuple[str, bytes]]:
@@ -134,6 +138,14 @@ def _parquet_documents(path: Path, name: str, text_field: str) -> Iterator[tuple
 
 def _dataset_documents(spec: CorpusSpec, from_disk: bool = False) -> Iterator[tuple[str, bytes]]:
     """A Hugging Face dataset: a Hub name, or a folder written by ``Dataset.save_to_disk``."""
+    dataset = _load_dataset(spec, from_disk)
+    name = Path(spec.source).name if from_disk else spec.source  # a key never holds a local path
+    for i, record in enumerate(dataset):
+        where = f"{spec.source}[{spec.split}][{i}]"
+        yield f"{name}[{spec.split}][{i}]", _record_text(record, spec.text_field, where)
+
+
+def _load_dataset(spec: CorpusSpec, from_disk: bool = False):
     import datasets
 
     try:
@@ -147,10 +159,7 @@ def _dataset_documents(spec: CorpusSpec, from_disk: bool = False) -> Iterator[tu
         raise UserError(
             f"cannot load dataset {spec.source!r} (split {spec.split!r}): {str(exc).splitlines()[0]}"
         ) from None
-    name = Path(spec.source).name if from_disk else spec.source  # a key never holds a local path
-    for i, record in enumerate(dataset):
-        where = f"{spec.source}[{spec.split}][{i}]"
-        yield f"{name}[{spec.split}][{i}]", _record_text(record, spec.text_field, where)
+    return dataset
 
 
 def check_source(spec: CorpusSpec) -> None:
@@ -212,14 +221,18 @@ def in_heldout(data: bytes, fraction: float) -> bool:
     return int.from_bytes(digest[:8], "little") / 2**64 < fraction
 
 
-def select_documents(spec: CorpusSpec, counts: CorpusCounts | None = None) -> Iterator[tuple[str, bytes]]:
-    """The documents to distil, in order, with the spec's selection applied."""
+def select_documents(
+    spec: CorpusSpec, counts: CorpusCounts | None = None, documents: Iterable[tuple] | None = None
+) -> Iterator[tuple]:
+    """The documents to distil, in order, with the spec's selection applied: ``(key, data)``, or
+    whatever tuples ``documents`` gives that start with them (default: the whole source's)."""
     counts = counts if counts is not None else CorpusCounts()
     if spec.subset not in ("all", "train", "heldout"):
         raise UserError(f"subset must be all, train or heldout, not {spec.subset!r}")
     if spec.subset != "all" and not 0 < spec.heldout_fraction < 1:
         raise UserError("--subset train/heldout needs --heldout-fraction between 0 and 1")
-    for key, data in raw_documents(spec):
+    for item in raw_documents(spec) if documents is None else documents:
+        data = item[1]
         if spec.max_docs is not None and counts.documents >= spec.max_docs:
             return
         if spec.max_bytes is not None and counts.bytes >= spec.max_bytes:
@@ -231,7 +244,7 @@ def select_documents(spec: CorpusSpec, counts: CorpusCounts | None = None) -> It
             continue
         counts.documents += 1
         counts.bytes += len(data)
-        yield key, data
+        yield item
 
 
 def corpus_fingerprint(spec: CorpusSpec) -> str:

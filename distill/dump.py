@@ -1,9 +1,9 @@
 """``dump``: run a teacher over a corpus and write a logit store (one offline pass).
 
-Documents are read in a fixed order and dealt to the store's writers (a fixed number, recorded
-in the store: :mod:`distill.sharding`), which are dealt to the workers (``accelerate`` ranks ×
-``num_shards`` independent jobs); each writer writes its own shards, so the result opens as one
-store. A worker reads documents in groups; each group is tokenised, cut into teacher windows
+The corpus's pieces are dealt to the store's writers (a fixed number, recorded in the store:
+:mod:`distill.sharding`, :mod:`distill.corpus_shares`), which are dealt to the workers
+(``accelerate`` ranks × ``num_shards`` independent jobs); a worker reads only its writers' pieces
+and each writer writes its own shards, so the result opens as one store. A worker reads documents in groups; each group is tokenised, cut into teacher windows
 (:mod:`distill.windows`), batched by length and run through the teacher trunk. The LM head (in
 float32, permuted into the conversion's column order) and the conversion run in chunks of
 ``head_rows`` rows, so logits never pile up (:mod:`distill.dump_memory`): on CUDA the torch
@@ -33,21 +33,15 @@ from distill import dump_memory
 from distill.config import COUNT, FRACTION, NON_NEGATIVE, at_least
 from distill.convert import Converter, DocumentDistributions
 from distill.convert_torch import TorchConversion, torch_conversion
-from distill.corpus import (
-    CorpusCounts,
-    CorpusSpec,
-    check_source,
-    corpus_fingerprint,
-    corpus_listing,
-    select_documents,
-)
+from distill.corpus import CorpusCounts, CorpusSpec, check_source, corpus_fingerprint, corpus_listing
+from distill.corpus_shares import pieces_settings, writer_documents
 from distill.encode import DocumentEncoder, UnencodableDocument
 from distill.errors import UserError
-from distill.sharding import WriterLock, writer_of, writers_of
+from distill.sharding import WriterLock, writers_of
 from distill.stream import StreamLayout
 from distill.teacher import Teacher, load_teacher
 from distill.windows import Window, plan_windows
-from logit_store.encodings import DEFAULT_ENCODING, ENCODINGS
+from logit_store.encodings import DEFAULT_ENCODING, ENCODINGS, get_encoding
 from logit_store.ownership import check_store_files
 from logit_store.skips import Skip, SkipList
 
@@ -159,6 +153,13 @@ class DumpConfig:
             "help": "value encoding of the store: pow8-ans (the pow8 codes entropy-coded: a third smaller), pow8 "
             "(faster to read), log8, float16, pow12, pow16 (see logit_store/FORMAT.md)",
             "choices": list(ENCODINGS),
+        },
+    )
+    chunk_bytes: int | None = field(
+        default=None,
+        metadata={
+            "help": "raw bytes of a store chunk, which each writer holds until it is full "
+            "(default: the encoding's, 16 MiB for pow8-ans)"
         },
     )
     docs_per_shard: int | None = field(
@@ -273,7 +274,7 @@ class DumpSummary:
 class PendingDocument:
     """A document whose rows are being computed: its converted values fill in as they come."""
 
-    index: int
+    index: int  # its number among its writer's documents
     key: str
     data: bytes
     token_ids: np.ndarray
@@ -316,6 +317,7 @@ def store_settings(config: DumpConfig, teacher: Teacher, writers: int) -> dict:
         "end_of_text_ids": list(teacher.vocab.end_of_text_ids),
         "corpus": {k: v for k, v in asdict(corpus_spec(config)).items() if k != "source"},
         "writers": writers,
+        "corpus_pieces": pieces_settings(),
     } | ({"max_document_bytes": config.max_document_bytes} if config.max_document_bytes is not None else {})
 
 
@@ -330,6 +332,8 @@ def _validate(config: DumpConfig) -> None:
         raise UserError("--batch-tokens must be at least --max-length")
     if config.head_rows < 1:
         raise UserError("--head-rows must be at least 1")
+    if config.chunk_bytes is not None and config.chunk_bytes < 1:
+        raise UserError("--chunk-bytes must be at least 1")
     if config.writers is not None and config.writers < 1:
         raise UserError("--writers must be at least 1")
     if config.max_document_bytes is not None and config.max_document_bytes < 1:
@@ -391,6 +395,7 @@ def dump_with_teacher(
     """The dump pass of worker ``worker`` of ``workers`` with a loaded teacher (the benchmarks
     build random teachers in memory); ``started`` is when the setup began."""
     _validate(config)
+    dump_memory.return_freed_blocks()
     spec = corpus_spec(config)
     started = time.perf_counter() if started is None else started
     num_writers = _store_writers(config, workers)
@@ -399,7 +404,7 @@ def dump_with_teacher(
     on_device = config.conversion == "torch" or (config.conversion == "auto" and device.type == "cuda")
     converter = Converter(teacher.vocab)
     teacher.permute_output(converter.column_order)
-    _check_memory(config, teacher, on_device)
+    _check_memory(config, teacher, on_device, len(mine))
     encoder = DocumentEncoder(teacher.tokenizer, teacher.vocab)
     check_store_files(Path(config.output))  # before the locks are created in it
     with ExitStack() as locks:
@@ -417,9 +422,9 @@ def dump_with_teacher(
         counts = CorpusCounts()
         skip_lists = {w: SkipList(Path(config.output), w) for w in mine}
         _check_strict(config, skip_lists)
-        resume = {w: skip_lists[w].resume_ordinal(s.num_existing_documents, num_writers) for w, s in stores.items()}
-        known = frozenset().union(*(skips.indices for skips in skip_lists.values()))
-        documents = _worker_documents(select_documents(spec, counts), num_writers, resume, known)
+        resume = {w: skip_lists[w].resume_ordinal(s.num_existing_documents) for w, s in stores.items()}
+        known = {w: skips.indices for w, skips in skip_lists.items()}
+        documents = _worker_documents(writer_documents(spec, num_writers, mine, counts), resume, known)
         skipper = _Skipper(config, skip_lists)
         bar = tqdm(
             desc=f"dump[{worker}]",
@@ -451,7 +456,7 @@ def dump_with_teacher(
             for skips in skip_lists.values():
                 skips.close()
     summary.empty_skipped = counts.empty_skipped
-    summary.skips = sorted((s for skips in skip_lists.values() for s in skips.skips), key=lambda s: s.index)
+    summary.skips = [s for _, skips in sorted(skip_lists.items()) for s in sorted(skips.skips, key=lambda s: s.index)]
     summary.skipped_now = skipper.count
     summary.store_bytes = sum(p.stat().st_size for w in mine for p in Path(config.output).glob(f"shard-{w:05d}-*.bds"))
     summary.seconds = time.perf_counter() - started
@@ -479,6 +484,7 @@ def _open_stores(
             corpus_hash=fingerprint,
             writer_id=w,
             docs_per_shard=config.docs_per_shard,
+            chunk_bytes=config.chunk_bytes,
             trie=converter.trie,
         )
 
@@ -521,16 +527,26 @@ def _all_free(output: Path, writer_ids: list[int]) -> bool:
     return True
 
 
-def _check_memory(config: DumpConfig, teacher: Teacher, on_device: bool) -> None:
-    """Print the peak-memory formula's terms; refuse settings that cannot fit the device."""
-    terms = dump_memory.memory_terms(
+def memory_terms(
+    config: DumpConfig, teacher: Teacher, on_device: bool, writers: int, longest_document_tokens: int = 0
+) -> list[dump_memory.MemoryTerm]:
+    """The peak-memory formula's terms for these settings (``writers``: in this process)."""
+    return dump_memory.memory_terms(
         teacher,
         batch_tokens=config.batch_tokens,
         max_length=config.max_length,
         head_rows=config.head_rows,
         group_tokens=config.group_tokens,
         device_conversion=on_device,
+        writers=writers,
+        chunk_bytes=config.chunk_bytes or get_encoding(config.encoding).chunk_bytes,
+        longest_document_tokens=longest_document_tokens,
     )
+
+
+def _check_memory(config: DumpConfig, teacher: Teacher, on_device: bool, writers: int) -> None:
+    """Print the peak-memory formula's terms; refuse settings that cannot fit the device."""
+    terms = memory_terms(config, teacher, on_device, writers)
     print(dump_memory.describe(terms, teacher.device), file=sys.stderr)
     problem = dump_memory.over_budget(terms, teacher.device)
     if problem:
@@ -538,19 +554,17 @@ def _check_memory(config: DumpConfig, teacher: Teacher, on_device: bool) -> None
 
 
 def _worker_documents(
-    documents, writers: int, skip: dict[int, int], known_skips: frozenset[int] = frozenset()
+    documents, skip: dict[int, int], known_skips: dict[int, frozenset[int]]
 ) -> Iterator[tuple[int, str, bytes, int]]:
-    """The documents of this worker's writers (``skip``'s keys), minus the first ``skip[w]`` of
-    each writer ``w``, which it already stored or skipped, and minus those its skip lists name
-    (``known_skips``, by corpus index): ``(index, key, data, writer)``."""
+    """This worker's ``(key, data, writer)`` documents minus the first ``skip[w]`` of each writer
+    ``w``, which it already stored or skipped, and minus those its skip lists name (``known_skips[w]``,
+    by number in the writer): ``(number in its writer, key, data, writer)``."""
     seen = dict.fromkeys(skip, 0)
-    for index, (key, data) in enumerate(documents):
-        writer = writer_of(index, writers)
-        if writer not in seen:
-            continue
+    for key, data, writer in documents:
         seen[writer] += 1
-        if seen[writer] > skip[writer] and index not in known_skips:
-            yield index, key, data, writer
+        number = seen[writer] - 1
+        if number >= skip[writer] and number not in known_skips[writer]:
+            yield number, key, data, writer
 
 
 def _groups(
@@ -563,6 +577,11 @@ def _groups(
         ids = skipper.encode(encoder, index, key, data, writer)
         if ids is None:
             continue
+        if len(ids) > config.group_tokens:
+            extra = dump_memory.long_document_bytes(len(ids), config.group_tokens)
+            print(
+                f"dump memory: {key} has {len(ids):,} tokens, {extra / 1e9:.2f} GB more until written", file=sys.stderr
+            )
         windows = plan_windows(len(ids), prefix, config.max_length, config.stride)
         layout = converter.layout(ids)
         values = np.empty(layout.num_values, dtype=np.float64)

@@ -1,36 +1,64 @@
 """The dump's peak memory as a formula of its settings (see the README: dump memory).
 
-Nothing in the dump grows with the corpus or with a group's logits: the teacher's hidden states
-live for one forward batch (``--batch-tokens``), float32 logits exist for ``--head-rows`` rows at
-a time (the LM head and the conversion run in row chunks), and what waits for a document to be
-complete is its converted values (about 400 per Llama-3 token), for at most one group
-(``--group-tokens``) plus the longest document that is longer than a group.
+Nothing in the dump grows with the corpus: the teacher's hidden states live for one forward
+batch (``--batch-tokens``); float32 logits exist for ``--head-rows`` rows at a time, in at most
+``LOGIT_CHUNKS_IN_FLIGHT`` chunks (one being computed, the rest queued for the converting thread);
+converted values wait for their document to be complete, for at most one group
+(``--group-tokens``) plus the longest document that is longer than a group; each store writer
+holds its pending chunk (``--chunk-bytes`` raw bytes: one byte a value for ``pow8-ans``), and one
+chunk at a time is being coded and compressed. The rest is fixed by the teacher: its weights (and
+a float32 copy of its output layer), its tokenizer (and the encoder's exact copy), the vocabulary,
+trie and conversion tables, and the libraries' code.
+
+The constants per token and per vocabulary entry were measured on the CPU with the Llama-3
+tokenizer over English text (``benchmarks/dump_memory.py`` checks the sum against peak RSS).
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 from dataclasses import dataclass
 
 import torch
 
-# float64 value + int16 support symbol per converted value, ~400 values per token (~90 per text byte)
-PENDING_BYTES_PER_TOKEN = 400 * 10
+RUNTIME_BYTES = 380_000_000  # Python, torch, transformers, accelerate, numba, tokenizers: code and buffers
+TOKENIZER_BYTES_PER_ENTRY = 2_200  # the teacher's tokenizer and the encoder's exact copy (Llama-3: 0.28 GB)
+TABLE_BYTES_PER_ENTRY = 780  # vocabulary bytes, trie and conversion tables (Llama-3: 0.10 GB)
+VALUES_PER_TOKEN = 410  # converted values per teacher token (Llama-3, English: 99 per text byte)
+POSITIONS_PER_TOKEN = 5.2  # stream positions per token (its bytes and its <eot>)
+# a waiting token: float64 values and int16 support symbols; per position its node, row and offset
+PENDING_BYTES_PER_TOKEN = int(VALUES_PER_TOKEN * (8 + 2) + POSITIONS_PER_TOKEN * 26 + 32)
+STORED_BYTES_PER_TOKEN = int(VALUES_PER_TOKEN * 1.05)  # a written document's codes, until its chunk goes
+CODING_BYTES_PER_CHUNK_BYTE = 1.5  # coding a chunk: its contexts, rANS words, raw chunk and zstd frame
 LOGIT_CHUNKS_IN_FLIGHT = 3  # CPU: one being computed, two queued for the converting thread
+MMAP_THRESHOLD = 1 << 20
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
 
 
 @dataclass(frozen=True)
 class MemoryTerm:
     name: str
     bytes: int
-    flag: str  # the setting that scales it
+    flag: str  # the setting that scales it ("" for the teacher's own)
     on_device: bool  # False: host memory even when the teacher runs on a GPU
 
 
 def memory_terms(
-    teacher, *, batch_tokens: int, max_length: int, head_rows: int, group_tokens: int, device_conversion: bool
+    teacher,
+    *,
+    batch_tokens: int,
+    max_length: int,
+    head_rows: int,
+    group_tokens: int,
+    device_conversion: bool,
+    writers: int = 1,
+    chunk_bytes: int = 16 << 20,
+    longest_document_tokens: int = 0,
 ) -> list[MemoryTerm]:
-    """Estimated peak bytes of each part of the dump, with the flag that scales it."""
+    """Estimated peak bytes of each part of the dump, with the flag that scales it. ``writers``:
+    the store writers this process runs; ``longest_document_tokens``: the longest document, when
+    known (its values beyond a group's wait until it is written)."""
     model, config = teacher.model, teacher.model.config
     hidden = config.hidden_size
     vocab = teacher.head.out_features
@@ -45,12 +73,39 @@ def memory_terms(
         logits = head_rows * vocab * 4 + 4 * row_chunk(teacher.device) * vocab * 8 + 5 * MAX_ELEMENTS * 8
     else:
         logits = LOGIT_CHUNKS_IN_FLIGHT * head_rows * vocab * 4
-    return [
+    beyond_group = max(0, longest_document_tokens - group_tokens)
+    terms = [
+        MemoryTerm("runtime", RUNTIME_BYTES, "", False),
+        MemoryTerm("tokenizer", len(teacher.vocab.token_bytes) * TOKENIZER_BYTES_PER_ENTRY, "", False),
+        MemoryTerm("tables", len(teacher.vocab.token_bytes) * TABLE_BYTES_PER_ENTRY, "", False),
         MemoryTerm("weights", weights, "--dtype", True),
         MemoryTerm("forward", activations + attention, "--batch-tokens", True),
         MemoryTerm("logits", logits, "--head-rows", True),
         MemoryTerm("pending values", group_tokens * PENDING_BYTES_PER_TOKEN, "--group-tokens", False),
+        MemoryTerm("store chunks", int(chunk_bytes * (writers + CODING_BYTES_PER_CHUNK_BYTE)), "--chunk-bytes", False),
     ]
+    if beyond_group:
+        per_token = PENDING_BYTES_PER_TOKEN + STORED_BYTES_PER_TOKEN
+        terms.append(MemoryTerm("longest document", beyond_group * per_token, "a document's length", False))
+    return terms
+
+
+def long_document_bytes(tokens: int, group_tokens: int) -> int:
+    """What a document of ``tokens`` adds to the estimate (0 when it fits in a group)."""
+    return max(0, tokens - group_tokens) * (PENDING_BYTES_PER_TOKEN + STORED_BYTES_PER_TOKEN)
+
+
+def return_freed_blocks() -> None:
+    """Have glibc map every block of ``MMAP_THRESHOLD`` bytes or more on its own, so that freeing
+    it returns its pages. By default the threshold rises to the largest block freed so far (up to
+    32 MiB), after which a document's arrays come from heaps that keep freed pages: peak RSS then
+    grows with the corpus (measured: 20% from 60 KB to 120 KB of text at settings / 8) although
+    the live memory does not. Not glibc: nothing to do."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return
+    libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
 
 
 def capacity(device: torch.device) -> int:
@@ -60,11 +115,14 @@ def capacity(device: torch.device) -> int:
 
 
 def describe(terms: list[MemoryTerm], device: torch.device) -> str:
-    parts = " + ".join(f"{t.name} {_gb(t.bytes)}" + (f" ({t.flag})" if t.flag != "--dtype" else "") for t in terms)
-    where = f"{_gb(sum(t.bytes for t in terms if t.on_device))} on {device}"
+    parts = " + ".join(f"{t.name} {_gb(t.bytes)}" + (f" ({t.flag})" if t.flag.startswith("--") else "") for t in terms)
+    where = f"{_gb(sum(t.bytes for t in terms if t.on_device or device.type != 'cuda'))} on {device}"
     if device.type == "cuda":
         where += f", {_gb(sum(t.bytes for t in terms if not t.on_device))} on the host"
-    return f"dump memory estimate: {parts}; {where} (of {_gb(capacity(device))})"
+    return (
+        f"dump memory estimate: {parts}; {where} (of {_gb(capacity(device))}); a document longer than "
+        f"--group-tokens adds {(PENDING_BYTES_PER_TOKEN + STORED_BYTES_PER_TOKEN) / 1e3:.1f} KB a token"
+    )
 
 
 def over_budget(terms: list[MemoryTerm], device: torch.device) -> str | None:
@@ -73,7 +131,7 @@ def over_budget(terms: list[MemoryTerm], device: torch.device) -> str | None:
     need, have = sum(t.bytes for t in on_device), capacity(device)
     if need <= have:
         return None
-    largest = max((t for t in on_device if t.flag != "--dtype"), key=lambda t: t.bytes)
+    largest = max((t for t in on_device if t.flag.startswith("--") and t.flag != "--dtype"), key=lambda t: t.bytes)
     return (
         f"the dump needs about {_gb(need)} on {device}, which has {_gb(have)}: {largest.name} take "
         f"{_gb(largest.bytes)}; lower {largest.flag}"

@@ -1,10 +1,11 @@
 """Which store writer holds which document, independent of how many processes run.
 
 A store is written by a fixed number of writers, recorded in its settings when it is created.
-Document ``i`` of the selected corpus always belongs to writer ``i % writers``; the writers are
-dealt round-robin to whatever workers (ranks × ``--num-shards`` jobs) run now. A resume with
-another process count therefore finds every document with the writer that stored it, and each
-writer skips exactly the documents its shards already hold. A lock file per writer keeps two
+The corpus's pieces (:mod:`distill.corpus_shares`) are dealt to the writers, piece ``p`` to
+writer ``p % writers``; the writers are dealt round-robin to whatever workers (ranks ×
+``--num-shards`` jobs) run now. A resume with another process count therefore finds every
+document with the writer that stored it, and each writer skips exactly the documents its shards
+already hold. A lock file per writer keeps two
 jobs from writing (and deleting the partial files of) the same writer at once; the operating
 system releases it when the process ends, however it ends.
 """
@@ -27,10 +28,6 @@ def writers_of(worker: int, workers: int, writers: int) -> list[int]:
             f"run at most {writers} workers, or start a new store with --writers {workers} or more"
         )
     return list(range(worker, writers, workers))
-
-
-def writer_of(document_index: int, writers: int) -> int:
-    return document_index % writers
 
 
 class WriterLock:

@@ -55,7 +55,6 @@ class EncodedDocument:
     dropped_mass: np.ndarray  # (m+1,) float32
     text_bytes: int
     key: str | None
-    contexts: np.ndarray | None = None  # (S,) model contexts, for entropy-coded encodings (not stored)
     layout: StreamLayout | None = None  # its stream layout, when decoding its values needed it (not stored)
 
     @property
@@ -72,14 +71,17 @@ class EncodedDocument:
         )
 
 
-def build_chunk(docs: list[EncodedDocument], encoding: Encoding, version: int) -> bytes:
+def build_chunk(
+    docs: list[EncodedDocument], encoding: Encoding, version: int, contexts: np.ndarray | None = None
+) -> bytes:
+    """The chunk's raw bytes; ``contexts``: the (S,) model contexts of all its values, for an
+    entropy-coded encoding (computed when the chunk is built, never kept per document)."""
     tokens = [d.token_ids.astype("<u4").view(np.uint8).reshape(-1, 4) for d in docs]
     dropped = np.concatenate([d.dropped_mass for d in docs]).astype("<f4")
     if version == 1:
         values = shuffle_planes([d.value_bytes for d in docs], encoding.value_width)
         dropped_planes = shuffle_planes([dropped.view(np.uint8).reshape(-1, 4)], 4)
     else:
-        contexts = np.concatenate([d.contexts for d in docs]) if encoding.needs_contexts else None
         packed = encoding.pack_values(np.concatenate([d.value_bytes for d in docs]), contexts)
         values = struct.pack("<Q", len(packed)) + packed
         dropped_planes = shuffle_planes([to_bfloat16(dropped).view(np.uint8).reshape(-1, 2)], 2)

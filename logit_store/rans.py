@@ -61,8 +61,11 @@ def _quantise(counts, freq):
 def chained_contexts(
     groups: np.ndarray, width: int, buckets: np.ndarray, symbols: np.ndarray, num_contexts: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    """The context of every symbol, and the (num_contexts, 256) symbol counts per context."""
-    out = np.empty(len(groups), np.int64)
+    """The context of every symbol (int16: 2 bytes a value, the largest array of a chunk being
+    coded), and the (num_contexts, 256) symbol counts per context."""
+    if num_contexts > np.iinfo(np.int16).max + 1:
+        raise ValueError(f"{num_contexts} contexts do not fit int16")
+    out = np.empty(len(groups), np.int16)
     counts = np.zeros((num_contexts, 256), np.int64)
     _chain(groups, width, buckets.astype(np.int64), symbols, out, counts)
     return out, counts

@@ -104,8 +104,8 @@ class ShardFile:
     def num_docs(self) -> int:
         return len(self.docs)
 
-    def write_chunk(self, docs: list[EncodedDocument]) -> None:
-        raw = build_chunk(docs, self.encoding, FORMAT_VERSION)
+    def write_chunk(self, docs: list[EncodedDocument], contexts: np.ndarray | None = None) -> None:
+        raw = build_chunk(docs, self.encoding, FORMAT_VERSION, contexts)
         if len(raw) > MAX_CHUNK_RAW:
             raise UserError(
                 f"a chunk of {len(raw):,} raw bytes exceeds the format's {MAX_CHUNK_RAW:,} (a document too long)"

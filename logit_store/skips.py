@@ -2,8 +2,8 @@
 reason (FORMAT.md, "Skip lists").
 
 One JSON object per line, ``{"index": i, "key": ..., "reason": ...}``, in the order the writer
-met them; ``index`` is the document's place in the selected corpus, so writer ``i % writers``
-was dealt it as its ``i // writers``-th document. Lines are appended as documents are skipped, so
+met them; ``index`` is the document's number among the documents the writer was dealt (which
+do not depend on the number of processes). Lines are appended as documents are skipped, so
 a list may run ahead of the writer's complete shards; a line cut by a crash is dropped on open.
 A resuming writer continues after its stored documents *and* the skips among them
 (:meth:`SkipList.resume_ordinal`) and passes over every listed document without reading it
@@ -24,7 +24,7 @@ SKIP_PATTERN = "skipped-{:05d}.jsonl"
 
 @dataclass(frozen=True)
 class Skip:
-    index: int  # the document's place in the selected corpus
+    index: int  # the document's number among those its writer was dealt
     key: str
     reason: str
 
@@ -45,11 +45,11 @@ class SkipList:
     def indices(self) -> frozenset[int]:
         return frozenset(s.index for s in self.skips)
 
-    def resume_ordinal(self, stored: int, writers: int) -> int:
+    def resume_ordinal(self, stored: int) -> int:
         """The writer's first dealt document not yet done: past ``stored`` stored documents and
         the skipped ones among them."""
         ordinal = stored
-        for skipped in sorted(s.index // writers for s in self.skips):
+        for skipped in sorted(s.index for s in self.skips):
             if skipped < ordinal:
                 ordinal += 1
             else:
@@ -90,6 +90,6 @@ def _read(path: Path, keep_partial: bool) -> list[Skip]:
 
 
 def read_skips(directory: Path) -> list[Skip]:
-    """Every writer's skips in a store, in corpus order."""
-    skips = [s for path in sorted(Path(directory).glob("skipped-*.jsonl")) for s in _read(path, keep_partial=True)]
-    return sorted(skips, key=lambda s: s.index)
+    """Every writer's skips in a store, writer by writer, each in the order it was dealt them."""
+    lists = [_read(path, keep_partial=True) for path in sorted(Path(directory).glob("skipped-*.jsonl"))]
+    return [s for skips in lists for s in sorted(skips, key=lambda s: s.index)]

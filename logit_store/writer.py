@@ -199,6 +199,8 @@ class StoreWriter:
     def _add(self, token_ids, values, dropped_mass, text_bytes, key, layout: StreamLayout) -> None:
         if self._closed:
             raise RuntimeError("StoreWriter is closed")
+        if self._pending_bytes >= self.chunk_bytes:  # flushed now, when the caller's float64 values are gone
+            self._flush_chunk()
         offsets = layout.offsets
         values = np.asarray(values, dtype=np.float64)
         dropped_mass = np.asarray(dropped_mass, dtype=np.float64)
@@ -213,7 +215,7 @@ class StoreWriter:
             raise UserError(f"{where}: {len(values)} values but its supports hold {offsets[-1]}")
         if len(dropped_mass) != len(token_ids) + 1:
             raise UserError(f"{where}: dropped mass needs m+1 = {len(token_ids) + 1} rows, got {len(dropped_mass)}")
-        if not np.all(np.isfinite(values)) or (len(values) and values.min() < 0):
+        if len(values) and not (np.isfinite(values.max()) and 0 <= values.min()):  # NaN, inf: not finite
             raise UserError(f"{where}: values must be finite probabilities")
         if not np.all(np.isfinite(dropped_mass)) or (len(dropped_mass) and dropped_mass.min() < 0):
             raise UserError(f"{where}: dropped mass must be finite and non-negative")
@@ -225,15 +227,12 @@ class StoreWriter:
             dropped_mass=dropped_mass.astype(np.float32),
             text_bytes=int(text_bytes),
             key=key,
-            contexts=self.encoding.contexts(layout) if self.encoding.needs_contexts else None,
         )
         self._pending.append(doc)
         size = doc.raw_size()
         self._pending_bytes += size
         self._shard_raw_bytes += size
         self.num_written += 1
-        if self._pending_bytes >= self.chunk_bytes:
-            self._flush_chunk()
         shard_docs = (self._shard.num_docs if self._shard else 0) + len(self._pending)
         if (self.docs_per_shard and shard_docs >= self.docs_per_shard) or self._shard_raw_bytes >= self.shard_bytes:
             self._finish_shard()
@@ -245,9 +244,22 @@ class StoreWriter:
             record = ShardRecord(self.writer_id, self._next_sequence, self._writer_documents, self._identity)
             path = self.directory / shard_name(self.writer_id, self._next_sequence)
             self._shard = ShardFile(path, self.compression_level, record, self.encoding)
-        self._shard.write_chunk(self._pending)
+        contexts = self._chunk_contexts() if self.encoding.needs_contexts else None
+        self._shard.write_chunk(self._pending, contexts)
         self._pending = []
         self._pending_bytes = 0
+
+    def _chunk_contexts(self) -> np.ndarray:
+        """The model contexts of every pending value, from each document's stream layout (rebuilt
+        from its token ids, as the reader does). Computed once per chunk, when it is flushed, so
+        that a pending document keeps only its stored bytes."""
+        contexts = np.empty(sum(len(d.value_bytes) for d in self._pending), np.int16)
+        start = 0
+        for doc in self._pending:
+            layout = stream_layout(self.trie, doc.token_ids.astype(np.int64))
+            self.encoding.contexts(layout, contexts[start:])
+            start += layout.num_values
+        return contexts
 
     def _finish_shard(self) -> None:
         self._flush_chunk()

@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM
 from distill.cli import main as cli_main
 from distill.windows import plan_windows
 from logit_store.store import LogitStore, store_content_hash
-from tests.launch import cpu_launch
+from tests.launch import cpu_launch, run_on_two_machines
 from tests.teachers import dump_args, save_tiny_llama3_teacher
 
 DOCUMENTS = {
@@ -152,7 +152,9 @@ def test_killed_dump_resumes_to_the_same_store(conversion, teacher_dir, tmp_path
 
 @pytest.mark.slow
 def test_two_process_accelerate_launch_matches_one_process(teacher_dir, corpus_dir, tmp_path):
-    single, double = tmp_path / "single", tmp_path / "double"
+    """Two processes on one machine store what one process stores; two machines of one process
+    each (``--num_machines 2``, machine ranks 0 and 1) store exactly what the two processes store."""
+    single, double, machines = tmp_path / "single", tmp_path / "double", tmp_path / "machines"
     assert cli_main(dump_args(teacher_dir, corpus_dir, single)) == 0
     launch, env = cpu_launch(2)
     proc = subprocess.run(
@@ -172,6 +174,9 @@ def test_two_process_accelerate_launch_matches_one_process(teacher_dir, corpus_d
         b = by_key[a.key]
         np.testing.assert_array_equal(a.token_ids, b.token_ids)
         np.testing.assert_allclose(a.values, b.values, atol=2e-2)
+    run_on_two_machines(["-m", "distill.cli"] + dump_args(teacher_dir, corpus_dir, machines))
+    assert {p.name.split("-")[1] for p in machines.glob("shard-*.bds")} == {"00000", "00001"}
+    assert store_content_hash(machines) == store_content_hash(double)
 
 
 def run_cli(args, capsys) -> tuple[int, str]:

@@ -142,23 +142,24 @@ def test_check_teacher_says_what_dump_does_with_missing_bytes(teacher, capsys):
 
 
 @pytest.mark.parametrize(
-    "stored, skipped, writers, resume",
+    "stored, skipped, resume",
     [
-        (0, [], 1, 0),
-        (3, [], 1, 3),
-        (2, [0], 1, 3),  # skipped, stored, stored
-        (2, [2], 1, 2),  # the skip after the stored two is passed over as listed
-        (2, [1, 2], 1, 4),
-        (1, [1, 5], 2, 2),  # writer 1 of 2: its ordinals 0 (skipped), 1 (stored), 2 (skipped, listed)
-        (1, [1, 3, 5], 2, 4),  # its ordinals 0, 1, 2 skipped, 3 stored
+        (0, [], 0),
+        (3, [], 3),
+        (2, [0], 3),  # skipped, stored, stored
+        (2, [2], 2),  # the skip after the stored two is passed over as listed
+        (2, [1, 2], 4),
+        (1, [0, 2], 2),  # its documents 0 (skipped), 1 (stored), 2 (skipped, listed)
+        (1, [0, 1, 2], 4),  # its documents 0, 1, 2 skipped, 3 stored
     ],
 )
-def test_resume_ordinal_passes_the_skips_among_the_stored(tmp_path, stored, skipped, writers, resume):
+def test_resume_ordinal_passes_the_skips_among_the_stored(tmp_path, stored, skipped, resume):
+    """Skips are numbered among the documents their writer was dealt."""
     skips = SkipList(tmp_path, 1)
     for index in skipped:
         skips.add(Skip(index, f"k{index}", "r"))
     skips.close()
-    assert SkipList(tmp_path, 1).resume_ordinal(stored, writers) == resume
+    assert SkipList(tmp_path, 1).resume_ordinal(stored) == resume
 
 
 def test_a_skip_line_cut_by_a_crash_is_dropped(tmp_path):

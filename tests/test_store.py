@@ -197,14 +197,14 @@ def test_random_access_equals_iteration(default_store, llama3, documents):
 
 def test_resume_after_crash_matches_uninterrupted(tmp_path, llama3, documents):
     vocab, converter, _ = llama3
-    full = write_store(tmp_path / "full", llama3, documents, docs_per_shard=2, chunk_bytes=1)
+    full = write_store(tmp_path / "full", llama3, documents, docs_per_shard=3, chunk_bytes=1)
     kwargs = {
         "encoding": "pow8",
         "teacher": "random-llama3",
         "settings": {"t": 1.0},
         "corpus_hash": "c0ffee",
         "trie": converter.trie,
-        "docs_per_shard": 2,
+        "docs_per_shard": 3,
         "chunk_bytes": 1,
     }
     crashed = tmp_path / "crashed"
@@ -212,15 +212,16 @@ def test_resume_after_crash_matches_uninterrupted(tmp_path, llama3, documents):
     assert writer.num_existing_documents == 0
     for k, (ids, dist, nbytes) in enumerate(documents[:5]):
         writer.add_distributions(dist, key=None if k == 3 else f"doc-{k}", text_bytes=nbytes, token_ids=ids)
-    writer.abandon()  # killed: shards 0 and 1 complete, shard 2 only a .tmp
+    # killed: shard 0 complete; shard 1 only a .tmp holding document 3's chunk (a full chunk is
+    # written when the next document comes), document 4 only in memory
+    writer.abandon()
     assert sorted(p.name for p in crashed.iterdir() if p.name.startswith("shard")) == [
         "shard-00000-00000.bds",
-        "shard-00000-00001.bds",
-        "shard-00000-00002.bds.tmp",
+        "shard-00000-00001.bds.tmp",
     ]
-    assert len(open_store(crashed, llama3)) == 4  # the reader ignores the partial shard
+    assert len(open_store(crashed, llama3)) == 3  # the reader ignores the partial shard
     with StoreWriter(crashed, vocab, **kwargs) as writer:
-        assert writer.num_existing_documents == 4
+        assert writer.num_existing_documents == 3
         assert not list(crashed.glob("*.tmp"))
         for k, (ids, dist, nbytes) in enumerate(documents):
             if k >= writer.num_existing_documents:

@@ -17,7 +17,7 @@ from distill.errors import UserError
 from students.checkpoints import checkpoint_dir, latest_checkpoint
 from students.synthetic import SYNTHETIC_SOURCE
 from students.trainer import TrainConfig, learning_rate, train
-from tests.launch import cpu_launch
+from tests.launch import cpu_launch, run_on_two_machines
 from tests.stores import random_texts, write_random_store
 from tests.tiny_student import TINY, tiny_config
 
@@ -208,21 +208,26 @@ def test_bf16_autocast_trains_with_float32_loss(tmp_path, stores, reset_accelera
     assert any(mixed.losses[s] != exact.losses[s] for s in mixed.losses)  # the forward really ran in bf16
 
 
+def _train_cli_args(config: TrainConfig) -> list[str]:
+    flags = [f"--{k.replace('_', '-')}={v}" for k, v in dataclasses.asdict(config).items() if v is not None]
+    stores = [a for k in config.train_stores for a in ("--train-stores", k)]
+    return ["-m", "students.train_cli", *stores, *(f for f in flags if not f.startswith("--train-stores="))]
+
+
 @pytest.mark.slow
 def test_evaluation_is_the_same_with_one_and_two_processes(tmp_path, stores):
+    """Evaluation is the same with one process and two; two machines of one process each
+    (``--num_machines 2``, machine ranks 0 and 1) train the very weights of two processes on one."""
     flags = {"max_steps": 1, "checkpoint_every": 0, "num_workers": 0, "batch_size": 3}
     train(_store_config(tmp_path / "one", stores, **flags))
-    config = _store_config(tmp_path / "two", stores, **flags)
-    args = [
-        f"--{k.replace('_', '-')}={v}"
-        for k, v in dataclasses.asdict(config).items()
-        if v is not None and k != "train_stores"
-    ]
     launch, env = cpu_launch(2)
-    cmd = launch + ["-m", "students.train_cli", "--train-stores", stores[0], *args]
+    cmd = launch + _train_cli_args(_store_config(tmp_path / "two", stores, **flags))
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (latest_checkpoint(tmp_path / "two") / "data_position_rank1.json").is_file()  # really two ranks
+    run_on_two_machines(_train_cli_args(_store_config(tmp_path / "machines", stores, **flags)), cwd=tmp_path)
+    on_one, on_two = (load_file(latest_checkpoint(tmp_path / n) / "model.safetensors") for n in ("two", "machines"))
+    assert on_one.keys() == on_two.keys() and all(torch.equal(on_one[k], on_two[k]) for k in on_one)
     one, two = _metrics(tmp_path / "one")[0], _metrics(tmp_path / "two")[0]
     assert one["eval_bytes"] == two["eval_bytes"] > 0
     for key in ("student_bpb", "teacher_bpb", "kl_per_byte"):

@@ -1,0 +1,114 @@
+"""Each worker reads its share of the corpus (distill/corpus_shares.py): the bytes a worker reads
+with 1, 2 and 3 workers (counted by the kernel), every document exactly once, and a document's
+key and held-out side independent of how the corpus was split."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from distill.corpus import CorpusSpec, select_documents
+from distill.corpus_shares import dataset_documents, dataset_pieces, writer_documents
+from distill.sharding import writers_of
+
+WRITERS = 6
+PIECE_BYTES = 64 << 10  # so that a 1 MB .jsonl is 16 pieces
+
+
+def _text(i: int) -> str:
+    """Hex digests: text that parquet cannot compress much."""
+    return f"record {i}: " + " ".join(hashlib.sha256(f"{i}:{k}".encode()).hexdigest() for k in range(2 + i % 30))
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder = tmp_path_factory.mktemp("corpus")
+    lines = [json.dumps({"text": _text(i)}) for i in range(1800)]
+    lines[5] = json.dumps({"text": ""})  # empty: skipped and counted
+    lines[9] = "   "  # a blank line: no document
+    (folder / "big.jsonl").write_text("\n".join(lines) + "\n")
+    table = pa.table({"text": [_text(5000 + i) for i in range(600)]})
+    pq.write_table(table, folder / "rows.parquet", row_group_size=50)
+    for i in range(8):
+        (folder / f"page{i}.txt").write_text(_text(9000 + i) * 4)
+    return folder
+
+
+def _read_bytes() -> int:
+    """Bytes this process has read through system calls so far."""
+    return int(dict(line.split(": ") for line in Path("/proc/self/io").read_text().splitlines())["rchar"])
+
+
+def _share(spec: CorpusSpec, worker: int, workers: int) -> tuple[list[tuple[str, bytes]], int]:
+    before = _read_bytes()
+    mine = writers_of(worker, workers, WRITERS)
+    docs = [(key, data) for key, data, _ in writer_documents(spec, WRITERS, mine, jsonl_piece_bytes=PIECE_BYTES)]
+    return docs, _read_bytes() - before
+
+
+def test_each_worker_reads_its_share_and_every_document_once(corpus):
+    spec = CorpusSpec(str(corpus))
+    _share(spec, 0, 1)  # imports and caches warm
+    total = sum(p.stat().st_size for p in corpus.iterdir())
+    everything = Counter(data for _, data in select_documents(spec))
+    for workers in (1, 2, 3):
+        shares = [_share(spec, w, workers) for w in range(workers)]
+        read = [b for _, b in shares]
+        docs = [d for share, _ in shares for d in share]
+        assert Counter(data for _, data in docs) == everything  # the corpus, exactly once
+        assert len({key for key, _ in docs}) == len(docs)
+        assert max(read) < 1.25 * total / workers + 40_000, (workers, read, total)  # about 1/N each
+        assert sum(read) < 1.15 * total + workers * 40_000, (workers, read, total)
+    assert min(read) > 0.6 * total / 3
+
+
+def test_identity_does_not_depend_on_the_split(corpus):
+    """Keys name where a document lies; the held-out side follows its content."""
+    whole = CorpusSpec(str(corpus))
+    keys = {key: data for key, data, _ in writer_documents(whole, 1, [0], jsonl_piece_bytes=1 << 30)}
+    for piece_bytes in (PIECE_BYTES, 1000):
+        split = {k: d for w in range(WRITERS) for k, d, _ in writer_documents(whole, WRITERS, [w], None, piece_bytes)}
+        assert split == keys
+    sides = {}
+    for subset in ("train", "heldout"):
+        spec = CorpusSpec(str(corpus), subset=subset, heldout_fraction=0.3)
+        one = {k for k, _, _ in writer_documents(spec, 1, [0], jsonl_piece_bytes=1 << 30)}
+        three = {k for w in range(3) for k, _ in _share(spec, w, 3)[0]}
+        assert one == three
+        sides[subset] = one
+    assert sides["train"].isdisjoint(sides["heldout"]) and sides["train"] | sides["heldout"] == set(keys)
+    assert 0.15 < len(sides["heldout"]) / len(keys) < 0.45
+
+
+def test_limits_count_the_corpus_in_order(corpus):
+    """--max-docs selects the first documents of the corpus, however many workers share them."""
+    spec = CorpusSpec(str(corpus), max_docs=50)
+    first = [key for key, _, _ in writer_documents(spec, 1, [0], jsonl_piece_bytes=PIECE_BYTES)]
+    shared = {k for w in range(3) for k, _ in _share(spec, w, 3)[0]}
+    assert len(first) == 50 and shared == set(first)
+
+
+def test_streamed_and_saved_datasets_are_dealt_by_shard_and_rows(tmp_path):
+    import datasets
+
+    files = []
+    for s in range(4):
+        files.append(tmp_path / f"part{s}.jsonl")
+        files[-1].write_text("\n".join(json.dumps({"text": _text(100 * s + i)}) for i in range(5)))
+    spec = CorpusSpec("parts")
+    streamed = datasets.load_dataset("json", data_files=[str(f) for f in files], split="train", streaming=True)
+    pieces = dataset_pieces(streamed, "parts")
+    assert len(pieces) == 4
+    docs = {k: d for piece in pieces for k, d in dataset_documents(streamed, piece, spec)}
+    assert docs["parts[train][2:3]"] == _text(203).encode()
+    assert len(docs) == 20
+    rows = datasets.Dataset.from_dict({"text": [_text(i) for i in range(30)]})
+    saved = {k: d for piece in dataset_pieces(rows, "rows") for k, d in dataset_documents(rows, piece, spec)}
+    assert saved == {f"rows[train][{i}]": _text(i).encode() for i in range(30)}
