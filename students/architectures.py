@@ -16,6 +16,7 @@ from pathlib import Path
 
 from transformers import AutoConfig, AutoModelForCausalLM
 
+from distill.alphabet import BOS
 from distill.errors import UserError
 from students.model import PRESETS, build_student, student_config
 from students.patched_model import PatchedStudent, PatchedStudentConfig
@@ -140,10 +141,82 @@ def load_patched(checkpoint: Path) -> PatchedStudent:
     if not weights_file.is_file():
         raise UserError(f"checkpoint {checkpoint} lacks {weights_file.name}")
     model = PatchedStudent(PatchedStudentConfig.from_json_file(str(Path(checkpoint) / "config.json")))
-    missing, unexpected = model.load_state_dict(load_file(str(weights_file)), strict=False)
+    try:
+        missing, unexpected = model.load_state_dict(load_file(str(weights_file)), strict=False)
+    except RuntimeError as exc:  # a tensor of another shape
+        reason = str(exc).strip().splitlines()[-1].strip()
+        raise UserError(f"{weights_file} does not match its config (a patched student): {reason}") from exc
     if missing or unexpected:
         raise UserError(
             f"{weights_file} does not match its config (a patched student): missing {missing[:3]}, "
             f"unexpected {unexpected[:3]}"
         )
     return model.eval()
+
+
+def architecture_of_model(model) -> str:
+    return MODEL_TYPES[model.config.model_type]
+
+
+def prepare_export(model, output: Path) -> None:
+    """Ship a patched student's modeling file and point ``config.json`` at it (flat: nothing)."""
+    if architecture_of_model(model) != "patched":
+        return
+    import shutil
+
+    from students import patched_model
+
+    shutil.copyfile(patched_model.__file__, Path(output) / MODELING_FILE)
+    module = MODELING_FILE.removesuffix(".py")
+    model.config.auto_map = {
+        "AutoConfig": f"{module}.{PatchedStudentConfig.__name__}",
+        "AutoModelForCausalLM": f"{module}.{PatchedStudent.__name__}",
+    }
+
+
+def card_section(model, info: dict) -> str:
+    """The model card's "Architecture" section: sizes, FLOPs and large-model steps per byte, measured speed."""
+    import torch
+
+    from students.cost import StreamRates, student_cost
+    from students.speed import generation_speed
+
+    cost = student_cost(model)
+    rates = info.get("data", {}).get("rates")
+    context = model.config.max_position_embeddings
+    if architecture_of_model(model) == "patched":
+        c = model.config
+        sizes = (
+            f"global {c.global_layers} layers × {c.global_hidden_size} wide ({c.global_heads} heads); "
+            f"local encoder {c.encoder_layers} and decoder {c.decoder_layers} layers × {c.local_hidden_size} wide, "
+            f"window {c.local_window} symbols; patches pooled by {c.patch_pooling}"
+        )
+    else:
+        c = model.config
+        sizes = f"{c.num_hidden_layers} layers × {c.hidden_size} wide ({c.num_attention_heads} heads)"
+    rows = [
+        ("architecture", architecture_of_model(model)),
+        ("sizes", sizes),
+        ("parameters", f"{cost.parameters:,} (global {cost.global_parameters:,}, local {cost.local_parameters:,})"),
+    ]
+    if rates:
+        r = StreamRates(**rates)
+        rows += [
+            ("training FLOPs per text byte", f"{cost.train_flops_per_symbol(r, context) * r.symbols_per_byte:.3g}"),
+            (
+                f"generation FLOPs per text byte (context {context})",
+                f"{cost.generate_flops_per_symbol(r, context) * r.symbols_per_byte:.3g}",
+            ),
+            ("large-model steps per text byte", f"{cost.global_steps_per_byte(r):.3f}"),
+            ("KV-cache bytes per text byte of context", f"{cost.kv_bytes_per_byte(r):,.0f}"),
+        ]
+    speed = generation_speed(model, torch.full((1, 1), BOS), new_symbols=min(128, context - 1))
+    threads = torch.get_num_threads()
+    rows.append(
+        (
+            "generation speed (measured at export)",
+            f"{speed.symbols_per_s:,.0f} symbols/s, batch 1, CPU with {threads} threads, caches on",
+        )
+    )
+    table = "\n".join(f"| {name} | {value} |" for name, value in rows)
+    return f"## Architecture\n\n| | |\n|---|---|\n{table}\n\n"

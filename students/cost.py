@@ -163,8 +163,10 @@ def student_cost(model) -> StudentCost:
 def summary_line(cost: StudentCost, rates: StreamRates | None, seq_len: int) -> str:
     """One line for ``train``: the architecture, its parameters and its training FLOPs per symbol."""
     parts = [
-        f"student: {cost.architecture}, {cost.parameters:,} parameters "
-        f"(global {cost.global_parameters:,}, local {cost.local_parameters:,})"
+        (
+            f"student: {cost.architecture}, {cost.parameters:,} parameters "
+            f"(global {cost.global_parameters:,}, local {cost.local_parameters:,})"
+        )
     ]
     if rates is None:
         parts.append("training FLOPs per stream symbol unknown (the data gives no patch rate)")

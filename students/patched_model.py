@@ -325,7 +325,9 @@ class PatchedStudent(PreTrainedModel, GenerationMixin):
         else:
             weights = torch.ones_like(closes, dtype=h.dtype)
         b, _, d = h.shape
-        sums = h.new_zeros(b, slots, d).scatter_add_(1, patch_of.unsqueeze(-1).expand(-1, -1, d), h * weights[..., None])
+        sums = h.new_zeros(b, slots, d).scatter_add_(
+            1, patch_of.unsqueeze(-1).expand(-1, -1, d), h * weights[..., None]
+        )
         counts = weights.new_zeros(b, slots).scatter_add_(1, patch_of, weights)
         return sums, counts
 
@@ -343,7 +345,10 @@ class PatchedStudent(PreTrainedModel, GenerationMixin):
             k_positions = torch.arange(cache.seen - past_k.shape[2], cache.seen + 1, device=symbol.device)
 
             def join(k, v):
-                keys, values = torch.cat([past_k, k], dim=2)[:, :, -window:], torch.cat([past_v, v], dim=2)[:, :, -window:]
+                keys, values = (
+                    torch.cat([past_k, k], dim=2)[:, :, -window:],
+                    torch.cat([past_v, v], dim=2)[:, :, -window:],
+                )
                 cache.local[index] = (keys, values)
                 return keys, values
 

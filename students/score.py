@@ -223,6 +223,8 @@ def window_nll(
 def load_model(folder: Path):
     from transformers import AutoModelForCausalLM
 
+    import students.architectures  # noqa: F401 - registers the patched student: loaded with this library's class
+
     if not (Path(folder) / "config.json").is_file():
         raise UserError(f"{folder} is not an exported model folder (no config.json)")
     return AutoModelForCausalLM.from_pretrained(folder).eval()

@@ -35,6 +35,7 @@ import torch
 
 from distill.errors import UserError
 from logit_store.dataset import SplitBatches
+from students.architectures import ARCHITECTURES, build_from_train_config, require_architecture
 from students.checkpoints import (
     TrainerState,
     checkpoint_dir,
@@ -45,11 +46,10 @@ from students.checkpoints import (
     save_checkpoint,
     write_json,
 )
+from students.cost import StreamRates, student_cost, summary_line
 from students.data import STORE_SOURCE, BatchStream, DataSource, to_device, utf8_bytes
 from students.evaluation import EvalMetrics, evaluate
 from students.loss import distill_loss
-from students.architectures import ARCHITECTURES, build_from_train_config, require_architecture
-from students.cost import StreamRates, student_cost, summary_line
 from students.model import PRESETS, count_parameters
 
 
