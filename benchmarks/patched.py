@@ -11,7 +11,7 @@ on). Then a line starting ``summary`` with three ratios: large-model steps (patc
 at equal training FLOPs (patched - flat), generation speed at equal or better BPB (patched /
 flat, batch 8). Stores and runs are cached under ``--workdir``: a rerun only measures again.
 
-    python -m benchmarks.patched [--workdir runs/patched] [--steps 80] [--batch-size 4]
+    python -m benchmarks.patched [--workdir runs/patched] [--steps 64] [--batch-size 4]
     python -m benchmarks.patched --device cuda --workdir runs/patched-gpu --steps 2000 --batch-size 32 \\
         --seq-len 512 --sizes-scale 2     # the prepared GPU line
 """
@@ -72,7 +72,7 @@ SIZES = [
     Size("flat-128x4", "flat", 128, 4, 4),
     Size("flat-256x4", "flat", 256, 4, 4),
     Size("patched-256x4", "patched", 256, 4, 4, local_hidden=64, local_layers=1, local_window=64),
-    Size("patched-512x4", "patched", 512, 4, 8, local_hidden=64, local_layers=1, local_window=64),
+    Size("patched-384x4", "patched", 384, 4, 6, local_hidden=64, local_layers=1, local_window=64),
 ]
 # the smallest of each family: its per-step time is the overhead of a generation step
 OVERHEAD = [
@@ -83,15 +83,25 @@ OVERHEAD = [
 
 def dump_store(work: Path, name: str, books: list[str], chapters: int, teacher: str) -> Path:
     """A logit store of the first ``chapters`` chapters of ``books`` (dump resumes: a rerun reuses it)."""
+    from logit_store.store import LogitStore
+
     store = work / "store" / name
     corpus = work / "corpus" / name
     write_kjv_corpus(corpus, books, max_chapters=chapters)
+    if (store / "manifest.json").is_file():
+        done = LogitStore(store)
+        if not done.unfinished_writers and len(done) == chapters_in(corpus / "kjv.jsonl"):
+            return store  # complete: skip loading the teacher
     options = flags(
         teacher=teacher, corpus=corpus / "kjv.jsonl", output=store, max_length=512, stride=256, batch_tokens=4096
     )
     if bytedistill(["dump", *options]) != 0:
         raise SystemExit(f"dump of {name} failed")
     return store
+
+
+def chapters_in(corpus: Path) -> int:
+    return sum(1 for line in corpus.read_text(encoding="utf-8").splitlines() if line.strip())
 
 
 def train(work: Path, size: Size, args, stores: tuple[Path, Path]) -> Path:
@@ -321,7 +331,7 @@ def save_plot(rows: list[Row], path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     parser.add_argument("--workdir", type=Path, default=Path("runs/patched"), help="stores, runs and the plot go here")
-    parser.add_argument("--steps", type=int, default=80, help="optimizer steps per student")
+    parser.add_argument("--steps", type=int, default=64, help="optimizer steps per student")
     parser.add_argument("--batch-size", type=int, default=4, help="sequences per step")
     parser.add_argument("--seq-len", type=int, default=256, help="symbols per sequence")
     parser.add_argument("--sizes-scale", type=int, default=1, help="multiply every width by this (GPU runs)")

@@ -29,11 +29,13 @@ from students.cost import StreamRates, student_cost
 from students.export import export_student
 from students.model import count_parameters
 from students.patched_model import PatchedStudent, PatchedStudentConfig
+from students.push import push_folder
 from students.score import ScoreOptions, score
 from students.synthetic import SYNTHETIC_SOURCE
 from students.trainer import train
 from tests.launch import cpu_launch
 from tests.stores import random_texts, write_random_store
+from tests.test_export_push import FakeHub, hub  # noqa: F401 - the local Hub server fixture
 from tests.tiny_student import TINY, tiny_config
 
 PATCHED = {"architecture": "patched", "local_hidden_size": 16, "local_window": 6, "warmup_steps": 2, "lr": 3e-3}
@@ -275,3 +277,10 @@ def test_export_refuses_weights_of_the_other_architecture_naming_it(exported, tm
         shutil.copyfile(config / "config.json", mixed / "config.json")
         with pytest.raises(UserError, match=rf"does not match its config \({named}\)"):
             export_student(mixed, tmp_path / "out", teacher_tokenizer=llama3_tokenizer_path)
+
+
+def test_push_uploads_the_modeling_file(request, exported, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "hf_fake_token")
+    push_folder(exported[1], "me/patched", endpoint=request.getfixturevalue("hub"))
+    (commit,) = FakeHub.commits
+    assert {MODELING_FILE, "config.json", "model.safetensors"} <= set(commit["files"])
