@@ -9,9 +9,11 @@ text byte, held-out BPB, large-model steps per text byte, KV-cache bytes per tex
 context, generation FLOPs per byte, and measured generation speed (batch 1 and batch 8, caches
 on). Then a line starting ``summary`` with three ratios: large-model steps (patched / flat), BPB
 at equal training FLOPs (patched - flat), generation speed at equal or better BPB (patched /
-flat, batch 8). Stores and runs are cached under ``--workdir``: a rerun only measures again.
+flat, batch 8). Stores and runs are cached under ``--workdir``: a rerun only measures again, and
+``--only NAME …`` trains just those students (several such processes train in parallel; on a
+shared CPU one thread each, ``OMP_NUM_THREADS=1``, is the fastest).
 
-    python -m benchmarks.patched [--workdir runs/patched] [--steps 64] [--batch-size 4]
+    OMP_NUM_THREADS=1 python -m benchmarks.patched [--workdir runs/patched] [--steps 64] [--batch-size 4]
     python -m benchmarks.patched --device cuda --workdir runs/patched-gpu --steps 2000 --batch-size 32 \\
         --seq-len 512 --sizes-scale 2     # the prepared GPU line
 """
@@ -70,9 +72,11 @@ class Size:
 # the two families overlap in training FLOPs per symbol (printed in the table)
 SIZES = [
     Size("flat-128x4", "flat", 128, 4, 4),
+    Size("flat-192x4", "flat", 192, 4, 6),
     Size("flat-256x4", "flat", 256, 4, 4),
     Size("patched-256x4", "patched", 256, 4, 4, local_hidden=64, local_layers=1, local_window=64),
     Size("patched-384x4", "patched", 384, 4, 6, local_hidden=64, local_layers=1, local_window=64),
+    Size("patched-512x4", "patched", 512, 4, 8, local_hidden=64, local_layers=1, local_window=64),
 ]
 # the smallest of each family: its per-step time is the overhead of a generation step
 OVERHEAD = [
@@ -338,6 +342,9 @@ def main() -> None:
     parser.add_argument("--new-bytes", type=int, default=512, help="bytes to generate per row when timing")
     parser.add_argument("--prompt-symbols", type=int, default=32, help="prompt length when timing")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (training and timing)")
+    parser.add_argument(
+        "--only", nargs="*", default=None, help="train only these students (by name) and stop: runs in parallel"
+    )
     parser.add_argument("--plot", type=Path, default=None, help="PNG path (default: WORKDIR/patched.png)")
     args = parser.parse_args()
     if args.device == "cpu":
@@ -349,6 +356,11 @@ def main() -> None:
     teacher = str(smollm2_gguf())
     stores = (dump_store(work, "train", *TRAIN, teacher), dump_store(work, "heldout", *HELDOUT, teacher))
     rates = StreamRates(**rates_of_stores([stores[0]]))
+    if args.only is not None:
+        for size in SIZES:
+            if size.name in args.only:
+                train(work, size, args, stores)
+        return
     runs = [(size, train(work, size, args, stores)) for size in SIZES]
     torch.manual_seed(0)
     overheads = overhead(args, rates, stores[1])

@@ -191,11 +191,6 @@ class PatchedCache:
         """Global steps taken per row (the start step included)."""
         return self.global_length.clone()
 
-    def nbytes(self) -> int:
-        """Bytes the cache's key/value tensors hold (allocated capacity)."""
-        tensors = [t for pair in self.local for t in pair] + self.global_k + self.global_v
-        return sum(t.numel() * t.element_size() for t in tensors)
-
 
 # ------------------------------------------------------------------------------ model
 
