@@ -226,8 +226,11 @@ class PatchedStudent(PreTrainedModel, GenerationMixin):
 
     def _init_weights(self, module):
         super()._init_weights(module)
-        if isinstance(module, PatchedStudent):
+        if isinstance(module, PatchedStudent):  # after its children
             nn.init.normal_(module.global_start, std=self.config.initializer_range)
+            # Zero, so that the decoder starts from the local states alone: a random projection of the
+            # normalised global output (std 0.02·√width) would bury the embeddings (std 0.02) in noise.
+            nn.init.zeros_(module.global_down.weight)
 
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:

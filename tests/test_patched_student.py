@@ -54,7 +54,9 @@ def tiny_model(pooling: str = "mean", seed: int = 0) -> PatchedStudent:
         global_intermediate_size=64,
         patch_pooling=pooling,
     )
-    return PatchedStudent(config).eval()
+    model = PatchedStudent(config).eval()
+    torch.nn.init.normal_(model.global_down.weight, std=0.5)  # trained-like: the global output reaches the decoder
+    return model
 
 
 def random_stream(rows: int, length: int, seed: int, start_mid_token: bool = False) -> torch.Tensor:
