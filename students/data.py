@@ -39,6 +39,7 @@ def _store_dataset(paths: list[str], seq_len: int, batch_size: int, **kwargs: An
 def _describe_stores(paths: list[str]) -> dict[str, Any]:
     """Teacher and data as recorded in the stores' manifests (for run_info.json and the model card)."""
     from logit_store.store import read_manifest
+    from students.cost import rates_of_stores
 
     manifest = read_manifest(Path(paths[0]))
     return {
@@ -46,6 +47,7 @@ def _describe_stores(paths: list[str]) -> dict[str, Any]:
         "corpus": ", ".join(Path(p).name for p in paths),
         "corpus_hash": manifest.get("corpus_hash"),
         "encoding": manifest.get("encoding"),
+        "rates": rates_of_stores(paths),
     }
 
 

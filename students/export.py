@@ -31,7 +31,7 @@ from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
 from distill.alphabet import BOS, EOS, PAD
 from distill.errors import UserError, first_line
-from students import stream_tokenizer
+from students import architectures, stream_tokenizer
 from students.checkpoints import STATE_ERRORS, TRAINER_STATE, latest_checkpoint, read_json, require_complete
 from students.export_record import EXPORT_RECORD, foreign_entries, recorded_files, visible_entries, write_record
 from students.stream_tokenizer import TEACHER_TOKENIZER_FILE, TeacherTokens
@@ -73,15 +73,24 @@ def load_student(checkpoint: Path) -> LlamaForCausalLM:
     for needed in (config_file, weights_file):
         if not needed.is_file():
             raise UserError(f"checkpoint {checkpoint} lacks {needed.name}")
+    if architectures.architecture_of(config_file) == "patched":
+        return architectures.load_patched(checkpoint)
     model = LlamaForCausalLM(LlamaConfig.from_dict(read_json(config_file)))
     try:
         weights = load_file(str(weights_file))
     except STATE_ERRORS as exc:
         raise UserError(f"{weights_file} does not read ({first_line(exc)}): the file is damaged") from None
-    missing, unexpected = model.load_state_dict(weights, strict=False)
+    try:
+        missing, unexpected = model.load_state_dict(weights, strict=False)
+    except RuntimeError as exc:  # a tensor of another shape
+        reason = str(exc).strip().splitlines()[-1].strip()
+        raise UserError(f"{weights_file} does not match its config (a flat student): {reason}") from exc
     tied = {"lm_head.weight"} if model.config.tie_word_embeddings else set()
     if set(missing) - tied or unexpected:
-        raise UserError(f"{weights_file} does not match its config: missing {missing}, unexpected {unexpected}")
+        raise UserError(
+            f"{weights_file} does not match its config (a flat student): missing {missing[:3]}, "
+            f"unexpected {unexpected[:3]}"
+        )
     model.tie_weights()
     return model.eval()
 
@@ -175,6 +184,7 @@ def export_student(
         (output / name).unlink(missing_ok=True)
     output.mkdir(parents=True, exist_ok=True)
     before = visible_entries(output)
+    architectures.prepare_export(model, output)
     model.save_pretrained(output)
     build_tokenizer().save_pretrained(output)
     (output / TEACHER_TOKENIZER_FILE).write_text(tokenizer_json, encoding="utf-8")
@@ -184,7 +194,14 @@ def export_student(
     tokenizer_config["auto_map"] = stream_tokenizer.auto_map()
     config_file.write_text(json.dumps(tokenizer_config, indent=2) + "\n", encoding="utf-8")
     card = model_card(
-        info, model.config.max_position_embeddings, repo_id=repo_id, license=license, teacher=teacher, data=data
+        info,
+        model.config.max_position_embeddings,
+        repo_id=repo_id,
+        license=license,
+        teacher=teacher,
+        data=data,
+        architecture=architectures.architecture_of_model(model),
+        architecture_section=architectures.card_section(model, info),
     )
     card.save(output / "README.md")
     write_record(output, written_files(output, before))
@@ -197,7 +214,7 @@ USAGE = """```python
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 repo = "{repo}"  # or a local folder
-model = AutoModelForCausalLM.from_pretrained(repo)  # a stock Llama: no remote code
+model = {model_loading}
 # the stream tokenizer places the teacher's <eot> marks the student was trained with
 tokenizer = AutoTokenizer.from_pretrained(repo, trust_remote_code=True)
 
@@ -206,6 +223,23 @@ output = model.generate(**inputs, max_new_tokens=100, do_sample=True, top_k=50)
 # skip_special_tokens drops <bos>, <eos> and the <eot> token-boundary symbols
 print(tokenizer.decode(output[0], skip_special_tokens=True))
 ```"""
+
+
+# what the card says differs by architecture in these three places
+ARCHITECTURE_NAMES = {
+    "flat": "Llama architecture",
+    "patched": "patched hierarchical architecture: a global model over the teacher's tokens between a local byte "
+    "encoder and decoder",
+}
+MODEL_LOADING = {
+    "flat": "AutoModelForCausalLM.from_pretrained(repo)  # a stock Llama: no remote code",
+    "patched": "AutoModelForCausalLM.from_pretrained(repo, trust_remote_code=True)  # the patched student",
+}
+MODEL_CODE = {
+    "flat": "The model itself loads\nwith `AutoModelForCausalLM` and no remote code.",
+    "patched": f"The model (`{architectures.MODELING_FILE}`, importing only `torch`\nand `transformers`) "
+    "loads with `AutoModelForCausalLM` and `trust_remote_code=True` too.",
+}
 
 
 def _fmt(value: Any, digits: int = 4) -> str:
@@ -226,6 +260,8 @@ def model_card(
     license: str = "apache-2.0",
     teacher: str | None = None,
     data: str | None = None,
+    architecture: str = "flat",
+    architecture_section: str = "",
 ) -> ModelCard:
     """README.md: Hub metadata, results table, usage snippet, tokenizer notes and trained context."""
     config = info.get("config", {})
@@ -253,7 +289,7 @@ def model_card(
     )
     body = f"""# Byte-level student of {teacher}
 
-A byte-level causal language model (Llama architecture, {info.get("parameters", 0):,} parameters,
+A byte-level causal language model ({ARCHITECTURE_NAMES[architecture]}, {info.get("parameters", 0):,} parameters,
 260-symbol vocabulary) distilled with bytedistill from the token-level
 teacher **{teacher}** using its exact next-byte distributions
 (KL weight alpha = {config.get("alpha")}, temperature = {config.get("temperature")}).
@@ -272,9 +308,9 @@ teacher **{teacher}** using its exact next-byte distributions
 Bits per byte count every symbol's negative log-likelihood (including the `<eot>` token-boundary
 and `<eos>` symbols) divided by the number of UTF-8 bytes, so student and teacher are comparable.
 
-## Usage
+{architecture_section}## Usage
 
-{USAGE.format(repo=repo_id or "your-name/byte-student")}
+{USAGE.format(repo=repo_id or "your-name/byte-student", model_loading=MODEL_LOADING[architecture])}
 
 ## Tokenizers: why `trust_remote_code=True`
 
@@ -282,8 +318,7 @@ The student was trained on streams `<bos> bytes(t1) <eot> bytes(t2) <eot> …` w
 sit where the teacher's tokenizer ended its tokens. Its tokenizer (`tokenization_bytedistill.py`,
 loaded with `trust_remote_code=True`; it imports only `tokenizers` and `transformers`) runs the
 teacher's tokenizer (`teacher_tokenizer.json`) on your text only to place those marks; the model
-still reads every byte and, while generating, places its own `<eot>` marks. The model itself loads
-with `AutoModelForCausalLM` and no remote code.
+still reads every byte and, while generating, places its own `<eot>` marks. {MODEL_CODE[architecture]}
 
 Without `trust_remote_code`, `AutoTokenizer.from_pretrained(repo)` loads the plain byte tokenizer:
 `<bos>` + the UTF-8 bytes with no `<eot>` marks, inputs the model never saw in training, so it

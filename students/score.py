@@ -269,6 +269,8 @@ def _from_pretrained(folder: Path, **options):
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
+    import students.architectures  # noqa: F401 - registers the patched student: loaded with this library's class
+
     folder = Path(folder)
     if not (folder / "config.json").is_file():
         raise UserError(f"{folder} is not an exported model folder (no config.json)")

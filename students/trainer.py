@@ -43,6 +43,7 @@ import torch
 from distill.config import COUNT, FRACTION, NON_NEGATIVE, POSITIVE, SEED, at_least, check_ranges
 from distill.errors import UserError
 from logit_store.dataset import SplitBatches
+from students.architectures import ARCHITECTURES, build_from_train_config, require_architecture
 from students.checkpoints import (
     METRICS,
     RUN_INFO,
@@ -56,10 +57,11 @@ from students.checkpoints import (
     save_checkpoint,
     write_json,
 )
+from students.cost import StreamRates, student_cost, summary_line
 from students.data import STORE_SOURCE, BatchStream, DataSource, to_device, utf8_bytes
 from students.evaluation import EvalMetrics, evaluate
 from students.loss import distill_loss
-from students.model import PRESETS, build_student, count_parameters, student_config
+from students.model import PRESETS, count_parameters
 from students.run_directory import TRACKER, claim, refuse_foreign, run_lock
 
 
@@ -69,6 +71,14 @@ class TrainConfig:
     output_dir: str = field(metadata={"help": "directory for checkpoints, metrics.jsonl, run_info.json and logs"})
     eval_store: str | None = field(default=None, metadata={"help": "held-out logit store for periodic evaluation"})
     # student
+    architecture: str = field(
+        default="flat",
+        metadata={
+            "help": "flat: a Llama over symbols; patched: a global model over the teacher's tokens with a local "
+            "byte encoder and decoder",
+            "choices": list(ARCHITECTURES),
+        },
+    )
     preset: str = field(default="small", metadata={"help": "student size preset", "choices": list(PRESETS)})
     hidden_size: int | None = field(
         default=None, metadata={"help": "override the preset's hidden size", "range": COUNT}
@@ -89,6 +99,15 @@ class TrainConfig:
         default=None, metadata={"help": "model's maximum positions (default: seq_len)", "range": COUNT}
     )
     rope_theta: float = field(default=10000.0, metadata={"help": "rotary embedding base", "range": POSITIVE})
+    local_hidden_size: int | None = field(
+        default=None, metadata={"help": "patched: the local layers' width", "range": COUNT}
+    )
+    local_layers: int | None = field(
+        default=None, metadata={"help": "patched: local encoder (= decoder) layers", "range": COUNT}
+    )
+    local_window: int | None = field(
+        default=None, metadata={"help": "patched: symbols a local layer attends to", "range": COUNT}
+    )
     # data and batch
     seq_len: int = field(default=512, metadata={"help": "symbols per training sequence", "range": at_least(2)})
     batch_size: int = field(default=16, metadata={"help": "sequences per micro-batch per process", "range": COUNT})
@@ -336,10 +355,13 @@ def start_run(config: TrainConfig, source: DataSource, accelerator: Any) -> tupl
     state, position = TrainerState(), {"epoch": 0, "batches": 0}
     resume_from = resolve_resume(config.resume, output_dir)
     if resume_from is not None:
+        require_architecture(resume_from, config.architecture)
         state, position = load_checkpoint(accelerator, model, resume_from, train_set.order_settings())
         if accelerator.is_main_process:
             keep_metrics_until(output_dir / METRICS, state.step)
     accelerator.init_trackers(TRACKER, config=_hparams(config))
+    data = source.describe(config.train_stores)
+    accelerator.print(summary_line(student_cost(accelerator.unwrap_model(model)), _rates(data), config.seq_len))
     bar = tqdm(
         total=config.max_steps,
         initial=state.step,
@@ -354,7 +376,7 @@ def start_run(config: TrainConfig, source: DataSource, accelerator: Any) -> tupl
         optimizer,
         BatchStream(train_set, **position),
         eval_set,
-        source.describe(config.train_stores),
+        data,
         state,
         bar,
         window=(time.perf_counter(), 0),
@@ -483,13 +505,21 @@ def finish(run: Run, last_checkpoint: Path) -> TrainResult:
 
 
 def run_info(run: Run) -> dict[str, Any]:
+    model = run.accelerator.unwrap_model(run.model)
     return {
         "run_id": run.run_id,
         "config": dataclasses.asdict(run.config),
         "data": run.data,
-        "parameters": count_parameters(run.accelerator.unwrap_model(run.model)),
+        "parameters": count_parameters(model),
+        "student": dataclasses.asdict(student_cost(model)),
         **dataclasses.asdict(run.state),
     }
+
+
+def _rates(data: dict[str, Any]) -> StreamRates | None:
+    """The data's symbols and patches per byte, when its description has them."""
+    rates = data.get("rates")
+    return StreamRates(**rates) if rates else None
 
 
 def _accelerator(config: TrainConfig, log_dir: Path):
@@ -517,17 +547,7 @@ def _hparams(config: TrainConfig) -> dict[str, Any]:
 
 
 def _model_and_optimizer(config: TrainConfig) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-    model_config = student_config(
-        config.preset,
-        hidden_size=config.hidden_size,
-        num_layers=config.num_layers,
-        num_heads=config.num_heads,
-        num_kv_heads=config.num_kv_heads,
-        intermediate_size=config.intermediate_size,
-        max_positions=config.max_positions or config.seq_len,
-        rope_theta=config.rope_theta,
-    )
-    model = build_student(model_config, seed=config.seed)
+    model = build_from_train_config(config)
     decay = [p for p in model.parameters() if p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.ndim < 2]
     groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]

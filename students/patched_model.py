@@ -1,0 +1,438 @@
+"""The ``<eot>``-patched hierarchical byte student (docs/DESIGN.md, "The patched student").
+
+The stream ``<bos> bytes(t_1) <eot> bytes(t_2) <eot> …`` already marks where each teacher token
+ends, and the student predicts those marks itself, so its patches are the teacher's tokens:
+
+- a small **local encoder** (byte embeddings + causal layers over symbols, each attending to at
+  most ``local_window`` symbols) gives every symbol a local state ``h_i``;
+- a **patch** closes at each ``<eot>`` and ``<bos>``; its vector is pooled (``patch_pooling``:
+  the mean, or the last) from its symbols' local states;
+- a large **global transformer**, causal over patches, steps once per closed patch; its input is a
+  learned start vector followed by the closed patches, so its output ``G_k`` has read exactly the
+  first ``k`` patches;
+- a small **local decoder** (causal layers over symbols, same window) predicts the symbol after
+  ``i`` from ``h_i + down(G_k(i))``, where ``k(i)`` counts the patches closed at positions ``≤ i``:
+  at an ``<eot>`` that includes the patch it just closed.
+
+Everything position ``i`` reads comes from symbols ``≤ i`` (the boundaries too), so the model is
+causal with no lookahead, and a window that starts mid-token simply has a partial first patch.
+
+Inference keeps a :class:`PatchedCache`: the last ``local_window`` keys/values of every local
+layer, the global keys/values per row (rows close patches at different steps; the global model
+runs only for the rows whose new symbol closes one), the open patch's pooled sum and each row's
+current global output. ``generate()`` works through ``GenerationMixin``.
+
+Self-contained on purpose: ``export`` copies this file into the model folder as
+``modeling_bytedistill_patched.py`` (``AutoModelForCausalLM.from_pretrained(folder,
+trust_remote_code=True)``), where bytedistill is not installed, so it imports only ``torch`` and
+``transformers``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+NUM_SYMBOLS, EOT, BOS, EOS, PAD = 260, 256, 257, 258, 259
+POOLINGS = ("mean", "last")
+# the output field that carries the cache back to generate(): "cache" in recent transformers
+_CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+
+
+class PatchedStudentConfig(PretrainedConfig):
+    model_type = "bytedistill_patched"
+
+    def __init__(
+        self,
+        vocab_size: int = NUM_SYMBOLS,
+        local_hidden_size: int = 128,
+        local_heads: int = 4,
+        local_intermediate_size: int = 384,
+        encoder_layers: int = 1,
+        decoder_layers: int = 1,
+        local_window: int = 64,
+        global_hidden_size: int = 256,
+        global_layers: int = 4,
+        global_heads: int = 4,
+        global_intermediate_size: int = 768,
+        patch_pooling: str = "mean",
+        max_position_embeddings: int = 2048,
+        rope_theta: float = 10000.0,
+        rms_norm_eps: float = 1e-5,
+        initializer_range: float = 0.02,
+        bos_token_id: int = BOS,
+        eos_token_id: int = EOS,
+        pad_token_id: int = PAD,
+        eot_token_id: int = EOT,
+        **kwargs,
+    ):
+        if patch_pooling not in POOLINGS:
+            raise ValueError(f"patch_pooling must be one of {POOLINGS}, got {patch_pooling!r}")
+        for width, heads in ((local_hidden_size, local_heads), (global_hidden_size, global_heads)):
+            if width % heads or (width // heads) % 2:
+                raise ValueError(f"hidden size {width} must split into {heads} heads of an even size")
+        self.vocab_size = vocab_size
+        self.local_hidden_size, self.local_heads = local_hidden_size, local_heads
+        self.local_intermediate_size = local_intermediate_size
+        self.encoder_layers, self.decoder_layers, self.local_window = encoder_layers, decoder_layers, local_window
+        self.global_hidden_size, self.global_layers, self.global_heads = global_hidden_size, global_layers, global_heads
+        self.global_intermediate_size = global_intermediate_size
+        self.patch_pooling = patch_pooling
+        self.max_position_embeddings, self.rope_theta = max_position_embeddings, rope_theta
+        self.rms_norm_eps, self.initializer_range = rms_norm_eps, initializer_range
+        self.eot_token_id = eot_token_id
+        kwargs.setdefault("tie_word_embeddings", False)
+        super().__init__(bos_token_id=bos_token_id, eos_token_id=eos_token_id, pad_token_id=pad_token_id, **kwargs)
+
+
+# ------------------------------------------------------------------------------ layers
+
+
+def _rotate(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotary embedding of ``x`` (B, H, T, D) at ``positions`` (T,) or (B, T)."""
+    half = x.shape[-1] // 2
+    freqs = theta ** (-torch.arange(half, device=x.device, dtype=torch.float32) / half)
+    angles = positions.to(torch.float32).unsqueeze(-1) * freqs  # (..., T, half)
+    if angles.dim() == 3:
+        angles = angles.unsqueeze(1)  # per row: (B, 1, T, half)
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    first, second = x[..., :half], x[..., half:]
+    return torch.cat([first * cos - second * sin, first * sin + second * cos], dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, width: int, heads: int, theta: float):
+        super().__init__()
+        self.heads, self.theta = heads, theta
+        self.qkv = nn.Linear(width, 3 * width, bias=False)
+        self.out = nn.Linear(width, width, bias=False)
+
+    def project(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries, keys, values (B, H, T, D), rotated to ``positions``."""
+        b, t, _ = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
+        return _rotate(q, positions, self.theta), _rotate(k, positions, self.theta), v
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """``mask`` (T_q, T_k) or (B, 1, T_q, T_k): True where a query may read a key."""
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        b, _, t, _ = y.shape
+        return self.out(y.transpose(1, 2).reshape(b, t, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, width: int, inner: int):
+        super().__init__()
+        self.gate = nn.Linear(width, inner, bias=False)
+        self.up = nn.Linear(width, inner, bias=False)
+        self.down = nn.Linear(inner, width, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(F.silu(self.gate(x)) * self.up(x))
+
+
+class Block(nn.Module):
+    """Pre-norm attention + SwiGLU MLP; the attention's keys/values may come from a cache."""
+
+    def __init__(self, width: int, heads: int, inner: int, theta: float, eps: float):
+        super().__init__()
+        self.attention_norm = nn.RMSNorm(width, eps=eps)
+        self.attention = Attention(width, heads, theta)
+        self.mlp_norm = nn.RMSNorm(width, eps=eps)
+        self.mlp = MLP(width, inner)
+
+    def forward(self, x, positions, mask, keys_values=None):
+        """``keys_values(k, v) -> (k_all, v_all)`` joins the new keys/values with cached ones."""
+        q, k, v = self.attention.project(self.attention_norm(x), positions)
+        if keys_values is not None:
+            k, v = keys_values(k, v)
+        x = x + self.attention.attend(q, k, v, mask)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+def local_mask(query_positions: torch.Tensor, key_positions: torch.Tensor, window: int) -> torch.Tensor:
+    """Causal, at most ``window`` keys back (the query's own included)."""
+    back = query_positions.unsqueeze(-1) - key_positions.unsqueeze(-2)
+    return (back >= 0) & (back < window)
+
+
+# ------------------------------------------------------------------------------ cache
+
+
+class PatchedCache:
+    """What generation carries between steps (passed in and returned, never hidden in the model).
+
+    ``local[l]``: keys/values (B, H, ≤ window, D) of local layer ``l`` (encoder layers, then
+    decoder layers), the same length for every row; ``global_k/global_v[l]`` (B, H, capacity, D)
+    with ``global_length`` (B,) valid entries per row; ``open_sum``/``open_count``: the pooled
+    local states of each row's open patch; ``context`` (B, global hidden): each row's latest
+    global output; ``seen``: symbols consumed.
+    """
+
+    is_compileable = False
+
+    def __init__(self):
+        self.seen = 0
+        self.local: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.global_k: list[torch.Tensor] = []
+        self.global_v: list[torch.Tensor] = []
+        self.global_length: torch.Tensor | None = None
+        self.open_sum: torch.Tensor | None = None
+        self.open_count: torch.Tensor | None = None
+        self.context: torch.Tensor | None = None
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.seen
+
+    def global_steps(self) -> torch.Tensor:
+        """Global steps taken per row (the start step included)."""
+        return self.global_length.clone()
+
+
+# ------------------------------------------------------------------------------ model
+
+
+class PatchedStudent(PreTrainedModel, GenerationMixin):
+    config_class = PatchedStudentConfig
+    base_model_prefix = "student"
+    main_input_name = "input_ids"
+    _no_split_modules = ["Block"]  # noqa: RUF012 - transformers reads the class attribute
+
+    def __init__(self, config: PatchedStudentConfig):
+        super().__init__(config)
+        dl, dg, theta, eps = config.local_hidden_size, config.global_hidden_size, config.rope_theta, config.rms_norm_eps
+
+        def local_block():
+            return Block(dl, config.local_heads, config.local_intermediate_size, theta, eps)
+
+        self.embed = nn.Embedding(config.vocab_size, dl)
+        self.encoder = nn.ModuleList(local_block() for _ in range(config.encoder_layers))
+        self.patch_norm = nn.RMSNorm(dl, eps=eps)
+        self.patch_up = nn.Linear(dl, dg, bias=False)
+        self.global_start = nn.Parameter(torch.zeros(dg))
+        self.global_layers = nn.ModuleList(
+            Block(dg, config.global_heads, config.global_intermediate_size, theta, eps)
+            for _ in range(config.global_layers)
+        )
+        self.global_norm = nn.RMSNorm(dg, eps=eps)
+        self.global_down = nn.Linear(dg, dl, bias=False)
+        self.decoder = nn.ModuleList(local_block() for _ in range(config.decoder_layers))
+        self.final_norm = nn.RMSNorm(dl, eps=eps)
+        self.lm_head = nn.Linear(dl, config.vocab_size, bias=False)
+        self.post_init()
+
+    def _init_weights(self, module):
+        super()._init_weights(module)
+        if isinstance(module, PatchedStudent):  # after its children
+            nn.init.normal_(module.global_start, std=self.config.initializer_range)
+            # Zero, so that the decoder starts from the local states alone: a random projection of the
+            # normalised global output (std 0.02·√width) would bury the embeddings (std 0.02) in noise.
+            nn.init.zeros_(module.global_down.weight)
+
+    @classmethod
+    def _supports_default_dynamic_cache(cls) -> bool:
+        return False  # the model makes its own PatchedCache
+
+    def get_input_embeddings(self):
+        return self.embed
+
+    def set_input_embeddings(self, value):
+        self.embed = value
+
+    @staticmethod
+    def closes(input_ids: torch.Tensor) -> torch.Tensor:
+        """Where a patch closes: at each ``<eot>`` and ``<bos>``."""
+        return (input_ids == EOT) | (input_ids == BOS)
+
+    # --------------------------------------------------------------------------- full sequence
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        cache: PatchedCache | None = None,
+        use_cache: bool | None = None,
+        labels: torch.LongTensor | None = None,
+        return_dict: bool | None = None,
+        past_key_values: PatchedCache | None = None,
+        **kwargs,
+    ) -> CausalLMOutputWithPast:
+        """Logits (B, T, 260) for every position; with ``use_cache`` (or a cache given) also the cache."""
+        if input_ids is None:
+            raise ValueError("the patched student reads input_ids (it has no inputs_embeds path)")
+        if attention_mask is not None and not bool(attention_mask.bool().all()):
+            raise ValueError("the patched student takes unpadded batches: give prompts of one length")
+        cache = cache if cache is not None else past_key_values
+        if cache is None and use_cache:
+            cache = PatchedCache()
+        if cache is not None and cache.seen > 0:
+            logits = torch.cat([self._step(input_ids[:, i], cache) for i in range(input_ids.shape[1])], dim=1)
+        else:
+            logits = self._full(input_ids, cache)
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100)
+        return CausalLMOutputWithPast(loss=loss, logits=logits, **{_CACHE_FIELD: cache})
+
+    def _full(self, input_ids: torch.Tensor, cache: PatchedCache | None) -> torch.Tensor:
+        """All positions in parallel; fills an empty ``cache`` when given."""
+        config = self.config
+        b, t = input_ids.shape
+        positions = torch.arange(t, device=input_ids.device)
+        mask = local_mask(positions, positions, config.local_window)
+        keep = _keep_last(cache, config.local_window)
+
+        h = self.embed(input_ids)
+        for block in self.encoder:
+            h = block(h, positions, mask, keep)
+        closes = self.closes(input_ids)
+        closed_by = closes.long().cumsum(1)  # patches closed at positions <= i
+        patch_of = closed_by - closes.long()  # the patch position i belongs to
+        num_closed = closed_by[:, -1]
+        slots = int(num_closed.max()) + 1  # closed patches, then each row's open one
+        sums, counts = self._pool(h, closes, patch_of, slots)
+        patches = self.patch_up(self.patch_norm(sums[:, :-1] / counts[:, :-1].clamp_min(1).unsqueeze(-1)))
+        g = torch.cat([self.global_start.to(patches.dtype).expand(b, 1, -1), patches], dim=1)
+        global_positions = torch.arange(slots, device=input_ids.device)
+        causal = local_mask(global_positions, global_positions, slots)
+        for block in self.global_layers:
+            g = block(g, global_positions, causal, _keep_all(cache))
+        g = self.global_norm(g)
+        context = g.gather(1, closed_by.unsqueeze(-1).expand(-1, -1, g.shape[-1]))  # G_k(i)
+        x = h + self.global_down(context)
+        for block in self.decoder:
+            x = block(x, positions, mask, keep)
+        logits = self.lm_head(self.final_norm(x))
+        if cache is not None:
+            rows = torch.arange(b, device=input_ids.device)
+            cache.seen = t
+            cache.global_length = num_closed + 1
+            cache.open_sum, cache.open_count = sums[rows, num_closed], counts[rows, num_closed]
+            cache.context = g[rows, num_closed]
+        return logits
+
+    def _pool(self, h, closes, patch_of, slots):
+        """Per row and patch: the pooled sum of local states and how many there are (B, slots, ·)."""
+        if self.config.patch_pooling == "last":
+            weights = torch.zeros_like(closes, dtype=h.dtype)
+            weights[:, -1] = 1.0  # the open patch's latest state, for the cache
+            weights = torch.where(closes, 1.0, weights).to(h.dtype)
+        else:
+            weights = torch.ones_like(closes, dtype=h.dtype)
+        b, _, d = h.shape
+        sums = h.new_zeros(b, slots, d).scatter_add_(
+            1, patch_of.unsqueeze(-1).expand(-1, -1, d), h * weights[..., None]
+        )
+        counts = weights.new_zeros(b, slots).scatter_add_(1, patch_of, weights)
+        return sums, counts
+
+    # --------------------------------------------------------------------------- one step
+
+    @torch.no_grad()
+    def _step(self, symbol: torch.Tensor, cache: PatchedCache) -> torch.Tensor:
+        """Logits (B, 1, 260) after one more symbol per row; updates ``cache``."""
+        config = self.config
+        position = torch.full((1,), cache.seen, device=symbol.device)
+        window = config.local_window
+
+        def run_local(x, block, index):
+            past_k, past_v = cache.local[index]
+            k_positions = torch.arange(cache.seen - past_k.shape[2], cache.seen + 1, device=symbol.device)
+
+            def join(k, v):
+                keys, values = (
+                    torch.cat([past_k, k], dim=2)[:, :, -window:],
+                    torch.cat([past_v, v], dim=2)[:, :, -window:],
+                )
+                cache.local[index] = (keys, values)
+                return keys, values
+
+            return block(x, position, local_mask(position, k_positions[-window:], window), join)
+
+        h = self.embed(symbol).unsqueeze(1)
+        for index, block in enumerate(self.encoder):
+            h = run_local(h, block, index)
+        closing = self.closes(symbol)
+        if config.patch_pooling == "last":
+            cache.open_sum, cache.open_count = h[:, 0].clone(), torch.ones_like(cache.open_count)
+        else:
+            cache.open_sum, cache.open_count = cache.open_sum + h[:, 0], cache.open_count + 1
+        rows = closing.nonzero().squeeze(-1)
+        if rows.numel():
+            self._global_step(rows, cache)
+        x = h + self.global_down(cache.context).unsqueeze(1)
+        for index, block in enumerate(self.decoder, start=len(self.encoder)):
+            x = run_local(x, block, index)
+        cache.seen += 1
+        return self.lm_head(self.final_norm(x))
+
+    def _global_step(self, rows: torch.Tensor, cache: PatchedCache) -> None:
+        """Close the open patch of ``rows``: one global step for them only."""
+        pooled = cache.open_sum[rows] / cache.open_count[rows].clamp_min(1).unsqueeze(-1)
+        g = self.patch_up(self.patch_norm(pooled)).unsqueeze(1)
+        at = cache.global_length[rows]  # each row's next global position
+        _grow(cache, int(at.max()) + 1)
+        used = int(at.max()) + 1
+        mask = (torch.arange(used, device=g.device) <= at.unsqueeze(-1)).view(len(rows), 1, 1, used)
+        for index, block in enumerate(self.global_layers):
+
+            def join(k, v, index=index):
+                cache.global_k[index][rows, :, at] = k[:, :, 0]
+                cache.global_v[index][rows, :, at] = v[:, :, 0]
+                return cache.global_k[index][rows, :, :used], cache.global_v[index][rows, :, :used]
+
+            g = block(g, at.unsqueeze(-1), mask, join)
+        cache.context[rows] = self.global_norm(g)[:, 0]
+        cache.global_length[rows] += 1
+        cache.open_sum[rows] = 0.0
+        cache.open_count[rows] = 0.0
+
+    # --------------------------------------------------------------------------- generate()
+
+    def prepare_inputs_for_generation(
+        self, input_ids, cache=None, past_key_values=None, use_cache=None, attention_mask=None, **kwargs
+    ):
+        """Only the symbols the cache has not consumed (all of them without a cache)."""
+        cache = cache if cache is not None else past_key_values
+        if cache is not None and cache.seen > 0:
+            return {"input_ids": input_ids[:, cache.seen :], "use_cache": use_cache, "cache": cache}
+        return {"input_ids": input_ids, "use_cache": use_cache, "cache": cache, "attention_mask": attention_mask}
+
+
+def _keep_last(cache: PatchedCache | None, window: int):
+    """A key/value hook for the local layers of a full pass: remember the last ``window`` of each."""
+    if cache is None:
+        return None
+
+    def keep(k, v):
+        cache.local.append((k[:, :, -window:], v[:, :, -window:]))
+        return k, v
+
+    return keep
+
+
+def _keep_all(cache: PatchedCache | None):
+    """A key/value hook for the global layers of a full pass: remember them all."""
+    if cache is None:
+        return None
+
+    def keep(k, v):
+        cache.global_k.append(k)
+        cache.global_v.append(v)
+        return k, v
+
+    return keep
+
+
+def _grow(cache: PatchedCache, needed: int) -> None:
+    """Room for ``needed`` global positions per row (capacity doubles)."""
+    capacity = cache.global_k[0].shape[2]
+    if needed <= capacity:
+        return
+    extra = max(needed, 2 * capacity) - capacity
+    for store in (cache.global_k, cache.global_v):
+        for index, tensor in enumerate(store):
+            store[index] = torch.cat([tensor, tensor.new_zeros(*tensor.shape[:2], extra, tensor.shape[3])], dim=2)
