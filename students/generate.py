@@ -1,7 +1,9 @@
 """Sample text from an exported student folder (``bytedistill generate``).
 
 The prompt becomes the training stream (the teacher's ``<eot>`` marks, via the folder's stream
-tokenizer); the student places its own ``<eot>`` marks in what it generates. Past the trained
+tokenizer) up to its last word, whose bytes are fed with the student placing the ``<eot>`` marks
+(``HealingProcessor``: the word may go on, so the teacher's segmentation of the cut-off word is not
+imposed); the student places its own ``<eot>`` marks in what it generates. Past the trained
 context the window slides: generation continues from the last half context of symbols, so no
 position the student never trained is run.
 """
@@ -21,6 +23,7 @@ from transformers import (
 
 from distill.alphabet import BOS, EOS, EOT, NUM_BYTES
 from students.score import load_model, load_stream_tokenizer
+from students.stream_tokenizer import HealingProcessor
 from students.tokenizer import decode_bytes
 
 
@@ -64,24 +67,26 @@ def generate_bytes(model, tokenizer, prompt: str, options: GenerateOptions) -> b
     """The continuation's exact bytes (``<eot>`` and other specials dropped)."""
     torch.manual_seed(options.seed)
     context = model.config.max_position_embeddings
-    symbols = tokenizer(prompt).input_ids
+    symbols, open_bytes = tokenizer.encode_prompt(prompt.encode("utf-8"))
     prompt_len = len(symbols)
+    wanted = len(open_bytes) + options.max_new_bytes  # the prompt's last word, then the continuation
     sampling = (
         {} if options.greedy else {"temperature": options.temperature, "top_k": options.top_k, "top_p": options.top_p}
     )
     produced = 0
-    while produced < options.max_new_bytes and symbols[-1] != EOS:  # a byte at least every other symbol
+    while produced < wanted and symbols[-1] != EOS:  # a byte at least every other symbol
         window = symbols if len(symbols) < context else symbols[-max(context // 2, 1) :]
+        healing = HealingProcessor([open_bytes[produced:]], len(window))
         output = model.generate(
             input_ids=torch.tensor([window]),
             attention_mask=torch.ones(1, len(window), dtype=torch.long),
             do_sample=not options.greedy,
             max_new_tokens=context - len(window),
-            stopping_criteria=StoppingCriteriaList([_ByteBudget(len(window), options.max_new_bytes - produced)]),
-            logits_processor=LogitsProcessorList([_NoEmptyToken()]),
+            stopping_criteria=StoppingCriteriaList([_ByteBudget(len(window), wanted - produced)]),
+            logits_processor=LogitsProcessorList([_NoEmptyToken(), healing]),
             **sampling,
         )
         new = output[0, len(window) :].tolist()
         symbols += new
         produced += sum(1 for s in new if s < NUM_BYTES)
-    return decode_bytes(symbols[prompt_len:])[: options.max_new_bytes]
+    return decode_bytes(symbols[prompt_len:])[len(open_bytes) : wanted]
