@@ -17,6 +17,7 @@ new export into the folder first removes them (it refuses a folder holding anyth
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -28,6 +29,7 @@ from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
 from distill.alphabet import BOS, EOS, PAD
 from distill.errors import UserError
+from distill.vocab import TeacherVocab
 from students import stream_tokenizer
 from students.checkpoints import latest_checkpoint
 from students.stream_tokenizer import TEACHER_TOKENIZER_FILE, TeacherTokens
@@ -79,9 +81,11 @@ def read_run_info(checkpoint: Path) -> dict[str, Any]:
 
 def teacher_tokenizer_json(source: str | None, info: dict[str, Any]) -> str:
     """The teacher's ``tokenizer.json`` text: from ``source`` (tokenizer.json, model folder or .gguf),
-    else the teacher recorded in the training store; checked against the store's vocabulary."""
+    else the teacher recorded in the training store; checked against the store's vocabulary, with
+    every added token the dump treats as special marked special (its literal text is text)."""
+    from distill.encode import with_specials_marked
     from distill.vocab import load_teacher_tokenizer, vocab_from_tokenizer
-    from logit_store.store import read_manifest
+    from logit_store.store import LogitStore, read_manifest
 
     stores = [Path(p) for p in info.get("config", {}).get("train_stores", [])]
     manifest = read_manifest(stores[0]) if stores and stores[0].is_dir() else {}
@@ -89,15 +93,24 @@ def teacher_tokenizer_json(source: str | None, info: dict[str, Any]) -> str:
     if not source:
         raise UserError("give --teacher-tokenizer: the training store that names the teacher is not found")
     tokenizer = load_teacher_tokenizer(source)
-    if manifest.get("vocab_hash") and vocab_from_tokenizer(tokenizer).hash != manifest["vocab_hash"]:
+    vocab = vocab_from_tokenizer(tokenizer)
+    if manifest.get("vocab_hash") and not same_tokens(vocab, LogitStore(stores[0]).vocab):
         raise UserError(f"the tokenizer of {source} is not the one the training store {stores[0]} was dumped with")
     backend = getattr(tokenizer, "backend_tokenizer", tokenizer)
-    text = backend.to_str()
+    text = json.dumps(with_specials_marked(json.loads(backend.to_str()), vocab), ensure_ascii=False)
     try:
         TeacherTokens(text)
     except ValueError as exc:
         raise UserError(f"{source}: {exc}") from exc
     return text
+
+
+def same_tokens(vocab: TeacherVocab, stored: TeacherVocab) -> bool:
+    """Whether a tokenizer's vocabulary is the one a store was dumped with: the same bytes and
+    specials, once padded to the store's output rows (Phi-3), whatever the end-of-text names."""
+    if stored.size > vocab.size:
+        vocab = vocab.padded_to(stored.size)
+    return dataclasses.replace(vocab, end_of_text_ids=stored.end_of_text_ids).hash == stored.hash
 
 
 def trained_context(model: LlamaForCausalLM, info: dict[str, Any]) -> int:
