@@ -14,14 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from transformers import (
-    LogitsProcessor,
-    LogitsProcessorList,
-    StoppingCriteria,
-    StoppingCriteriaList,
-)
+from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
-from distill.alphabet import BOS, EOS, EOT, NUM_BYTES
+from distill.alphabet import EOS, NUM_BYTES
 from students.score import load_model, load_stream_tokenizer
 from students.stream_tokenizer import HealingProcessor
 from students.tokenizer import decode_bytes
@@ -36,15 +31,6 @@ class _ByteBudget(StoppingCriteria):
     def __call__(self, input_ids: torch.LongTensor, scores, **kwargs) -> torch.BoolTensor:
         produced = (input_ids[:, self.prompt_len :] < NUM_BYTES).sum(-1)
         return produced >= self.max_bytes
-
-
-class _NoEmptyToken(LogitsProcessor):
-    """A teacher token has at least one byte: no ``<eot>`` right after ``<bos>`` or ``<eot>``."""
-
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        empty = (input_ids[:, -1] == EOT) | (input_ids[:, -1] == BOS)
-        scores[empty, EOT] = float("-inf")
-        return scores
 
 
 @dataclass
@@ -83,7 +69,7 @@ def generate_bytes(model, tokenizer, prompt: str, options: GenerateOptions) -> b
             do_sample=not options.greedy,
             max_new_tokens=context - len(window),
             stopping_criteria=StoppingCriteriaList([_ByteBudget(len(window), wanted - produced)]),
-            logits_processor=LogitsProcessorList([_NoEmptyToken(), healing]),
+            logits_processor=LogitsProcessorList([healing]),
             **sampling,
         )
         new = output[0, len(window) :].tolist()

@@ -272,28 +272,24 @@ class HealingProcessor(LogitsProcessor):
     """Feeds each row's open bytes (its prompt's last word) to ``generate``, for any model.
 
     Row ``r`` of the batch has ``forced[r]`` still to come after the ``prompt_length`` symbols it
-    was given: while some are left, only the next one and ``<eot>`` keep their scores (``<eot>``
-    not right after ``<bos>`` or ``<eot>``: a token has a byte), so the model's own choice between
-    them places the ``<eot>`` marks inside the word. Then generation goes on freely.
+    was given: while some are left, only the next one and ``<eot>`` keep their scores, so the
+    model's own choice between them places the ``<eot>`` marks inside the word; then generation
+    goes on freely. Throughout, ``<eot>`` never follows ``<bos>`` or ``<eot>`` (a token has a byte).
     """
 
     def __init__(self, forced: list[bytes], prompt_length: int):
         self.forced, self.prompt_length = list(forced), prompt_length
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        empty = (input_ids[:, -1] == EOT) | (input_ids[:, -1] == BOS)
+        scores[empty, EOT] = float("-inf")
         produced = (input_ids[:, self.prompt_length :] < NUM_BYTES).sum(-1).tolist()
         for row, (tail, done) in enumerate(zip(self.forced, produced)):
-            if done >= len(tail):
-                continue
-            allowed = [tail[done]] + ([EOT] if int(input_ids[row, -1]) not in (EOT, BOS) else [])
-            kept = scores[row, allowed].clone()
-            scores[row] = float("-inf")
-            scores[row, allowed] = kept
+            if done < len(tail):
+                kept = scores[row, [tail[done], EOT]].clone()
+                scores[row] = float("-inf")
+                scores[row, [tail[done], EOT]] = kept
         return scores
-
-    def open_symbols(self) -> int:
-        """At most how many symbols the forced bytes take (each byte, and an ``<eot>`` after it)."""
-        return 2 * max((len(tail) for tail in self.forced), default=0)
 
 
 class ByteStreamTokenizer(PreTrainedTokenizer):
