@@ -9,7 +9,10 @@ generation; ``<bos>``/``<pad>`` never generated), two tokenizers and a model car
   ``teacher_tokenizer.json``; it gives the student the training stream with the teacher's
   ``<eot>`` marks;
 - the plain byte tokenizer (``tokenizer.json``; stock ``AutoTokenizer``, no remote code): bytes
-  without ``<eot>`` marks, which the student never saw in training (worse BPB, stated in the card).
+  without ``<eot>`` marks, which the student never saw in training (worse BPB, stated in the card);
+- ``custom_generate/generate.py`` (a copy of :mod:`students.custom_generate`): with
+  ``trust_remote_code=True`` on the model too, ``model.generate`` heals prompts given as complete
+  streams (lm-evaluation-harness's generation tasks).
 
 ``bytedistill_export.json`` records every file export wrote; ``push`` uploads only those, and a
 new export into the folder first removes them (it refuses a folder holding anything else).
@@ -30,13 +33,14 @@ from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 from distill.alphabet import BOS, EOS, PAD
 from distill.errors import UserError
 from distill.vocab import TeacherVocab
-from students import stream_tokenizer
+from students import custom_generate, stream_tokenizer
 from students.checkpoints import latest_checkpoint
 from students.stream_tokenizer import TEACHER_TOKENIZER_FILE, TeacherTokens
 from students.tokenizer import build_tokenizer
 
 EXPORT_RECORD = "bytedistill_export.json"
 REMOTE_CODE_FILE = "tokenization_bytedistill.py"
+CUSTOM_GENERATE_FILE = "custom_generate/generate.py"  # transformers binds it as model.generate (trust_remote_code)
 
 
 def resolve_checkpoint(path: Path) -> Path:
@@ -162,6 +166,8 @@ def export_student(
     build_tokenizer().save_pretrained(output)
     (output / TEACHER_TOKENIZER_FILE).write_text(tokenizer_json, encoding="utf-8")
     shutil.copyfile(stream_tokenizer.__file__, output / REMOTE_CODE_FILE)
+    (output / CUSTOM_GENERATE_FILE).parent.mkdir(exist_ok=True)
+    shutil.copyfile(custom_generate.__file__, output / CUSTOM_GENERATE_FILE)
     config_file = output / "tokenizer_config.json"
     tokenizer_config = json.loads(config_file.read_text(encoding="utf-8"))
     tokenizer_config["auto_map"] = stream_tokenizer.auto_map()
@@ -195,15 +201,32 @@ model = AutoModelForCausalLM.from_pretrained(repo)  # a stock Llama: no remote c
 # the stream tokenizer places the teacher's <eot> marks the student was trained with
 tokenizer = AutoTokenizer.from_pretrained(repo, trust_remote_code=True)
 
-inputs = tokenizer("The meaning of life is", return_tensors="pt")
+# a prompt: the teacher's marks up to its last word, whose bytes generate feeds, the student
+# placing the <eot> marks (the word may go on: "In the begi" continues "nning")
+inputs = tokenizer.prompt("The meaning of life is")
 output = model.generate(**inputs, max_new_tokens=100, do_sample=True, top_k=50)
 # skip_special_tokens drops <bos>, <eos> and the <eot> token-boundary symbols
 print(tokenizer.decode(output[0], skip_special_tokens=True))
+
+# a complete text (scoring): tokenizer(text) places the teacher's marks throughout
+text = tokenizer("In the beginning God created", return_tensors="pt")
+nats_per_symbol = model(**text, labels=text.input_ids).loss
 ```"""
 
 
 def _fmt(value: Any, digits: int = 4) -> str:
     return f"{value:.{digits}f}" if isinstance(value, (int, float)) else "not evaluated"
+
+
+def _training_bytes(train_bytes: int, config: dict[str, Any]) -> str:
+    """Bytes read in training, with the training text's own size when its stores are at hand."""
+    from logit_store.store import MANIFEST, LogitStore
+
+    stores = [Path(p) for p in config.get("train_stores", [])]
+    if not stores or not all((p / MANIFEST).is_file() for p in stores):
+        return f"{train_bytes:,} (all epochs)"
+    corpus = sum(LogitStore(p).stats()["text_bytes"] for p in stores)
+    return f"{train_bytes:,}: {train_bytes / corpus:.1f} passes over a {corpus:,}-byte training text"
 
 
 def _no_local_path(name: str) -> str:
@@ -256,7 +279,7 @@ teacher **{teacher}** using its exact next-byte distributions
 |---|---|
 | teacher | {teacher} |
 | training data | {data} |
-| training bytes | {train_bytes:,} |
+| text bytes read in training | {_training_bytes(train_bytes, config)} |
 | trained context | {context} symbols (bytes and `<eot>` marks) |
 | held-out bits per byte, student | {_fmt(evaluation.get("student_bpb"))} |
 | held-out bits per byte, teacher | {_fmt(evaluation.get("teacher_bpb"))} |
@@ -278,6 +301,24 @@ loaded with `trust_remote_code=True`; it imports only `tokenizers` and `transfor
 teacher's tokenizer (`teacher_tokenizer.json`) on your text only to place those marks; the model
 still reads every byte and, while generating, places its own `<eot>` marks. The model itself loads
 with `AutoModelForCausalLM` and no remote code.
+
+## Prompts: the cut is not a token boundary
+
+A prompt may stop inside a word ("In the begi"), where the teacher's tokenizer would end a token
+that the full text would not. `tokenizer.prompt(text)` therefore commits the teacher's marks only
+up to the start of the prompt's last word (its last pre-token) and returns, as `logits_processor`,
+a `HealingProcessor` that `generate` uses to feed that word's bytes one by one: at each of them the
+model's own scores choose between the byte and `<eot>`, so the student segments the word as it
+would had the text gone on, and nothing after the prompt is invented. `bytedistill generate` does
+the same. `tokenizer(text)` is for complete texts (scoring): it places the teacher's marks
+throughout, as in training.
+
+With `trust_remote_code=True` on the model as well
+(`AutoModelForCausalLM.from_pretrained(repo, trust_remote_code=True)`, as lm-evaluation-harness
+loads it), `transformers` binds the folder's `custom_generate/generate.py` as `model.generate`: it
+heals prompts given as `tokenizer(text)` streams the same way (a first pass feeds the last word, a
+second generates with your settings and stopping criteria) and returns your input followed by the
+continuation. Without it the model is a stock Llama and `generate` is the stock one.
 
 Without `trust_remote_code`, `AutoTokenizer.from_pretrained(repo)` loads the plain byte tokenizer:
 `<bos>` + the UTF-8 bytes with no `<eot>` marks, inputs the model never saw in training, so it
@@ -301,6 +342,8 @@ lm_eval --model hf --tasks wikitext \\
     --model_args pretrained={repo_id or "your-name/byte-student"},trust_remote_code=True
 ```
 
-`bits_per_byte` of rolling-loglikelihood tasks matches `bytedistill score`.
+`bits_per_byte` of rolling-loglikelihood tasks matches `bytedistill score --packed false`.
+`trust_remote_code=True` loads the stream tokenizer and binds `custom_generate/generate.py`, so
+generation tasks (`generate_until`) get healed prompts (see "Prompts" above).
 """
     return ModelCard(f"---\n{metadata.to_yaml()}\n---\n\n{body}")

@@ -48,13 +48,19 @@ def load_folder(folder: Path):
     return load_model(folder), load_stream_tokenizer(folder)
 
 
-@torch.no_grad()
 def generate_bytes(model, tokenizer, prompt: str, options: GenerateOptions) -> bytes:
     """The continuation's exact bytes (``<eot>`` and other specials dropped)."""
+    symbols, open_bytes = tokenizer.encode_prompt(prompt.encode("utf-8"))
+    return continue_stream(model, symbols, open_bytes, options)
+
+
+@torch.no_grad()
+def continue_stream(model, symbols: list[int], open_bytes: bytes, options: GenerateOptions) -> bytes:
+    """The bytes that follow ``open_bytes`` (fed first, the model placing their ``<eot>`` marks)
+    after the stream ``symbols``."""
     torch.manual_seed(options.seed)
     context = model.config.max_position_embeddings
-    symbols, open_bytes = tokenizer.encode_prompt(prompt.encode("utf-8"))
-    prompt_len = len(symbols)
+    symbols, prompt_len = list(symbols), len(symbols)
     wanted = len(open_bytes) + options.max_new_bytes  # the prompt's last word, then the continuation
     sampling = (
         {} if options.greedy else {"temperature": options.temperature, "top_k": options.top_k, "top_p": options.top_p}

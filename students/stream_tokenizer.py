@@ -35,7 +35,14 @@ import re
 
 import torch
 from tokenizers import Tokenizer
-from transformers import BatchEncoding, LogitsProcessor, LogitsProcessorList, PreTrainedTokenizer
+from transformers import (
+    BatchEncoding,
+    LogitsProcessor,
+    LogitsProcessorList,
+    PreTrainedTokenizer,
+    StoppingCriteria,
+    StoppingCriteriaList,
+)
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 NUM_BYTES, EOT, BOS, EOS, PAD = 256, 256, 257, 258, 259
@@ -351,6 +358,52 @@ class ByteStreamTokenizer(PreTrainedTokenizer):
         encoding["logits_processor"] = LogitsProcessorList([HealingProcessor(list(forced), length)])
         return encoding
 
+    def generate(self, model, input_ids: torch.LongTensor, attention_mask=None, **kwargs) -> torch.LongTensor:
+        """``model.generate`` for complete streams (``tokenizer(text)``, as lm-evaluation-harness
+        passes prompts), healed: each row that is exactly this tokenizer's stream of its bytes is cut
+        back to its last word, which is fed as :meth:`prompt` feeds it (first pass); the rest is
+        generated with the caller's settings and stopping criteria (second pass), and the output is
+        in the caller's frame: its ``input_ids``, then the continuation. Inputs that already carry
+        a :class:`HealingProcessor`, or ask for ``return_dict_in_generate``, pass through unchanged."""
+        stock = type(model).generate  # an instance's generate may be this method, bound by the folder
+        processors = list(kwargs.get("logits_processor") or [])
+        if kwargs.get("return_dict_in_generate") or any(type(p).__name__ == "HealingProcessor" for p in processors):
+            return stock(model, input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+        rows = _unpadded_rows(input_ids, attention_mask)
+        split = [self._split_stream(row) for row in rows]
+        if not any(open_bytes for _, open_bytes in split):
+            return stock(model, input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+        sampling = {k: v for k, v in kwargs.items() if k not in _LENGTH_AND_STOPPING}
+        first, first_mask = _left_padded([committed for committed, _ in split], input_ids.device)
+        forced = [open_bytes for _, open_bytes in split]
+        fed = stock(
+            model,
+            input_ids=first,
+            attention_mask=first_mask,
+            logits_processor=LogitsProcessorList([*processors, HealingProcessor(forced, first.shape[1])]),
+            stopping_criteria=StoppingCriteriaList([_Fed(forced, first.shape[1])]),
+            max_new_tokens=2 * max(len(f) for f in forced),
+            **{**sampling, "pad_token_id": PAD},
+        )
+        healed = [c + _until_fed(fed[r, first.shape[1] :].tolist(), len(forced[r])) for r, (c, _) in enumerate(split)]
+        second, second_mask = _left_padded(healed, input_ids.device)
+        start = second.shape[1]
+        kwargs["stopping_criteria"] = StoppingCriteriaList(
+            [_InCallersFrame(c, input_ids, start) for c in kwargs.get("stopping_criteria") or []]
+        )
+        if kwargs.get("max_length") is not None:
+            kwargs["max_length"] = kwargs["max_length"] - input_ids.shape[1] + start
+        kwargs["logits_processor"] = LogitsProcessorList([*processors, HealingProcessor([b""] * len(rows), start)])
+        output = stock(model, input_ids=second, attention_mask=second_mask, **kwargs)
+        return torch.cat([input_ids, output[:, start:]], dim=1)
+
+    def _split_stream(self, row: list[int]) -> tuple[list[int], bytes]:
+        """A row as (committed stream, open bytes): healed when it is this tokenizer's stream of its bytes."""
+        data = bytes(s for s in row if s < NUM_BYTES)
+        if row[:1] == [BOS] and row == self.encode_bytes(data):
+            return self.encode_prompt(data)
+        return row, b""
+
     def tokenize(self, text: str, **kwargs) -> list[str]:
         symbols = self.encode_bytes(text.encode("utf-8"), bos=False)
         return [self._tokens[s] for s in symbols]
@@ -392,6 +445,61 @@ class ByteStreamTokenizer(PreTrainedTokenizer):
         with open(path, "w", encoding="utf-8") as f:
             f.write(self.teacher.tokenizer_json)
         return (path,)
+
+
+_LENGTH_AND_STOPPING = (
+    "max_length",
+    "max_new_tokens",
+    "min_length",
+    "min_new_tokens",
+    "stopping_criteria",
+    "logits_processor",
+)
+
+
+def _unpadded_rows(input_ids: torch.LongTensor, attention_mask) -> list[list[int]]:
+    if attention_mask is None:
+        attention_mask = input_ids != PAD
+    return [[s for s, keep in zip(row, mask) if keep] for row, mask in zip(input_ids.tolist(), attention_mask.tolist())]
+
+
+def _left_padded(rows: list[list[int]], device) -> tuple[torch.LongTensor, torch.LongTensor]:
+    length = max(map(len, rows))
+    ids = torch.tensor([[PAD] * (length - len(r)) + r for r in rows], dtype=torch.long, device=device)
+    mask = torch.tensor([[0] * (length - len(r)) + [1] * len(r) for r in rows], dtype=torch.long, device=device)
+    return ids, mask
+
+
+def _until_fed(symbols: list[int], count: int) -> list[int]:
+    """The symbols up to and including the ``count``-th byte."""
+    seen = 0
+    for i, symbol in enumerate(symbols):
+        if seen == count:
+            return symbols[:i]
+        seen += symbol < NUM_BYTES
+    return symbols
+
+
+class _Fed(StoppingCriteria):
+    """A row is done once its forced bytes are all fed."""
+
+    def __init__(self, forced: list[bytes], prompt_length: int):
+        self.counts = torch.tensor([len(f) for f in forced])
+        self.prompt_length = prompt_length
+
+    def __call__(self, input_ids: torch.LongTensor, scores, **kwargs) -> torch.BoolTensor:
+        produced = (input_ids[:, self.prompt_length :] < NUM_BYTES).sum(-1)
+        return produced >= self.counts.to(produced.device)
+
+
+class _InCallersFrame(StoppingCriteria):
+    """A caller's stopping criterion, shown the caller's input followed by what was generated."""
+
+    def __init__(self, inner, caller_ids: torch.LongTensor, start: int):
+        self.inner, self.caller_ids, self.start = inner, caller_ids, start
+
+    def __call__(self, input_ids: torch.LongTensor, scores, **kwargs):
+        return self.inner(torch.cat([self.caller_ids, input_ids[:, self.start :]], dim=1), scores, **kwargs)
 
 
 def auto_map() -> dict[str, list[str | None]]:
