@@ -8,8 +8,10 @@ trainer_state.json, written last: it marks the checkpoint complete.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import logging
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,11 +58,38 @@ def write_json(path: Path, data: Any) -> None:
     tmp.replace(path)
 
 
+class _DropTiedWeightWarning(logging.Filter):
+    """accelerate warns when safetensors saving drops a tensor that shares memory with another;
+    for the output layer tied to the embeddings that is the intended layout (``from_pretrained``
+    and ``load_student`` tie it back), so that one message is dropped, any other is kept."""
+
+    def __init__(self, tied: set[str]):
+        super().__init__()
+        self.expected = f"Removed shared tensor {tied} while saving"
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.expected not in record.getMessage()
+
+
+@contextlib.contextmanager
+def _tied_weights_expected(model):
+    tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
+    logger = logging.getLogger("accelerate.utils.other")
+    drop = _DropTiedWeightWarning(tied)
+    if tied:
+        logger.addFilter(drop)
+    try:
+        yield
+    finally:
+        logger.removeFilter(drop)
+
+
 def save_checkpoint(
     accelerator, model, path: Path, state: TrainerState, position: dict, data_order: dict, run_info: dict
 ) -> None:
     """Everything needed to continue exactly; trainer_state.json goes last."""
-    accelerator.save_state(str(path), safe_serialization=True)
+    with _tied_weights_expected(accelerator.unwrap_model(model)):
+        accelerator.save_state(str(path), safe_serialization=True)
     write_json(path / f"data_position_rank{accelerator.process_index}.json", position)
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
