@@ -146,7 +146,10 @@ class DumpConfig:
     )
     num_shards: int = field(default=1, metadata={"help": "split the corpus across this many independent jobs"})
     shard_index: int = field(default=0, metadata={"help": "which of --num-shards this job is (0-based)"})
-    threads: int | None = field(default=None, metadata={"help": "torch CPU threads (default: torch's choice)"})
+    threads: int | None = field(
+        default=None,
+        metadata={"help": "torch CPU threads (default: OMP_NUM_THREADS, else the CPUs other tasks leave free)"},
+    )
     progress: bool = field(default=True, metadata={"help": "show a progress bar"})
 
 

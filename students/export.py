@@ -68,13 +68,15 @@ def load_student(checkpoint: Path) -> LlamaForCausalLM:
     return model.eval()
 
 
-def generation_config() -> GenerationConfig:
+def generation_config(context: int) -> GenerationConfig:
+    """Stop at ``<eos>``; by default up to the trained context in all (a ``max_length``, so that a
+    caller's own ``max_length``, as lm-evaluation-harness passes it, replaces it)."""
     return GenerationConfig(
         bos_token_id=BOS,
         eos_token_id=EOS,
         pad_token_id=PAD,
         suppress_tokens=[BOS, PAD],  # a document never restarts mid-stream; padding is never a symbol
-        max_new_tokens=256,
+        max_length=context,
     )
 
 
@@ -158,7 +160,7 @@ def export_student(
     tokenizer_json = teacher_tokenizer_json(teacher_tokenizer, info)
     model = load_student(checkpoint)
     model.config.max_position_embeddings = trained_context(model, info)
-    model.generation_config = generation_config()
+    model.generation_config = generation_config(model.config.max_position_embeddings)
     clear_previous_export(output)
     output.mkdir(parents=True, exist_ok=True)
     before = {p for p in output.rglob("*")}

@@ -203,7 +203,7 @@ def test_prompts_heal_through_the_card_remote_generate_and_lm_eval(exported, tmp
     tokenizer = AutoTokenizer.from_pretrained(exported.folder, trust_remote_code=True)
     stock = AutoModelForCausalLM.from_pretrained(exported.folder).eval()
     remote = AutoModelForCausalLM.from_pretrained(exported.folder, trust_remote_code=True).eval()
-    prompts = ["In the begi", "And the evening and the morn", "Literal specials: <|begin_of_text|>hel"]
+    prompts = ["In the begi", "And the morn", "<|eot_id|>he"]  # short: lm-eval keeps context + 12 in 32 symbols
 
     def healed(prompt: str) -> bytes:
         inputs = tokenizer.prompt(prompt)
