@@ -135,6 +135,9 @@ def clear_previous_export(output: Path) -> None:
     previous = json.loads(record.read_text(encoding="utf-8"))["files"] if record.is_file() else []
     for name in previous:
         (output / name).unlink(missing_ok=True)
+    for folder in sorted({(output / name).parent for name in previous} - {output}, reverse=True):
+        if folder.is_dir() and not any(folder.iterdir()):  # custom_generate/, emptied above
+            folder.rmdir()
     others = sorted(p.name for p in output.iterdir() if not p.name.startswith("."))
     if others:
         raise UserError(

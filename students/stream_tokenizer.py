@@ -398,11 +398,16 @@ class ByteStreamTokenizer(PreTrainedTokenizer):
         return torch.cat([input_ids, output[:, start:]], dim=1)
 
     def _split_stream(self, row: list[int]) -> tuple[list[int], bytes]:
-        """A row as (committed stream, open bytes): healed when it is this tokenizer's stream of its bytes."""
-        data = bytes(s for s in row if s < NUM_BYTES)
-        if row[:1] == [BOS] and row == self.encode_bytes(data):
-            return self.encode_prompt(data)
-        return row, b""
+        """A row as (committed stream, open bytes): healed when it is this tokenizer's stream of its
+        bytes, or (cut on the left, as lm-evaluation-harness truncates long prompts) when what
+        follows its first ``<eot>`` is the stream of those bytes."""
+        start = 0 if row[:1] == [BOS] else row.index(EOT) + 1 if EOT in row else len(row)
+        tail = row[start:]
+        data = bytes(s for s in tail if s < NUM_BYTES)
+        if not data or tail != stream_symbols(self.teacher.pieces(data), bos=start == 0):
+            return row, b""
+        committed, open_bytes = self.teacher.split_prompt(data)
+        return row[:start] + stream_symbols(committed, bos=start == 0), open_bytes
 
     def tokenize(self, text: str, **kwargs) -> list[str]:
         symbols = self.encode_bytes(text.encode("utf-8"), bos=False)

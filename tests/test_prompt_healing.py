@@ -112,3 +112,17 @@ def test_batched_prompts_and_bytedistill_generate_heal_alike(stream_tokenizer, s
         alone = student.generate(**stream_tokenizer.prompt(prompt), max_new_tokens=30, do_sample=False)[0]
         alone_text = stream_tokenizer.decode(alone, skip_special_tokens=True).encode()
         assert len(continuation) == 8 and alone_text[len(prompt) :].startswith(continuation)
+
+
+def test_which_rows_the_remote_generate_heals(stream_tokenizer):
+    """Rows that are the stream tokenizer's encoding of their bytes, also cut on the left (as
+    lm-evaluation-harness truncates long prompts); plain bytes and foreign rows pass unchanged."""
+    split = stream_tokenizer._split_stream
+    data = b"And God said, Let there be light: and there was li"
+    row = stream_tokenizer.encode_bytes(data)
+    committed, open_bytes = stream_tokenizer.encode_prompt(data)
+    assert split(row) == (committed, open_bytes) and open_bytes == b" li"
+    cut = row[5:]  # starts inside a token
+    assert split(cut) == (cut[: len(committed) - 5], b" li")
+    plain = [BOS, *data]
+    assert split(plain) == (plain, b"") and split([BOS, 65, EOT, 66]) == ([BOS, 65, EOT, 66], b"")
