@@ -1,73 +1,73 @@
-"""Training speed by torch thread count, on the machine as it is now (loaded or not).
+"""Seconds per training step by torch thread count, on the machine as it is now (loaded or not).
 
-    python -m benchmarks.train_threads [TRAIN_STORE] [--steps 30] [--rounds 1]
+    python -m benchmarks.train_threads [--steps 5] [--rounds 2]
 
-Trains the quickstart's student (tiny preset, seq 256 × batch 16) for ``--steps`` steps in a fresh
-process per setting: ``OMP_NUM_THREADS=1``, ``OMP_NUM_THREADS=<CPUs>`` (torch's own default here)
-and unset (bytedistill's default: the CPUs other running tasks leave free), the settings
-interleaved over ``--rounds``; prints each run's wall seconds (process start included) and
-the load average when it started.
+The quickstart's student (tiny preset, seq 256 × batch 16, random batches; forward, backward and
+an AdamW step, where torch's intra-op threads do their work) in one process, the thread counts
+interleaved over ``--rounds`` so that every setting sees the same load: 1 thread, one per CPU this
+process may use (torch's own default here), and bytedistill's default (``distill.threads``: the
+CPUs other running tasks leave free). Prints the median seconds per step and the load average.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import subprocess
-import sys
-import tempfile
+import statistics
 import time
-from pathlib import Path
 
-from distill.threads import available_cpus
+import torch
 
-TRAIN = "import sys; from distill.cli import main; sys.exit(main(sys.argv[1:]))"
+from distill.threads import available_cpus, default_threads
+from students.model import build_student, student_config
 
 
-def run(store: Path, steps: int, threads: str | None) -> float:
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "TORCH_NUM_THREADS")}
-    if threads is not None:
-        env["OMP_NUM_THREADS"] = threads
-    with tempfile.TemporaryDirectory() as out:
-        args = ["train", "--train-stores", str(store), "--output-dir", out, "--preset", "tiny", "--seq-len", "256"]
-        args += ["--batch-size", "16", "--max-steps", str(steps), "--eval-every", "0", "--checkpoint-every", "0"]
-        args += ["--log-every", "1", "--progress", "false"]
+def step_seconds(model, optimizer, batch: torch.Tensor, threads: int, steps: int) -> list[float]:
+    torch.set_num_threads(threads)
+    times = []
+    for _ in range(steps):
         start = time.perf_counter()
-        subprocess.run([sys.executable, "-c", TRAIN, *args], env=env, check=True, capture_output=True)
-        return time.perf_counter() - start
+        loss = model(input_ids=batch, labels=batch).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        times.append(time.perf_counter() - start)
+    return times
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("store", nargs="?", type=Path, default=Path("runs/quickstart/store/train"))
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=5, help="steps per setting and round")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds over the settings")
     args = parser.parse_args()
+    model = build_student(student_config("tiny", max_positions=256), seed=0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    batch = torch.randint(0, 256, (16, 256))
     cpus = available_cpus()
+    chosen, why = default_threads()
     settings = {
-        "OMP_NUM_THREADS=1": "1",
-        f"OMP_NUM_THREADS={cpus} (torch's default)": str(cpus),
-        "unset (bytedistill's default)": None,
+        "1 thread": 1,
+        f"{cpus} threads (one per CPU: torch's default)": cpus,
+        f"bytedistill's default ({chosen}: {why})": chosen,
     }
-    seconds: dict[str, list[float]] = {name: [] for name in settings}
-    loads: dict[str, list[float]] = {name: [] for name in settings}
+    times: dict[str, list[float]] = {name: [] for name in settings}
+    loads = []
+    step_seconds(model, optimizer, batch, 1, 1)  # warm-up
     for _ in range(args.rounds):
+        loads.append(os.getloadavg()[0])
         for name, threads in settings.items():
-            loads[name].append(os.getloadavg()[0])
-            seconds[name].append(run(args.store, args.steps, threads))
-    print(f"{args.steps} training steps per run, {cpus} CPUs available, wall seconds per run (process start included)")
-    print("| threads | seconds | load average at start |")
-    print("|---|---|---|")
-    for name in settings:
-        print(
-            f"| {name} | {' / '.join(f'{s:.0f}' for s in seconds[name])} | {' / '.join(f'{x:.1f}' for x in loads[name])} |"
-        )
-    best = {name: min(values) for name, values in seconds.items()}
-    names = list(settings)
+            times[name] += step_seconds(model, optimizer, batch, threads, args.steps)
     print(
-        f"summary: {names[1]} / {names[0]} = {best[names[1]] / best[names[0]]:.2f}; "
-        f"{names[2]} / {names[0]} = {best[names[2]] / best[names[0]]:.2f}"
+        f"{args.rounds} rounds × {args.steps} steps per setting; load average {', '.join(f'{x:.1f}' for x in loads)} "
+        f"on {cpus} CPUs"
     )
+    print("| torch threads | median seconds per step |")
+    print("|---|---|")
+    median = {name: statistics.median(values) for name, values in times.items()}
+    for name in settings:
+        print(f"| {name} | {median[name]:.3f} |")
+    one, per_cpu, ours = (median[name] for name in settings)
+    print(f"summary: one per CPU / 1 thread = {per_cpu / one:.2f}; bytedistill's default / 1 thread = {ours / one:.2f}")
 
 
 if __name__ == "__main__":
