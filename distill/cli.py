@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 from jsonargparse import ArgumentParser
 
-from distill import check_teacher_cli, dump_cli
+from distill import check_teacher_cli, dump_cli, threads
 from distill.config import check_config_files, config_files_first, config_from_namespace, config_parser, error_line
 from distill.errors import UserError
 from logit_store import cli as store_cli
@@ -51,13 +51,14 @@ def build_parser() -> ArgumentParser:
         exit_on_error=False,
         description=(
             "Distil a token-level causal LM into a byte-level student: "
-            "dump exact next-byte distributions, train a student on them, export and push it."
+            "dump exact next-byte distributions, train a student on them, export and push it. "
+            f"{threads.HELP}."
         ),
     )
     subcommands = parser.add_subcommands(dest="command", required=True)
     for name, command in COMMANDS.items():
         doc = inspect.getdoc(command) or ""
-        sub = config_parser(config_class(command), prog=f"bytedistill {name}", description=doc)
+        sub = config_parser(config_class(command), prog=f"bytedistill {name}", description=f"{doc}\n\n{threads.HELP}.")
         own_mode = sub.parser_mode  # add_subcommand gives it the parent's; keep its own (lone values as lists)
         subcommands.add_subcommand(name, sub, help=doc.split("\n\n")[0].rstrip("."))
         sub.parser_mode = own_mode
@@ -87,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     name = namespace.command
     command = COMMANDS[name]
+    threads.set_threads()
     try:
         return int(command(config_from_namespace(config_class(command), namespace[name])) or 0)
     except UserError as exc:

@@ -15,6 +15,7 @@ resumes, with any number of processes.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 import time
@@ -172,7 +173,11 @@ class DumpConfig:
         default=0, metadata={"help": "which of --num-shards this job is (0-based)", "range": NON_NEGATIVE}
     )
     threads: int | None = field(
-        default=None, metadata={"help": "torch CPU threads (default: torch's choice)", "range": COUNT}
+        default=None,
+        metadata={
+            "help": "torch CPU threads (default: OMP_NUM_THREADS, else the CPUs other tasks leave free)",
+            "range": COUNT,
+        },
     )
     progress: bool = field(default=True, metadata={"help": "show a progress bar"})
     strict: bool = field(
@@ -196,7 +201,8 @@ class DumpSummary:
     text_bytes: int = 0
     tokens: int = 0
     positions: int = 0
-    teacher_nll_nats: float = 0.0
+    teacher_nll_nats: float = 0.0  # of the stored (decoded) values: what train and score read
+    exact_teacher_nll_nats: float = 0.0  # of the exact values, before the encoding's quantisation
     dropped_mass_sum: float = 0.0
     teacher_rows: int = 0
     empty_skipped: int = 0
@@ -260,7 +266,10 @@ class DumpSummary:
             f"teacher tokens      {self.tokens:,}",
             f"stream positions    {self.positions:,}",
             f"store size          {store}",
-            f"teacher BPB         {self.teacher_bpb:.4f}",
+            (
+                f"teacher BPB         {self.teacher_bpb:.4f} as stored (what train and score report; "
+                f"{self.exact_teacher_nll_nats / (math.log(2) * self.text_bytes):.4f} before the encoding's rounding)"
+            ),
             f"dropped special mass {mean_dropped:.3g} per teacher row (mean)",
             (
                 f"time                {self.seconds:.1f} s after {self.setup_seconds:.1f} s of setup "
@@ -761,13 +770,14 @@ class _Sink:
         dist = DocumentDistributions(doc.layout, doc.values, doc.dropped)
         store = self.stores[doc.writer_id]
         with _store_errors(store):
-            store.add_distributions(dist, key=doc.key, token_ids=doc.token_ids)
+            stored = store.add_distributions(dist, key=doc.key, token_ids=doc.token_ids)
         s = self.summary
         s.documents += 1
         s.text_bytes += len(doc.data)
         s.tokens += len(doc.token_ids)
         s.positions += dist.layout.num_positions
-        s.teacher_nll_nats -= dist.log_likelihood()
+        s.teacher_nll_nats -= dataclasses.replace(dist, values=stored.astype(np.float64)).log_likelihood()
+        s.exact_teacher_nll_nats -= dist.log_likelihood()
         s.dropped_mass_sum += float(dist.dropped_mass.sum())
         s.teacher_rows += len(dist.dropped_mass)
         elapsed = max(self.bar.format_dict.get("elapsed", 0.0), 1e-9)

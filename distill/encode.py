@@ -7,6 +7,9 @@ bytes equal the document, after SentencePiece's dummy prefix space where the tea
 the encoder's own tokenizer copy has the prefix rule switched off and the space is put before the
 document explicitly, so a document split into several runs gets it once. A normalizer that changes
 the text in a way the token bytes cannot undo is refused, naming the byte and the rule.
+
+The rules themselves live in :mod:`students.stream_tokenizer` (``TeacherTokens``), which exported
+folders ship, so that a student's tokenizer encodes text exactly as the dump did.
 """
 
 from __future__ import annotations
@@ -14,13 +17,13 @@ from __future__ import annotations
 import json
 
 import numpy as np
-from tokenizers import Tokenizer
 
 from distill.errors import UserError
-from distill.vocab import BYTE_FALLBACK, TeacherVocab, spec_steps
-from students.stream_tokenizer import utf8_runs  # self-contained (shipped with exports): the one copy
-
-WORD_BOUNDARY = "\u2581"  # SentencePiece's ▁, read as a space in the token bytes
+from distill.vocab import BYTE_FALLBACK, TeacherVocab
+from students.stream_tokenizer import (  # self-contained (shipped with exports): the one copy of the rules
+    WORD_BOUNDARY,
+    TeacherTokens,
+)
 
 
 class UnencodableDocument(UserError):
@@ -32,10 +35,7 @@ class DocumentEncoder:
 
     def __init__(self, tokenizer, vocab: TeacherVocab):
         backend = getattr(tokenizer, "backend_tokenizer", tokenizer)
-        self._tokenizer = Tokenizer.from_str(json.dumps(exact_spec(json.loads(backend.to_str()), vocab)))
-        self._tokenizer.encode_special_tokens = True
-        self._tokenizer.no_padding()
-        self._tokenizer.no_truncation()
+        self.tokens = TeacherTokens(json.dumps(with_specials_marked(json.loads(backend.to_str()), vocab)))
         self.vocab = vocab
         self._check_prefix_rule(backend)
 
@@ -43,36 +43,24 @@ class DocumentEncoder:
         """The copy with the space put in front must tokenise plain text as the teacher does."""
         probe = "a probe, of the prefix\nrule"
         want = backend.encode(probe, add_special_tokens=False).ids
-        got = self._tokenizer.encode(self.stream_bytes(probe.encode()).decode(), add_special_tokens=False).ids
-        if got != want:
+        if self.tokens.dummy_prefix != self.vocab.adds_prefix_space or self.tokens.ids(probe.encode()) != want:
             raise UserError(
                 "the tokenizer's dummy-prefix handling is not understood (its normalizer or pre-tokenizer "
                 "adds text in an unknown way), so documents cannot be encoded exactly"
             )
 
     def encode(self, data: bytes) -> np.ndarray:
-        text = self.stream_bytes(data)
-        ids: list[int] = []
-        for valid, run in utf8_runs(text):
-            if valid:
-                ids.extend(self._tokenizer.encode(run.decode("utf-8"), add_special_tokens=False).ids)
-            else:
-                ids.extend(self._byte_ids(run))
-        tokens = np.asarray(ids, dtype=np.int64)
-        self._check_round_trip(tokens, data)
-        return tokens
+        try:
+            tokens = self.tokens.encode_unchecked(data)
+        except ValueError as exc:  # a byte without a single-byte token
+            raise UnencodableDocument(str(exc)) from None
+        ids = np.asarray([token_id for token_id, _, _ in tokens], dtype=np.int64)
+        self._check_round_trip(ids, data)
+        return ids
 
     def stream_bytes(self, data: bytes) -> bytes:
         """What the teacher reads: the document, after the dummy prefix space if it adds one."""
-        return b" " + data if self.vocab.adds_prefix_space and data else data
-
-    def _byte_ids(self, run: bytes) -> list[int]:
-        table = self.vocab.single_byte_ids
-        ids = [int(table[b]) for b in run]
-        if min(ids) < 0:
-            bad = run[ids.index(-1)]
-            raise UnencodableDocument(f"the teacher vocabulary has no token for the byte 0x{bad:02X}")
-        return ids
+        return self.tokens.stream_bytes(data)
 
     def _check_round_trip(self, tokens: np.ndarray, data: bytes) -> None:
         got, expected = self.vocab.bytes_of(tokens), self.stream_bytes(data)
@@ -92,7 +80,7 @@ class DocumentEncoder:
         text = data.decode("utf-8", errors="replace")
         if self.vocab.family == BYTE_FALLBACK and WORD_BOUNDARY in text:
             return "SentencePiece's reading of '\u2581' (U+2581) as a space"
-        for step in normalizer_steps(self._tokenizer.normalizer):  # space → ▁ is undone exactly
+        for step in normalizer_steps(self.tokens.normalizer):  # space → ▁ is undone exactly
             if step.normalize_str(text).replace(WORD_BOUNDARY, " ") != text:
                 return f"the tokenizer's {type(step).__name__} normalizer"
         return "the tokenizer's normalizer or pre-tokenizer"
@@ -112,31 +100,11 @@ def normalizer_steps(normalizer) -> list:
             return steps
 
 
-def exact_spec(spec: dict, vocab: TeacherVocab) -> dict:
-    """A copy of a ``tokenizer.json`` spec that encodes documents as the stream needs: no dummy
-    prefix (the encoder puts the space in front itself), and every id the vocabulary treats as
-    special marked special, so that its literal text is encoded as text."""
+def with_specials_marked(spec: dict, vocab: TeacherVocab) -> dict:
+    """A copy of a ``tokenizer.json`` spec with every added token the vocabulary treats as special
+    marked special, so that its literal text is encoded as text (Phi-3's ``</s>``)."""
     spec = json.loads(json.dumps(spec))
     special = set(vocab.special_ids)
     for token in spec.get("added_tokens", []):
         token["special"] = token["special"] or token["id"] in special
-    spec["normalizer"] = _without_prepend(spec.get("normalizer"))
-    for pre in spec_steps(spec.get("pre_tokenizer"), "pretokenizers"):
-        if pre.get("type") == "Metaspace":
-            pre["prepend_scheme"] = "never"
-            pre.pop("add_prefix_space", None)
     return spec
-
-
-def _without_prepend(normalizer: dict | None) -> dict | None:
-    """The normalizer less its dummy-prefix rules: ``Prepend``, and replacements anchored at the
-    start of the text (``\\A▁`` → ``▁▁``, with which ``transformers`` makes the prefix unconditional)."""
-    steps = [n for n in spec_steps(normalizer, "normalizers") if not _is_prefix_rule(n)]
-    if not steps:
-        return None
-    return steps[0] if len(steps) == 1 else {"type": "Sequence", "normalizers": steps}
-
-
-def _is_prefix_rule(step: dict) -> bool:
-    pattern = step.get("pattern", {}).get("Regex", "") if step.get("type") == "Replace" else ""
-    return step.get("type") == "Prepend" or pattern.startswith(("\\A", "^"))

@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import re
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -27,13 +26,16 @@ import numpy as np
 from tokenizers.pre_tokenizers import ByteLevel
 
 from distill.errors import UserError
-
-BYTE_LEVEL = "byte-level"
-BYTE_FALLBACK = "sentencepiece-byte-fallback"
+from students.stream_tokenizer import (  # self-contained (shipped with exports): the one copy of the rules
+    BYTE_FALLBACK,
+    BYTE_LEVEL,
+    adds_dummy_prefix,
+    sentencepiece_piece_bytes,
+    tokenizer_family,
+)
 
 # Names of end-of-text tokens; their mass becomes the student's <eos>.
 END_OF_TEXT_NAMES = ("<|end_of_text|>", "<|endoftext|>", "</s>", "<eos>", "<|eot_id|>", "<|im_end|>")
-_BYTE_PIECE = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 
 
 def gpt2_unicode_to_byte() -> dict[str, int]:
@@ -126,24 +128,15 @@ def _piece_to_bytes_byte_level(piece: str, table: dict[str, int]) -> bytes:
         ) from None
 
 
-def _piece_to_bytes_byte_fallback(piece: str) -> bytes:
-    match = _BYTE_PIECE.match(piece)
-    if match:
-        return bytes([int(match.group(1), 16)])
-    return piece.replace("\u2581", " ").encode("utf-8")
-
-
 def _detect_family(spec: dict) -> str:
-    model = spec.get("model", {})
-    text = json.dumps({k: spec.get(k) for k in ("pre_tokenizer", "decoder")})
-    if '"ByteLevel"' in text:
-        return BYTE_LEVEL
-    if model.get("byte_fallback"):
-        return BYTE_FALLBACK
-    raise UserError(
-        f"unsupported tokenizer ({model.get('type', '?')} model without a ByteLevel pre-tokenizer "
-        "or byte_fallback): its tokens cannot be mapped to bytes exactly"
-    )
+    family = tokenizer_family(spec)
+    if family is None:
+        model = spec.get("model", {})
+        raise UserError(
+            f"unsupported tokenizer ({model.get('type', '?')} model without a ByteLevel pre-tokenizer "
+            "or byte_fallback): its tokens cannot be mapped to bytes exactly"
+        )
+    return family
 
 
 def _model_vocab(spec: dict) -> dict[str, int]:
@@ -179,7 +172,7 @@ def vocab_from_tokenizer(tokenizer, *, name: str = "", end_of_text: list[str] | 
         if family == BYTE_LEVEL:
             token_bytes[i] = _piece_to_bytes_byte_level(piece, table)
         else:
-            token_bytes[i] = _piece_to_bytes_byte_fallback(piece)
+            token_bytes[i] = sentencepiece_piece_bytes(piece)
     for i, tok in added.items():
         if tok.get("special", False):
             token_bytes[i] = b""
@@ -212,7 +205,7 @@ def vocab_from_tokenizer(tokenizer, *, name: str = "", end_of_text: list[str] | 
         raise UserError("the tokenizer has no end-of-text token; name one with --end-of-text")
 
     prefix = tuple(_prefix_ids(tokenizer, backend, by_name))
-    adds_space = family == BYTE_FALLBACK and _adds_prefix_space(spec)
+    adds_space = adds_dummy_prefix(spec)
     return TeacherVocab(
         token_bytes=tuple(token_bytes),  # type: ignore[arg-type]
         special_ids=tuple(sorted(set(special))),
@@ -238,26 +231,6 @@ def _prefix_ids(tokenizer, backend, special_by_name: dict[str, int]) -> list[int
         return [bos] if getattr(tokenizer, "add_bos_token", False) and bos is not None else []
     bos = special_by_name.get("<|begin_of_text|>")
     return [bos] if bos is not None else []
-
-
-def _adds_prefix_space(spec: dict) -> bool:
-    """SentencePiece's dummy prefix: a ``Prepend("▁")`` normalizer or a Metaspace pre-tokenizer
-    that prepends (``prepend_scheme`` "first"/"always", or the older ``add_prefix_space``)."""
-    prepends = any(n.get("type") == "Prepend" for n in spec_steps(spec.get("normalizer"), "normalizers"))
-    return prepends or any(
-        p.get("type") == "Metaspace" and (p.get("prepend_scheme") in ("first", "always") or p.get("add_prefix_space"))
-        for p in spec_steps(spec.get("pre_tokenizer"), "pretokenizers")
-    )
-
-
-def spec_steps(item: dict | None, key: str) -> list[dict]:
-    """The steps of a ``tokenizer.json`` normalizer (``key`` "normalizers") or pre-tokenizer
-    ("pretokenizers"), with Sequences flattened."""
-    if item is None:
-        return []
-    if item.get("type") == "Sequence":
-        return [step for sub in item[key] for step in spec_steps(sub, key)]
-    return [item]
 
 
 def split_gguf_path(source: str | Path, gguf_file: str | None) -> tuple[str, str | None]:

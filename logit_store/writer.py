@@ -177,14 +177,15 @@ class StoreWriter:
     # -- adding documents
     def add_distributions(
         self, distributions, key: str | None = None, text_bytes: int | None = None, token_ids=None
-    ) -> None:
+    ) -> np.ndarray:
         """Add a :class:`distill.convert.DocumentDistributions`. Give ``token_ids`` when the
-        vocabulary has several ids with one byte string (else the lowest such id is stored)."""
+        vocabulary has several ids with one byte string (else the lowest such id is stored).
+        Returns the values as a reader decodes them (what ``train`` and ``score`` read)."""
         layout = distributions.layout
         if token_ids is None:
             token_ids = _token_ids_of_layout(layout, self.trie)
         token_ids = np.asarray(token_ids, dtype=np.int64)
-        self._add(token_ids, distributions.values, distributions.dropped_mass, text_bytes, key, layout)
+        return self._add(token_ids, distributions.values, distributions.dropped_mass, text_bytes, key, layout)
 
     def add(self, token_ids, values, dropped_mass, text_bytes: int | None = None, key: str | None = None) -> None:
         """Add one document: teacher token ids (m,), exact values (S,) in support order, dropped
@@ -196,7 +197,7 @@ class StoreWriter:
             raise UserError(f"document {self.num_written} ({key or 'no key'}): {exc}") from None
         self._add(token_ids, values, dropped_mass, text_bytes, key, layout)
 
-    def _add(self, token_ids, values, dropped_mass, text_bytes, key, layout: StreamLayout) -> None:
+    def _add(self, token_ids, values, dropped_mass, text_bytes, key, layout: StreamLayout) -> np.ndarray:
         if self._closed:
             raise RuntimeError("StoreWriter is closed")
         if self._pending_bytes >= self.chunk_bytes:  # flushed now, when the caller's float64 values are gone
@@ -236,6 +237,7 @@ class StoreWriter:
         shard_docs = (self._shard.num_docs if self._shard else 0) + len(self._pending)
         if (self.docs_per_shard and shard_docs >= self.docs_per_shard) or self._shard_raw_bytes >= self.shard_bytes:
             self._finish_shard()
+        return self.encoding.decode(value_bytes, position_bytes, offsets)
 
     def _flush_chunk(self) -> None:
         if not self._pending:

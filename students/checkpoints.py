@@ -11,8 +11,10 @@ does not read (truncated, not JSON) is refused in one line naming it.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import logging
 import pickle
 import shutil
 from dataclasses import dataclass
@@ -86,6 +88,32 @@ def write_json(path: Path, data: Any) -> None:
     tmp.replace(path)
 
 
+class _DropTiedWeightWarning(logging.Filter):
+    """accelerate warns when safetensors saving drops a tensor that shares memory with another;
+    for the output layer tied to the embeddings that is the intended layout (``from_pretrained``
+    and ``load_student`` tie it back), so that one message is dropped, any other is kept."""
+
+    def __init__(self, tied: set[str]):
+        super().__init__()
+        self.expected = f"Removed shared tensor {tied} while saving"
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.expected not in record.getMessage()
+
+
+@contextlib.contextmanager
+def _tied_weights_expected(model):
+    tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
+    logger = logging.getLogger("accelerate.utils.other")
+    drop = _DropTiedWeightWarning(tied)
+    if tied:
+        logger.addFilter(drop)
+    try:
+        yield
+    finally:
+        logger.removeFilter(drop)
+
+
 def save_checkpoint(
     accelerator, model, path: Path, state: TrainerState, position: dict, data_order: dict, run_info: dict
 ) -> None:
@@ -95,7 +123,8 @@ def save_checkpoint(
         shutil.rmtree(partial, ignore_errors=True)
     accelerator.wait_for_everyone()
     try:
-        accelerator.save_state(str(partial), safe_serialization=True)
+        with _tied_weights_expected(accelerator.unwrap_model(model)):
+            accelerator.save_state(str(partial), safe_serialization=True)
         write_json(partial / f"data_position_rank{accelerator.process_index}.json", position)
         accelerator.wait_for_everyone()
         if accelerator.is_main_process:

@@ -9,7 +9,10 @@ generation; ``<bos>``/``<pad>`` never generated), two tokenizers and a model car
   ``teacher_tokenizer.json``; it gives the student the training stream with the teacher's
   ``<eot>`` marks;
 - the plain byte tokenizer (``tokenizer.json``; stock ``AutoTokenizer``, no remote code): bytes
-  without ``<eot>`` marks, which the student never saw in training (worse BPB, stated in the card).
+  without ``<eot>`` marks, which the student never saw in training (worse BPB, stated in the card);
+- ``custom_generate/generate.py`` (a copy of :mod:`students.custom_generate`): with
+  ``trust_remote_code=True`` on the model too, ``model.generate`` heals prompts given as complete
+  streams (lm-evaluation-harness's generation tasks).
 
 ``bytedistill_export.json`` records every file export wrote (:mod:`students.export_record`); ``push``
 uploads only those, and a new export into the folder replaces them. A folder holding anything else
@@ -19,6 +22,7 @@ file is touched.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from dataclasses import dataclass
@@ -31,13 +35,15 @@ from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
 from distill.alphabet import BOS, EOS, PAD
 from distill.errors import UserError, first_line
-from students import architectures, stream_tokenizer
+from distill.vocab import TeacherVocab
+from students import architectures, custom_generate, stream_tokenizer
 from students.checkpoints import STATE_ERRORS, TRAINER_STATE, latest_checkpoint, read_json, require_complete
 from students.export_record import EXPORT_RECORD, foreign_entries, recorded_files, visible_entries, write_record
 from students.stream_tokenizer import TEACHER_TOKENIZER_FILE, TeacherTokens
 from students.tokenizer import build_tokenizer
 
 REMOTE_CODE_FILE = "tokenization_bytedistill.py"
+CUSTOM_GENERATE_FILE = "custom_generate/generate.py"  # transformers binds it as model.generate (trust_remote_code)
 
 
 @dataclass(frozen=True)
@@ -95,13 +101,15 @@ def load_student(checkpoint: Path) -> LlamaForCausalLM:
     return model.eval()
 
 
-def generation_config() -> GenerationConfig:
+def generation_config(context: int) -> GenerationConfig:
+    """Stop at ``<eos>``; by default up to the trained context in all (a ``max_length``, so that a
+    caller's own ``max_length``, as lm-evaluation-harness passes it, replaces it)."""
     return GenerationConfig(
         bos_token_id=BOS,
         eos_token_id=EOS,
         pad_token_id=PAD,
         suppress_tokens=[BOS, PAD],  # a document never restarts mid-stream; padding is never a symbol
-        max_new_tokens=256,
+        max_length=context,
     )
 
 
@@ -112,9 +120,11 @@ def read_run_info(checkpoint: Path) -> dict[str, Any]:
 
 def teacher_tokenizer_json(source: str | None, info: dict[str, Any]) -> str:
     """The teacher's ``tokenizer.json`` text: from ``source`` (tokenizer.json, model folder or .gguf),
-    else the teacher recorded in the training store; checked against the store's vocabulary."""
+    else the teacher recorded in the training store; checked against the store's vocabulary, with
+    every added token the dump treats as special marked special (its literal text is text)."""
+    from distill.encode import with_specials_marked
     from distill.vocab import load_teacher_tokenizer, vocab_from_tokenizer
-    from logit_store.store import read_manifest
+    from logit_store.store import LogitStore, read_manifest
 
     stores = [Path(p) for p in info.get("config", {}).get("train_stores", [])]
     manifest = read_manifest(stores[0]) if stores and stores[0].is_dir() else {}
@@ -122,15 +132,24 @@ def teacher_tokenizer_json(source: str | None, info: dict[str, Any]) -> str:
     if not source:
         raise UserError("give --teacher-tokenizer: the training store that names the teacher is not found")
     tokenizer = load_teacher_tokenizer(source)
-    if manifest.get("vocab_hash") and vocab_from_tokenizer(tokenizer).hash != manifest["vocab_hash"]:
+    vocab = vocab_from_tokenizer(tokenizer)
+    if manifest.get("vocab_hash") and not same_tokens(vocab, LogitStore(stores[0]).vocab):
         raise UserError(f"the tokenizer of {source} is not the one the training store {stores[0]} was dumped with")
     backend = getattr(tokenizer, "backend_tokenizer", tokenizer)
-    text = backend.to_str()
+    text = json.dumps(with_specials_marked(json.loads(backend.to_str()), vocab), ensure_ascii=False)
     try:
         TeacherTokens(text)
     except ValueError as exc:
         raise UserError(f"{source}: {exc}") from exc
     return text
+
+
+def same_tokens(vocab: TeacherVocab, stored: TeacherVocab) -> bool:
+    """Whether a tokenizer's vocabulary is the one a store was dumped with: the same bytes and
+    specials, once padded to the store's output rows (Phi-3), whatever the end-of-text names."""
+    if stored.size > vocab.size:
+        vocab = vocab.padded_to(stored.size)
+    return dataclasses.replace(vocab, end_of_text_ids=stored.end_of_text_ids).hash == stored.hash
 
 
 def trained_context(model: LlamaForCausalLM, info: dict[str, Any]) -> int:
@@ -156,6 +175,15 @@ def previous_export(output: Path) -> list[str]:
     return previous
 
 
+def remove_previous_export(output: Path, previous: list[str]) -> None:
+    """Remove the files an earlier export wrote (checked by :func:`previous_export`) and the folders they emptied."""
+    for name in previous:
+        (output / name).unlink(missing_ok=True)
+    for folder in sorted({(output / name).parent for name in previous} - {output}, reverse=True):
+        if folder.is_dir() and not any(folder.iterdir()):  # custom_generate/, emptied above
+            folder.rmdir()
+
+
 def written_files(output: Path, before: dict[str, str]) -> list[str]:
     """The regular files in ``output`` that were not in ``before`` (a :func:`visible_entries` listing)."""
     return sorted(name for name, kind in visible_entries(output).items() if kind == "file" and name not in before)
@@ -179,9 +207,8 @@ def export_student(
     model = load_student(checkpoint)  # before the (slow) tokenizer: a damaged checkpoint is refused at once
     tokenizer_json = teacher_tokenizer_json(teacher_tokenizer, info)
     model.config.max_position_embeddings = trained_context(model, info)
-    model.generation_config = generation_config()
-    for name in previous:
-        (output / name).unlink(missing_ok=True)
+    model.generation_config = generation_config(model.config.max_position_embeddings)
+    remove_previous_export(output, previous)
     output.mkdir(parents=True, exist_ok=True)
     before = visible_entries(output)
     architectures.prepare_export(model, output)
@@ -189,6 +216,8 @@ def export_student(
     build_tokenizer().save_pretrained(output)
     (output / TEACHER_TOKENIZER_FILE).write_text(tokenizer_json, encoding="utf-8")
     shutil.copyfile(stream_tokenizer.__file__, output / REMOTE_CODE_FILE)
+    (output / CUSTOM_GENERATE_FILE).parent.mkdir(exist_ok=True)
+    shutil.copyfile(custom_generate.__file__, output / CUSTOM_GENERATE_FILE)
     config_file = output / "tokenizer_config.json"
     tokenizer_config = json.loads(config_file.read_text(encoding="utf-8"))
     tokenizer_config["auto_map"] = stream_tokenizer.auto_map()
@@ -218,10 +247,16 @@ model = {model_loading}
 # the stream tokenizer places the teacher's <eot> marks the student was trained with
 tokenizer = AutoTokenizer.from_pretrained(repo, trust_remote_code=True)
 
-inputs = tokenizer("The meaning of life is", return_tensors="pt")
+# a prompt: the teacher's marks up to its last word, whose bytes generate feeds, the student
+# placing the <eot> marks (the word may go on: "In the begi" continues "nning")
+inputs = tokenizer.prompt("The meaning of life is")
 output = model.generate(**inputs, max_new_tokens=100, do_sample=True, top_k=50)
 # skip_special_tokens drops <bos>, <eos> and the <eot> token-boundary symbols
 print(tokenizer.decode(output[0], skip_special_tokens=True))
+
+# a complete text (scoring): tokenizer(text) places the teacher's marks throughout
+text = tokenizer("In the beginning God created", return_tensors="pt")
+nats_per_symbol = model(**text, labels=text.input_ids).loss
 ```"""
 
 
@@ -244,6 +279,17 @@ MODEL_CODE = {
 
 def _fmt(value: Any, digits: int = 4) -> str:
     return f"{value:.{digits}f}" if isinstance(value, (int, float)) else "not evaluated"
+
+
+def _training_bytes(train_bytes: int, config: dict[str, Any]) -> str:
+    """Bytes read in training, with the training text's own size when its stores are at hand."""
+    from logit_store.store import MANIFEST, LogitStore
+
+    stores = [Path(p) for p in config.get("train_stores", [])]
+    if not stores or not all((p / MANIFEST).is_file() for p in stores):
+        return f"{train_bytes:,} (all epochs)"
+    corpus = sum(LogitStore(p).stats()["text_bytes"] for p in stores)
+    return f"{train_bytes:,}: {train_bytes / corpus:.1f} passes over a {corpus:,}-byte training text"
 
 
 def _no_local_path(name: str) -> str:
@@ -298,7 +344,7 @@ teacher **{teacher}** using its exact next-byte distributions
 |---|---|
 | teacher | {teacher} |
 | training data | {data} |
-| training bytes | {train_bytes:,} |
+| text bytes read in training | {_training_bytes(train_bytes, config)} |
 | trained context | {context} symbols (bytes and `<eot>` marks) |
 | held-out bits per byte, student | {_fmt(evaluation.get("student_bpb"))} |
 | held-out bits per byte, teacher | {_fmt(evaluation.get("teacher_bpb"))} |
@@ -319,6 +365,24 @@ sit where the teacher's tokenizer ended its tokens. Its tokenizer (`tokenization
 loaded with `trust_remote_code=True`; it imports only `tokenizers` and `transformers`) runs the
 teacher's tokenizer (`teacher_tokenizer.json`) on your text only to place those marks; the model
 still reads every byte and, while generating, places its own `<eot>` marks. {MODEL_CODE[architecture]}
+
+## Prompts: the cut is not a token boundary
+
+A prompt may stop inside a word ("In the begi"), where the teacher's tokenizer would end a token
+that the full text would not. `tokenizer.prompt(text)` therefore commits the teacher's marks only
+up to the start of the prompt's last word (its last pre-token) and returns, as `logits_processor`,
+a `HealingProcessor` that `generate` uses to feed that word's bytes one by one: at each of them the
+model's own scores choose between the byte and `<eot>`, so the student segments the word as it
+would had the text gone on, and nothing after the prompt is invented. `bytedistill generate` does
+the same. `tokenizer(text)` is for complete texts (scoring): it places the teacher's marks
+throughout, as in training.
+
+With `trust_remote_code=True` on the model as well
+(`AutoModelForCausalLM.from_pretrained(repo, trust_remote_code=True)`, as lm-evaluation-harness
+loads it), `transformers` binds the folder's `custom_generate/generate.py` as `model.generate`: it
+heals prompts given as `tokenizer(text)` streams the same way (a first pass feeds the last word, a
+second generates with your settings and stopping criteria) and returns your input followed by the
+continuation. Without it `generate` is the stock one.
 
 Without `trust_remote_code`, `AutoTokenizer.from_pretrained(repo)` loads the plain byte tokenizer:
 `<bos>` + the UTF-8 bytes with no `<eot>` marks, inputs the model never saw in training, so it
@@ -342,6 +406,8 @@ lm_eval --model hf --tasks wikitext \\
     --model_args pretrained={repo_id or "your-name/byte-student"},trust_remote_code=True
 ```
 
-`bits_per_byte` of rolling-loglikelihood tasks matches `bytedistill score`.
+`bits_per_byte` of rolling-loglikelihood tasks matches `bytedistill score --packed false`.
+`trust_remote_code=True` loads the stream tokenizer and binds `custom_generate/generate.py`, so
+generation tasks (`generate_until`) get healed prompts (see "Prompts" above).
 """
     return ModelCard(f"---\n{metadata.to_yaml()}\n---\n\n{body}")

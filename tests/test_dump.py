@@ -85,15 +85,18 @@ def test_stream_nll_equals_teacher_token_nll(encoding, rel, conversion, teacher_
     assert len(store) == 4
     model = AutoModelForCausalLM.from_pretrained(teacher_dir, dtype=torch.float32).eval()
     vocab = store.vocab
-    texts = {}
+    texts, stored_nll = {}, 0.0
     for i in range(len(store)):
         doc = store.document(i)
         name = Path(doc.key).name
         texts[name] = doc.layout.text_bytes()
         stream_nll = -float(np.log(doc.target_probabilities().astype(np.float64)).sum())
+        stored_nll += stream_nll
         expected = teacher_token_nll(model, doc.token_ids, 128_000, vocab.end_of_text_ids, vocab.special_ids, 64, 16)
         assert stream_nll == pytest.approx(expected, rel=rel), name
     assert texts == {k: v for k, v in DOCUMENTS.items() if v}
+    printed = float(summary.split("teacher BPB")[1].split()[0])  # of the stored values, as train and score read them
+    assert printed == pytest.approx(stored_nll / (np.log(2) * sum(map(len, texts.values()))), abs=5.1e-5)
     assert len(plan_windows(len(store.document(list(texts).index("long.txt")).token_ids), 1, 64, 16)) > 1
 
 

@@ -107,7 +107,8 @@ def test_export_cli_and_errors(trained, tmp_path, llama3_tokenizer_path):
 def test_export_replaces_its_own_files_and_refuses_other_content(trained, tmp_path, llama3_tokenizer_path):
     out = export_student(trained, tmp_path / "out", teacher_tokenizer=llama3_tokenizer_path)
     written = json.loads((out / EXPORT_RECORD).read_text())["files"]
-    assert sorted(written) == sorted(p.name for p in out.iterdir())
+    assert sorted(written) == sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
+    assert "custom_generate/generate.py" in written
     (out / "model-00001-of-00002.safetensors").write_text("stale shard")  # as if a larger export had been here
     record = json.loads((out / EXPORT_RECORD).read_text())
     (out / EXPORT_RECORD).write_text(json.dumps({"files": record["files"] + ["model-00001-of-00002.safetensors"]}))
@@ -136,7 +137,7 @@ def test_model_card_names_no_local_path(trained, tmp_path, llama3_tokenizer_path
 def test_shipped_tokenizer_is_the_librarys_module_and_self_contained(exported):
     import ast
 
-    from students import stream_tokenizer
+    from students import custom_generate, stream_tokenizer
 
     shipped = (exported / "tokenization_bytedistill.py").read_text()
     assert shipped == Path(stream_tokenizer.__file__).read_text()
@@ -146,4 +147,7 @@ def test_shipped_tokenizer_is_the_librarys_module_and_self_contained(exported):
             imported |= {alias.name.split(".")[0] for alias in node.names}
         elif isinstance(node, ast.ImportFrom):
             imported.add(node.module.split(".")[0])
-    assert imported <= {"__future__", "json", "os", "re", "tokenizers", "transformers", "numpy"}, imported
+    assert imported <= {"__future__", "json", "os", "re", "tokenizers", "transformers", "torch"}, imported
+    generate = (exported / "custom_generate" / "generate.py").read_text()
+    assert generate == Path(custom_generate.__file__).read_text()
+    assert {n.module for n in ast.walk(ast.parse(generate)) if isinstance(n, ast.ImportFrom)} == {"transformers"}

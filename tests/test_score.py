@@ -8,6 +8,7 @@ import math
 
 import numpy as np
 import pytest
+import torch
 from transformers import AutoTokenizer
 
 from distill.alphabet import EOS
@@ -186,3 +187,64 @@ def test_lm_eval_bits_per_byte_equals_score(exported, tmp_path, monkeypatch):
     assert harness == pytest.approx(ours.student_bpb, rel=0.01)
     plain = harness_bpb(f"pretrained={exported.folder}")
     assert plain != pytest.approx(ours.student_bpb, rel=0.01)  # without remote code: plain bytes, another number
+
+
+@pytest.mark.slow
+def test_prompts_heal_through_the_card_remote_generate_and_lm_eval(exported, tmp_path, monkeypatch):
+    """The card's ``model.generate(**tokenizer.prompt(p))`` (stock model), ``tokenizer(p)`` streams
+    given to the model loaded with ``trust_remote_code`` (the folder's custom_generate/generate.py)
+    and lm-evaluation-harness's ``generate_until`` give the same healed greedy continuation."""
+    lm_eval = pytest.importorskip("lm_eval")
+    from lm_eval.tasks import TaskManager
+    from transformers import AutoModelForCausalLM
+
+    from students.tokenizer import decode_bytes
+
+    tokenizer = AutoTokenizer.from_pretrained(exported.folder, trust_remote_code=True)
+    stock = AutoModelForCausalLM.from_pretrained(exported.folder).eval()
+    remote = AutoModelForCausalLM.from_pretrained(exported.folder, trust_remote_code=True).eval()
+    prompts = ["In the begi", "And the morn", "<|eot_id|>he"]  # short: lm-eval keeps context + 12 in 32 symbols
+
+    def healed(prompt: str) -> bytes:
+        inputs = tokenizer.prompt(prompt)
+        output = stock.generate(**inputs, max_new_tokens=24, do_sample=False)[0]
+        return decode_bytes(output[inputs["input_ids"].shape[1] :])[len(tokenizer.encode_prompt(prompt.encode())[1]) :]
+
+    expected = [healed(p) for p in prompts]
+    tokenizer.padding_side = "left"
+    streams = tokenizer(prompts, padding=True, return_tensors="pt")
+    width = streams["input_ids"].shape[1]
+    first_inputs = []
+    remote.register_forward_pre_hook(
+        lambda m, args, kwargs: first_inputs.append(kwargs["input_ids"].shape[1]), with_kwargs=True
+    )
+    output = remote.generate(**streams, max_new_tokens=12, do_sample=False)
+    assert first_inputs[0] < width  # it started from the streams cut back to their last words
+    assert torch.equal(output[:, :width], streams["input_ids"])  # the caller's frame
+    for row, want in enumerate(expected):
+        got = decode_bytes(output[row, width:])
+        assert got and want.startswith(got), prompts[row]
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    (tmp_path / "cuts.jsonl").write_text("\n".join(json.dumps({"context": p, "target": "x"}) for p in prompts))
+    (tmp_path / "cuts.yaml").write_text(
+        "task: bytedistill_cuts\ndataset_path: json\n"
+        f"dataset_kwargs:\n  data_files:\n    test: {tmp_path / 'cuts.jsonl'}\n"
+        'test_split: test\noutput_type: generate_until\ndoc_to_text: "{{context}}"\ndoc_to_target: "{{target}}"\n'
+        "generation_kwargs:\n  until: ['\\u0000']\n  do_sample: false\n  max_gen_toks: 12\n"
+        "metric_list:\n  - metric: exact_match\n    aggregation: mean\n    higher_is_better: true\n"
+    )
+    results = lm_eval.simple_evaluate(
+        model="hf",
+        model_args=f"pretrained={exported.folder},trust_remote_code=True",
+        tasks=["bytedistill_cuts"],
+        task_manager=TaskManager(include_path=str(tmp_path)),
+        batch_size=2,
+        device="cpu",
+        log_samples=True,
+    )
+    samples = sorted(results["samples"]["bytedistill_cuts"], key=lambda s: s["doc_id"])
+    for sample, want in zip(samples, expected, strict=True):
+        text = sample["resps"][0][0]
+        assert text and want.decode("utf-8", errors="replace").startswith(text.rstrip("\ufffd")), sample["doc"]

@@ -91,9 +91,9 @@ def test_call_places_eot_after_every_teacher_token(stream_tokenizer):
     assert stream_tokenizer.decode(ids, skip_special_tokens=True) == "héllo <|begin_of_text|>"
 
 
-def test_a_tokenizer_that_is_not_byte_level_is_refused():
+def test_a_tokenizer_of_another_family_is_refused():
     word_level = _Tokenizer(_models.WordLevel(vocab={"hello": 0, "[UNK]": 1}, unk_token="[UNK]"))
-    with pytest.raises(ValueError, match="not a byte-level BPE"):
+    with pytest.raises(ValueError, match="neither a byte-level BPE .* nor a SentencePiece model with byte fallback"):
         TeacherTokens(word_level.to_str())
 
 

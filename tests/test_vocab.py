@@ -9,10 +9,11 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, normalizers
 
 from distill.convert import Converter
-from distill.encode import DocumentEncoder, utf8_runs
+from distill.encode import DocumentEncoder
 from distill.errors import UserError
 from distill.trie import build_trie
 from distill.vocab import BYTE_FALLBACK, BYTE_LEVEL, gpt2_unicode_to_byte, load_teacher_vocab, vocab_from_tokenizer
+from students.stream_tokenizer import utf8_runs
 from tests.conftest import SAMPLE_DOCUMENTS, random_logits
 from tests.test_convert import (
     assert_matches_reference,
