@@ -160,7 +160,8 @@ class DumpConfig:
         default=None,
         metadata={
             "help": "raw bytes of a store chunk, which each writer holds until it is full "
-            "(default: the encoding's, 16 MiB for pow8-ans)"
+            "(default: the encoding's, 16 MiB for pow8-ans)",
+            "range": COUNT,
         },
     )
     docs_per_shard: int | None = field(
@@ -188,7 +189,7 @@ class DumpConfig:
         },
     )
     max_document_bytes: int | None = field(
-        default=None, metadata={"help": "skip (and list) documents longer than this many bytes"}
+        default=None, metadata={"help": "skip (and list) documents longer than this many bytes", "range": COUNT}
     )
     verbose: bool = field(default=False, metadata={"help": "name every corpus entry that is not read, and why"})
 

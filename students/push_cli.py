@@ -6,6 +6,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from distill.config import NON_NEGATIVE, POSITIVE
+
 
 @dataclass
 class PushConfig:
@@ -24,10 +26,15 @@ class PushConfig:
         },
     )
     timeout: float = field(
-        default=60.0, metadata={"help": "seconds to wait for the Hub to connect, and for each read or write"}
+        default=60.0,
+        metadata={"help": "seconds to wait for the Hub to connect, and for each read or write", "range": POSITIVE},
     )
     retries: int = field(
-        default=3, metadata={"help": "tries after the first of each Hub call (network error, timeout, 429, 5xx)"}
+        default=3,
+        metadata={
+            "help": "tries after the first of each Hub call (network error, timeout, 429, 5xx)",
+            "range": NON_NEGATIVE,
+        },
     )
     dry_run: bool = field(
         default=False,

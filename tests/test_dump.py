@@ -264,7 +264,7 @@ def test_corpus_fingerprint_follows_content_not_location(corpus_dir, tmp_path, m
 
 
 def test_utf8_runs_exact_and_linear():
-    from distill.encode import utf8_runs
+    from students.stream_tokenizer import utf8_runs
 
     def reference(data: bytes) -> list[tuple[bool, bytes]]:  # byte by byte: the longest valid prefix
         runs, pos = [], 0

@@ -301,8 +301,8 @@ EDGES = [
         subprocess=True,
         timeout=120,
     ),
-    ExportEdge("push: --timeout 0", [*PUSH, "--timeout", "0"], "--timeout must be > 0"),
-    ExportEdge("push: --retries -1", [*PUSH, "--retries", "-1"], "--retries must be >= 0"),
+    ExportEdge("push: --timeout 0", [*PUSH, "--timeout", "0"], "--timeout must be greater than 0"),
+    ExportEdge("push: --retries -1", [*PUSH, "--retries", "-1"], "--retries must be at least 0"),
     # a corrupt exported folder, for generate, score and push
     ExportEdge(
         "generate: truncated weights",

@@ -282,7 +282,9 @@ def test_export_refuses_weights_of_the_other_architecture_naming_it(exported, tm
 
 
 def test_push_uploads_the_modeling_file(request, exported, monkeypatch):
+    endpoint = request.getfixturevalue("hub")
     monkeypatch.setenv("HF_TOKEN", "hf_fake_token")
-    push_folder(exported[1], "me/patched", endpoint=request.getfixturevalue("hub"))
+    monkeypatch.setenv("HF_ENDPOINT", endpoint)  # the Hub, as far as huggingface_hub is concerned
+    push_folder(exported[1], "me/patched", endpoint=endpoint)
     (commit,) = FakeHub.commits
     assert {MODELING_FILE, "config.json", "model.safetensors"} <= set(commit["files"])
