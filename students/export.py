@@ -101,15 +101,15 @@ def load_student(checkpoint: Path) -> LlamaForCausalLM:
     return model.eval()
 
 
-def generation_config(context: int) -> GenerationConfig:
-    """Stop at ``<eos>``; by default up to the trained context in all (a ``max_length``, so that a
-    caller's own ``max_length``, as lm-evaluation-harness passes it, replaces it)."""
+def generation_config() -> GenerationConfig:
+    """Stop at ``<eos>``. No length of its own: the caller's ``max_new_tokens`` or ``max_length`` (as
+    lm-evaluation-harness passes it) decides, and transformers warns when a config's length and the
+    caller's are both set."""
     return GenerationConfig(
         bos_token_id=BOS,
         eos_token_id=EOS,
         pad_token_id=PAD,
         suppress_tokens=[BOS, PAD],  # a document never restarts mid-stream; padding is never a symbol
-        max_length=context,
     )
 
 
@@ -207,7 +207,7 @@ def export_student(
     model = load_student(checkpoint)  # before the (slow) tokenizer: a damaged checkpoint is refused at once
     tokenizer_json = teacher_tokenizer_json(teacher_tokenizer, info)
     model.config.max_position_embeddings = trained_context(model, info)
-    model.generation_config = generation_config(model.config.max_position_embeddings)
+    model.generation_config = generation_config()
     remove_previous_export(output, previous)
     output.mkdir(parents=True, exist_ok=True)
     before = visible_entries(output)
