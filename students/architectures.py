@@ -136,27 +136,30 @@ def require_architecture(checkpoint: Path, architecture: str) -> None:
 
 def load_patched(checkpoint: Path) -> PatchedStudent:
     """The patched student saved in a trainer checkpoint, in eval mode; weights must match exactly."""
-    from safetensors.torch import load_file
-
     weights_file = Path(checkpoint) / "model.safetensors"
     if not weights_file.is_file():
         raise UserError(f"checkpoint {checkpoint} lacks {weights_file.name}")
     model = PatchedStudent(PatchedStudentConfig.from_json_file(str(Path(checkpoint) / "config.json")))
+    load_weights(model, weights_file, "patched")
+    return model.eval()
+
+
+def load_weights(model, weights_file: Path, architecture: str, tied: frozenset[str] = frozenset()) -> None:
+    """Load a checkpoint's safetensors into ``model``; a damaged file or weights that do not match the
+    config exactly (``tied``: names the model fills itself) is a UserError naming the file."""
+    from safetensors.torch import load_file
+
     try:
         weights = load_file(str(weights_file))
     except STATE_ERRORS as exc:
         raise UserError(f"{weights_file} does not read ({first_line(exc)}): the file is damaged") from None
+    problem = f"{weights_file} does not match its config (a {architecture} student)"
     try:
         missing, unexpected = model.load_state_dict(weights, strict=False)
     except RuntimeError as exc:  # a tensor of another shape
-        reason = str(exc).strip().splitlines()[-1].strip()
-        raise UserError(f"{weights_file} does not match its config (a patched student): {reason}") from exc
-    if missing or unexpected:
-        raise UserError(
-            f"{weights_file} does not match its config (a patched student): missing {missing[:3]}, "
-            f"unexpected {unexpected[:3]}"
-        )
-    return model.eval()
+        raise UserError(f"{problem}: {str(exc).strip().splitlines()[-1].strip()}") from exc
+    if set(missing) - tied or unexpected:
+        raise UserError(f"{problem}: missing {missing[:3]}, unexpected {unexpected[:3]}")
 
 
 def architecture_of_model(model) -> str:

@@ -30,14 +30,13 @@ from pathlib import Path
 from typing import Any
 
 from huggingface_hub import ModelCard, ModelCardData
-from safetensors.torch import load_file
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
 from distill.alphabet import BOS, EOS, PAD
-from distill.errors import UserError, first_line
+from distill.errors import UserError
 from distill.vocab import TeacherVocab
 from students import architectures, custom_generate, stream_tokenizer
-from students.checkpoints import STATE_ERRORS, TRAINER_STATE, latest_checkpoint, read_json, require_complete
+from students.checkpoints import TRAINER_STATE, latest_checkpoint, read_json, require_complete
 from students.export_record import EXPORT_RECORD, foreign_entries, recorded_files, visible_entries, write_record
 from students.stream_tokenizer import TEACHER_TOKENIZER_FILE, TeacherTokens
 from students.tokenizer import build_tokenizer
@@ -82,21 +81,8 @@ def load_student(checkpoint: Path) -> LlamaForCausalLM:
     if architectures.architecture_of(config_file) == "patched":
         return architectures.load_patched(checkpoint)
     model = LlamaForCausalLM(LlamaConfig.from_dict(read_json(config_file)))
-    try:
-        weights = load_file(str(weights_file))
-    except STATE_ERRORS as exc:
-        raise UserError(f"{weights_file} does not read ({first_line(exc)}): the file is damaged") from None
-    try:
-        missing, unexpected = model.load_state_dict(weights, strict=False)
-    except RuntimeError as exc:  # a tensor of another shape
-        reason = str(exc).strip().splitlines()[-1].strip()
-        raise UserError(f"{weights_file} does not match its config (a flat student): {reason}") from exc
-    tied = {"lm_head.weight"} if model.config.tie_word_embeddings else set()
-    if set(missing) - tied or unexpected:
-        raise UserError(
-            f"{weights_file} does not match its config (a flat student): missing {missing[:3]}, "
-            f"unexpected {unexpected[:3]}"
-        )
+    tied = frozenset({"lm_head.weight"} if model.config.tie_word_embeddings else ())
+    architectures.load_weights(model, weights_file, "flat", tied)
     model.tie_weights()
     return model.eval()
 
