@@ -21,10 +21,10 @@ import numpy as np
 import torch
 
 from benchmarks.common import kjv_chapters, llama3_tokenizer_json
+from bytestream.trie import build_trie
+from bytestream.vocab import load_teacher_tokenizer, vocab_from_tokenizer
 from distill.convert import Converter
 from distill.encode import DocumentEncoder
-from distill.trie import build_trie
-from distill.vocab import load_teacher_tokenizer, vocab_from_tokenizer
 
 
 def best_of(fn, repeats: int) -> float:

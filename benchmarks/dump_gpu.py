@@ -29,10 +29,10 @@ import yaml
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from benchmarks.common import kjv_chapters, llama3_tokenizer_json
+from bytestream.vocab import load_teacher_tokenizer, vocab_from_tokenizer
 from distill.dump import DumpConfig, dump_with_teacher, memory_terms
 from distill.encode import DocumentEncoder
 from distill.teacher import Teacher
-from distill.vocab import load_teacher_tokenizer, vocab_from_tokenizer
 
 SHAPES = {
     "8b": {

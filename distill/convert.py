@@ -8,7 +8,7 @@ special tokens dropped at each teacher position. Each range mass M(s) is a direc
 the sorted probabilities (never a difference of cumulative sums, which loses small masses).
 
 With SentencePiece's dummy prefix the first row is read at the space's node (see
-:mod:`distill.stream`): P(first byte b) = M(space·b)/M(space), and the log-likelihood identity
+:mod:`bytestream.stream`): P(first byte b) = M(space·b)/M(space), and the log-likelihood identity
 becomes Σ log P(stream) = teacher token log-likelihood − log M(space) at the first row, with M
 normalised over the regular and end-of-text ids; ``context_log_mass`` holds that log M(space).
 """
@@ -21,11 +21,11 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
-from distill.alphabet import ALPHABET_SIZE
+from bytestream.alphabet import ALPHABET_SIZE
+from bytestream.stream import StreamLayout, path_to_node, stream_layout, target_values
+from bytestream.trie import VocabTrie, build_trie
+from bytestream.vocab import TeacherVocab
 from distill.fastexp import exp_shifted
-from distill.stream import StreamLayout, path_to_node, stream_layout
-from distill.trie import VocabTrie, build_trie
-from distill.vocab import TeacherVocab
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ class DocumentDistributions:
 
     def target_probabilities(self) -> np.ndarray:
         """P(actual next symbol) at every position."""
-        return _target_values(self.layout.symbols, self.layout.offsets, self.layout.support, self.values)
+        return target_values(self.layout, self.values)
 
     def log_likelihood(self) -> float:
         """Σ over positions of log P(next symbol): the teacher's token log-likelihood minus
@@ -54,20 +54,6 @@ class DocumentDistributions:
         rows = np.repeat(np.arange(self.layout.num_positions), np.diff(self.layout.offsets))
         out[rows, self.layout.support] = self.values
         return out
-
-
-@numba.njit(cache=True, nogil=True)
-def _target_values(symbols, offsets, support, values):
-    out = np.empty(len(offsets) - 1, values.dtype)
-    for i in range(len(offsets) - 1):
-        target = symbols[i + 1]
-        for at in range(offsets[i], offsets[i + 1]):
-            if support[at] == target:
-                out[i] = values[at]
-                break
-        else:
-            out[i] = 0.0
-    return out
 
 
 class Converter:

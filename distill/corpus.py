@@ -26,9 +26,9 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from bytestream.errors import UserError
 from distill.corpus_files import RECORD_SUFFIXES, TEXT_SUFFIXES, CorpusListing, list_corpus, zstd_lines
 from distill.corpus_files import file_suffix as _suffix
-from distill.errors import UserError
 
 
 @dataclass

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from distill.errors import UserError
+from bytestream.errors import UserError
 
 TEXT_SUFFIXES = (".txt", ".text", ".md")
 RECORD_SUFFIXES = (".jsonl", ".jsonl.zst", ".parquet")

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bytestream.errors import UserError
 from distill.corpus import (
     CorpusCounts,
     CorpusSpec,
@@ -38,7 +39,6 @@ from distill.corpus import (
     jsonl_text,
     select_documents,
 )
-from distill.errors import UserError
 
 JSONL_PIECE_BYTES = 32 << 20
 DATASET_PIECE_ROWS = 10_000

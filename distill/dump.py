@@ -30,16 +30,16 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from bytestream.errors import UserError
+from bytestream.ranges import COUNT, FRACTION, NON_NEGATIVE, at_least
+from bytestream.stream import StreamLayout
 from distill import dump_memory
-from distill.config import COUNT, FRACTION, NON_NEGATIVE, at_least
 from distill.convert import Converter, DocumentDistributions
 from distill.convert_torch import TorchConversion, torch_conversion
 from distill.corpus import CorpusCounts, CorpusSpec, check_source, corpus_fingerprint, corpus_listing
 from distill.corpus_shares import pieces_settings, writer_documents
 from distill.encode import DocumentEncoder, UnencodableDocument
-from distill.errors import UserError
 from distill.sharding import WriterLock, writers_of
-from distill.stream import StreamLayout
 from distill.teacher import Teacher, load_teacher
 from distill.windows import Window, plan_windows
 from logit_store.encodings import DEFAULT_ENCODING, ENCODINGS, get_encoding

@@ -8,7 +8,7 @@ the encoder's own tokenizer copy has the prefix rule switched off and the space 
 document explicitly, so a document split into several runs gets it once. A normalizer that changes
 the text in a way the token bytes cannot undo is refused, naming the byte and the rule.
 
-The rules themselves live in :mod:`students.stream_tokenizer` (``TeacherTokens``), which exported
+The rules themselves live in :mod:`bytestream.stream_tokenizer` (``TeacherTokens``), which exported
 folders ship, so that a student's tokenizer encodes text exactly as the dump did.
 """
 
@@ -18,12 +18,12 @@ import json
 
 import numpy as np
 
-from distill.errors import UserError
-from distill.vocab import BYTE_FALLBACK, TeacherVocab
-from students.stream_tokenizer import (  # self-contained (shipped with exports): the one copy of the rules
+from bytestream.errors import UserError
+from bytestream.stream_tokenizer import (  # self-contained (shipped with exports): the one copy of the rules
     WORD_BOUNDARY,
     TeacherTokens,
 )
+from bytestream.vocab import BYTE_FALLBACK, TeacherVocab
 
 
 class UnencodableDocument(UserError):

@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 from typing import Self
 
-from distill.errors import UserError
+from bytestream.errors import UserError
 
 
 def writers_of(worker: int, workers: int, writers: int) -> list[int]:

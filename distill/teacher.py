@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from distill.errors import UserError
+from bytestream.errors import UserError
+from bytestream.vocab import TeacherVocab, load_teacher_tokenizer, split_gguf_path, vocab_from_tokenizer
 from distill.teacher_weights import check_weights, refuse_missing
-from distill.vocab import TeacherVocab, load_teacher_tokenizer, split_gguf_path, vocab_from_tokenizer
 
 logger = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ import re
 from contextlib import contextmanager
 from pathlib import Path
 
-from distill.errors import UserError
+from bytestream.errors import UserError
 
 SHOWN_NAMES = 4  # name patterns shown in a refusal
 

@@ -21,7 +21,7 @@ import json
 from pathlib import Path
 
 from benchmarks.common import smollm2_gguf
-from distill.cli import main as bytedistill
+from bytedistill.cli import main as bytedistill
 from examples.quickstart import flags, write_kjv_corpus
 from logit_store import LogitStore
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from benchmarks import loading_paths
 from benchmarks.common import kjv_chapters, smollm2_gguf
-from distill.cli import main as bytedistill
+from bytedistill.cli import main as bytedistill
 
 
 def write_kjv_corpus(folder: Path, books: list[str], max_chapters: int) -> int:

@@ -14,8 +14,8 @@ from functools import cached_property
 
 import numpy as np
 
-from distill.errors import UserError
-from distill.stream import StreamLayout
+from bytestream.errors import UserError
+from bytestream.stream import StreamLayout
 from logit_store.encodings import Encoding
 
 

@@ -46,8 +46,8 @@ from functools import cached_property
 import numba
 import numpy as np
 
-from distill.alphabet import ALPHABET_SIZE
-from distill.errors import UserError
+from bytestream.alphabet import ALPHABET_SIZE
+from bytestream.errors import UserError
 from logit_store import rans
 
 _F16_ZERO = 2.0**-27  # a float16 that rounded to zero: somewhere in [0, 2**-25)

@@ -9,7 +9,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from distill.errors import UserError
+from bytestream.errors import UserError
 from logit_store.manifest import write_atomic
 from logit_store.shard import SHARD_PATTERN, ShardReader, shard_name
 

@@ -7,7 +7,7 @@ import json
 import os
 from pathlib import Path
 
-from distill.errors import UserError
+from bytestream.errors import UserError
 
 MANIFEST = "manifest.json"
 FORMAT_NAME = "bytedistill-logit-store"

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import numpy as np
 
-from distill.errors import UserError
-from distill.trie import VocabTrie
-from distill.vocab import TeacherVocab
+from bytestream.errors import UserError
+from bytestream.trie import VocabTrie
+from bytestream.vocab import TeacherVocab
 from logit_store.chunk import EncodedDocument
 from logit_store.reader import LogitStore, StoreBase, StoredDocument
 

@@ -14,7 +14,7 @@ import json
 import re
 from pathlib import Path
 
-from distill.errors import UserError
+from bytestream.errors import UserError
 from logit_store.manifest import FORMAT_NAME, MANIFEST
 from logit_store.shard import SHARD_MAGIC
 

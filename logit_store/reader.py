@@ -11,11 +11,11 @@ from pathlib import Path
 import numba
 import numpy as np
 
-from distill.alphabet import ALPHABET_SIZE
-from distill.errors import UserError
-from distill.stream import StreamLayout, stream_layout
-from distill.trie import VocabTrie, build_trie
-from distill.vocab import TeacherVocab
+from bytestream.alphabet import ALPHABET_SIZE
+from bytestream.errors import UserError
+from bytestream.stream import StreamLayout, stream_layout, target_values
+from bytestream.trie import VocabTrie, build_trie
+from bytestream.vocab import TeacherVocab
 from logit_store.chunk import ChunkData, EncodedDocument
 from logit_store.encodings import get_encoding
 from logit_store.integrity import (
@@ -52,9 +52,7 @@ class StoredDocument:
         return densify(self.layout, self.values)
 
     def target_probabilities(self) -> np.ndarray:
-        from distill.convert import _target_values
-
-        return _target_values(self.layout.symbols, self.layout.offsets, self.layout.support, self.values)
+        return target_values(self.layout, self.values)
 
 
 def densify(layout: StreamLayout, values: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:

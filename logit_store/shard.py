@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import zstandard
 
-from distill.errors import UserError
+from bytestream.errors import UserError
 from logit_store.chunk import (
     ChunkData,
     EncodedDocument,

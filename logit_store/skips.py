@@ -17,7 +17,7 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from distill.errors import UserError
+from bytestream.errors import UserError
 
 SKIP_PATTERN = "skipped-{:05d}.jsonl"
 

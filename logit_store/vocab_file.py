@@ -13,8 +13,8 @@ import struct
 import numpy as np
 import zstandard
 
-from distill.errors import UserError
-from distill.vocab import TeacherVocab
+from bytestream.errors import UserError
+from bytestream.vocab import TeacherVocab
 
 VOCAB_FILE = "vocab.bin"
 VOCAB_MAGIC = b"BDVOCAB\0"

@@ -9,10 +9,10 @@ from typing import Self
 
 import numpy as np
 
-from distill.errors import UserError
-from distill.stream import StreamLayout, stream_layout
-from distill.trie import VocabTrie, build_trie
-from distill.vocab import TeacherVocab
+from bytestream.errors import UserError
+from bytestream.stream import StreamLayout, stream_layout
+from bytestream.trie import VocabTrie, build_trie
+from bytestream.vocab import TeacherVocab
 from logit_store.chunk import EncodedDocument
 from logit_store.encodings import DEFAULT_ENCODING, Encoding, get_encoding
 from logit_store.integrity import (

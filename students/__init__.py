@@ -1,1 +1,1 @@
-"""Byte students: models, the distillation loss, the trainer, export."""
+"""Byte students: models, the distillation loss, the training dataset and trainer, export and inference."""

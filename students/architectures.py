@@ -15,8 +15,8 @@ from pathlib import Path
 
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from distill.alphabet import BOS
-from distill.errors import UserError, first_line
+from bytestream.alphabet import BOS
+from bytestream.errors import UserError, first_line
 from students.checkpoints import STATE_ERRORS, read_json
 from students.model import PRESETS, build_student, student_config
 from students.patched_model import PatchedStudent, PatchedStudentConfig

@@ -23,7 +23,7 @@ from typing import Any
 
 from safetensors import SafetensorError
 
-from distill.errors import UserError, first_line
+from bytestream.errors import UserError, first_line
 
 CHECKPOINTS = "checkpoints"
 METRICS = "metrics.jsonl"

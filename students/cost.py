@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from distill.alphabet import BOS, EOT
+from bytestream.alphabet import BOS, EOT
 
 BYTES_PER_VALUE = 4  # float32 caches
 

@@ -1,6 +1,6 @@
 """Where the trainer's batches come from, and where in them it stands.
 
-A :class:`DataSource` builds a :class:`logit_store.dataset.SplitBatches` (the logit stores by
+A :class:`DataSource` builds a :class:`students.dataset.SplitBatches` (the logit stores by
 default, tests plug in :mod:`students.synthetic`); :class:`BatchStream` turns it into endless
 micro-batches over epochs and remembers the position (epoch, batches consumed in the epoch) that
 a checkpoint saves and a resumed run seeks to.
@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 
-from distill.alphabet import NUM_BYTES
-from distill.errors import UserError
-from logit_store.dataset import SplitBatches
+from bytestream.alphabet import NUM_BYTES
+from bytestream.errors import UserError
+from students.dataset import SplitBatches
 
 
 @dataclass
@@ -31,7 +31,7 @@ class DataSource:
 
 
 def _store_dataset(paths: list[str], seq_len: int, batch_size: int, **kwargs: Any) -> SplitBatches:
-    from logit_store.dataset import PackedStreamDataset
+    from students.dataset import PackedStreamDataset
 
     return PackedStreamDataset([Path(p) for p in paths], seq_len, batch_size, **kwargs)
 

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 
 import torch
 
-from distill.alphabet import ALPHABET_SIZE, PAD
-from distill.errors import UserError
-from logit_store.dataset import SplitBatches
+from bytestream.alphabet import ALPHABET_SIZE, PAD
+from bytestream.errors import UserError
 from students.data import to_device, utf8_bytes
+from students.dataset import SplitBatches
 from students.loss import kl_per_position
 
 

@@ -5,7 +5,7 @@ The folder holds ``config.json`` + ``model.safetensors`` (a stock Llama whose
 generation; ``<bos>``/``<pad>`` never generated), two tokenizers and a model card ``README.md``:
 
 - the stream tokenizer (``AutoTokenizer.from_pretrained(folder, trust_remote_code=True)``):
-  ``tokenization_bytedistill.py`` (a copy of :mod:`students.stream_tokenizer`) and the teacher's
+  ``tokenization_bytedistill.py`` (a copy of :mod:`bytestream.stream_tokenizer`) and the teacher's
   ``teacher_tokenizer.json``; it gives the student the training stream with the teacher's
   ``<eot>`` marks;
 - the plain byte tokenizer (``tokenizer.json``; stock ``AutoTokenizer``, no remote code): bytes
@@ -32,13 +32,14 @@ from typing import Any
 from huggingface_hub import ModelCard, ModelCardData
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
-from distill.alphabet import BOS, EOS, PAD
-from distill.errors import UserError
-from distill.vocab import TeacherVocab
-from students import architectures, custom_generate, stream_tokenizer
+from bytestream import stream_tokenizer
+from bytestream.alphabet import BOS, EOS, PAD
+from bytestream.errors import UserError
+from bytestream.stream_tokenizer import TEACHER_TOKENIZER_FILE, TeacherTokens
+from bytestream.vocab import TeacherVocab
+from students import architectures, custom_generate
 from students.checkpoints import TRAINER_STATE, latest_checkpoint, read_json, require_complete
 from students.export_record import EXPORT_RECORD, foreign_entries, recorded_files, visible_entries, write_record
-from students.stream_tokenizer import TEACHER_TOKENIZER_FILE, TeacherTokens
 from students.tokenizer import build_tokenizer
 
 REMOTE_CODE_FILE = "tokenization_bytedistill.py"
@@ -108,8 +109,8 @@ def teacher_tokenizer_json(source: str | None, info: dict[str, Any]) -> str:
     """The teacher's ``tokenizer.json`` text: from ``source`` (tokenizer.json, model folder or .gguf),
     else the teacher recorded in the training store; checked against the store's vocabulary, with
     every added token the dump treats as special marked special (its literal text is text)."""
+    from bytestream.vocab import load_teacher_tokenizer, vocab_from_tokenizer
     from distill.encode import with_specials_marked
-    from distill.vocab import load_teacher_tokenizer, vocab_from_tokenizer
     from logit_store.store import LogitStore, read_manifest
 
     stores = [Path(p) for p in info.get("config", {}).get("train_stores", [])]

@@ -14,7 +14,7 @@ import os
 import stat
 from pathlib import Path
 
-from distill.errors import UserError
+from bytestream.errors import UserError
 
 EXPORT_RECORD = "bytedistill_export.json"
 

@@ -16,10 +16,10 @@ from pathlib import Path
 import torch
 from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
-from distill.alphabet import EOS, NUM_BYTES
-from distill.config import COUNT, NON_NEGATIVE, POSITIVE, SEED, Range
+from bytestream.alphabet import EOS, NUM_BYTES
+from bytestream.ranges import COUNT, NON_NEGATIVE, POSITIVE, SEED, Range
+from bytestream.stream_tokenizer import HealingProcessor
 from students.score import load_model, load_stream_tokenizer
-from students.stream_tokenizer import HealingProcessor
 from students.tokenizer import decode_bytes
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from distill.errors import UserError
+from bytestream.errors import UserError
 
 
 @dataclass

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from distill.alphabet import ALPHABET_SIZE, BOS, EOS, PAD
-from distill.errors import UserError
+from bytestream.alphabet import ALPHABET_SIZE, BOS, EOS, PAD
+from bytestream.errors import UserError
 
 
 @dataclass(frozen=True)

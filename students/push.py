@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import TypeVar
 from urllib.parse import urlsplit
 
-from distill.errors import UserError, first_line
+from bytestream.errors import UserError, first_line
 from students.export_record import recorded_files
 
 HUB = "https://huggingface.co"

@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from distill.errors import UserError
+from bytestream.errors import UserError
 from students.checkpoints import CHECKPOINTS, METRICS, RUN_INFO, latest_checkpoint, read_json, write_json
 
 RUN_RECORD = "bytedistill_run.json"

@@ -31,11 +31,11 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from distill.alphabet import BOS, EOS, NUM_BYTES, PAD
-from distill.config import COUNT, at_least
+from bytestream.alphabet import BOS, EOS, NUM_BYTES, PAD
+from bytestream.errors import UserError, first_line
+from bytestream.ranges import COUNT, at_least
+from bytestream.stream_tokenizer import TEACHER_TOKENIZER_FILE, ByteStreamTokenizer
 from distill.corpus import RECORD_SUFFIXES, TEXT_SUFFIXES, CorpusSpec, raw_documents
-from distill.errors import UserError, first_line
-from students.stream_tokenizer import TEACHER_TOKENIZER_FILE, ByteStreamTokenizer
 
 MODES = ("stream", "plain", "plain-renormalised")
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from distill.alphabet import BOS, EOS, NUM_BYTES, PAD
+from bytestream.alphabet import BOS, EOS, NUM_BYTES, PAD
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 The "teacher" is a fixed random bigram model over the 260-symbol alphabet (some transitions
 have probability exactly 0, ``<pad>`` never follows anything). :class:`BigramStreamDataset`
-yields the same dicts as ``logit_store.dataset.PackedStreamDataset``, so the trainer runs on it
+yields the same dicts as ``students.dataset.PackedStreamDataset``, so the trainer runs on it
 unchanged (and resumes it the same way); ``SYNTHETIC_SOURCE`` plugs it into :func:`students.trainer.train`.
 The store "paths" only pick the sample: a different name gives different sequences from the same teacher.
 """
@@ -14,9 +14,9 @@ import zlib
 import numpy as np
 import torch
 
-from distill.alphabet import ALPHABET_SIZE, BOS, PAD
-from logit_store.dataset import SplitBatches
+from bytestream.alphabet import ALPHABET_SIZE, BOS, PAD
 from students.data import DataSource
+from students.dataset import SplitBatches
 
 
 def bigram_teacher(seed: int = 1234, sharpness: float = 3.0) -> torch.Tensor:

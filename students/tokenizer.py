@@ -21,8 +21,8 @@ from collections.abc import Iterable
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
-from distill.alphabet import BOS, EOS, EOT, NUM_BYTES, PAD, SPECIAL_NAMES
-from distill.vocab import gpt2_unicode_to_byte
+from bytestream.alphabet import BOS, EOS, EOT, NUM_BYTES, PAD, SPECIAL_NAMES
+from bytestream.vocab import gpt2_unicode_to_byte
 
 
 def decode_bytes(ids: Iterable[int]) -> bytes:

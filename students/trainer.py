@@ -3,7 +3,7 @@
 One loop for one CPU, one GPU or many (``accelerate launch``: DDP, or FSDP via an accelerate
 config); ``train`` reads top to bottom: start (or resume) a run, then train steps, evaluations
 and checkpoints until a limit, then finish. Each rank reads its own splits of the stores
-(:mod:`logit_store.dataset`; the loader is not re-sharded by accelerate). Optimiser: AdamW;
+(:mod:`students.dataset`; the loader is not re-sharded by accelerate). Optimiser: AdamW;
 learning rate: linear warm-up times a cosine decay to ``min_lr`` over the run's progress (steps or
 training bytes, whichever limit is nearer), computed from the step and byte counters so that a
 resumed run needs no scheduler state. With ``mixed_precision`` the forward runs under autocast;
@@ -40,9 +40,8 @@ from typing import Any
 
 import torch
 
-from distill.config import COUNT, FRACTION, NON_NEGATIVE, POSITIVE, SEED, at_least, check_ranges
-from distill.errors import UserError
-from logit_store.dataset import SplitBatches
+from bytestream.errors import UserError
+from bytestream.ranges import COUNT, FRACTION, NON_NEGATIVE, POSITIVE, SEED, at_least, check_ranges
 from students.architectures import ARCHITECTURES, build_from_train_config, require_architecture
 from students.checkpoints import (
     METRICS,
@@ -59,6 +58,7 @@ from students.checkpoints import (
 )
 from students.cost import StreamRates, student_cost, summary_line
 from students.data import STORE_SOURCE, BatchStream, DataSource, to_device, utf8_bytes
+from students.dataset import SplitBatches
 from students.evaluation import EvalMetrics, evaluate
 from students.loss import distill_loss
 from students.model import PRESETS, count_parameters

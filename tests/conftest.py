@@ -7,9 +7,9 @@ import os
 import numpy as np
 import pytest
 
+from bytestream.vocab import load_teacher_tokenizer, vocab_from_tokenizer
 from distill.convert import Converter
 from distill.encode import DocumentEncoder
-from distill.vocab import load_teacher_tokenizer, vocab_from_tokenizer
 
 SAMPLE_DOCUMENTS = {
     "english": b"In the beginning God created the heaven and the earth.",

@@ -11,7 +11,7 @@ of the one error line it must print. :func:`check_edge` runs it in a fresh folde
 
 Arguments and environment values may use ``{tmp}`` for the case's folder, and ``{name}`` for any
 value the test passes in ``values`` (a server's URL, a fixture's path). Rows run in-process (``bytedistill`` main) by
-default; ``subprocess=True`` runs ``python -m distill.cli`` instead, for cases that need their own
+default; ``subprocess=True`` runs ``python -m bytedistill`` instead, for cases that need their own
 process (a resource limit, an environment variable read at import, a signal).
 """
 
@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from distill.cli import main as bytedistill
+from bytedistill.cli import main as bytedistill
 
 
 def no_setup(tmp: Path) -> None:
@@ -94,7 +94,7 @@ def _run_subprocess(edge: Edge, tmp: Path, values: dict[str, str]) -> tuple[int,
             resource.setrlimit(resource.RLIMIT_FSIZE, (edge.file_size_limit, edge.file_size_limit))
 
     done = subprocess.run(
-        [sys.executable, "-m", "distill.cli", *(_fill(arg, values) for arg in edge.argv)],
+        [sys.executable, "-m", "bytedistill", *(_fill(arg, values) for arg in edge.argv)],
         check=False,
         cwd=tmp,
         env=env,

@@ -8,7 +8,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from distill.cli import main as bytedistill
+from bytedistill.cli import main as bytedistill
 from tests.teachers import dump_args, save_tiny_llama3_teacher
 
 TRAIN = [

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from bytestream.vocab import TeacherVocab
 from distill.convert import Converter
-from distill.vocab import TeacherVocab
 
 MERGES = (b"th", b"the", b" the", b"in", b"ing", b" and", b"nd", b"e ", b"\xe2\x82\xac")
 TEXTS = (b"in the beginning", b"and the earth \xe2\x82\xac", b"x", b"thing and thing")

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from distill.cli import COMMANDS, config_class
-from distill.cli import main as cli_main
-from distill.config import parse_config
+from bytedistill.cli import COMMANDS, config_class
+from bytedistill.cli import main as cli_main
+from bytestream.errors import UserError
 from distill.dump import DumpConfig
-from distill.errors import UserError
 from students.trainer import TrainConfig
+from tests.configs import parse_config
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 TRAIN = ["--train-stores", "s", "--output-dir", "o", "--max-steps", "5"]
@@ -127,12 +127,12 @@ def test_every_subcommand_has_help_for_every_flag(name, capsys):
 
 
 def test_a_command_module_that_fails_to_import_is_an_error(monkeypatch):
-    import students
+    import bytedistill
 
-    monkeypatch.delattr(students, "export_cli")
-    monkeypatch.setitem(sys.modules, "students.export_cli", None)  # what a broken module looks like to import
-    spec = importlib.util.find_spec("distill.cli")
-    with pytest.raises(ImportError, match="export_cli"):
+    monkeypatch.delattr(bytedistill, "export")
+    monkeypatch.setitem(sys.modules, "bytedistill.export", None)  # what a broken module looks like to import
+    spec = importlib.util.find_spec("bytedistill.cli")
+    with pytest.raises(ImportError, match="export"):
         spec.loader.exec_module(importlib.util.module_from_spec(spec))
 
 
@@ -163,7 +163,7 @@ class ScoreLikeConfig:
 def score_like(config: ScoreLikeConfig) -> int:
     """Print what it was given.
 
-    A subcommand added as the module docstring of distill/cli.py says: a config, a function, one line.
+    A subcommand added as the module docstring of bytedistill/cli.py says: a config, a function, one line.
     """
     print(config)
     return 3 if config.context is None else 0

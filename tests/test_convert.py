@@ -14,7 +14,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from distill.alphabet import BOS, EOS, EOT
+from bytestream.alphabet import BOS, EOS, EOT
 from tests.conftest import SAMPLE_DOCUMENTS, random_logits
 
 
@@ -263,8 +263,8 @@ def test_sorted_columns_equal_teacher_columns(llama3_encoder, llama3_converter, 
 
 def test_tokens_longer_than_any_fixed_buffer():
     """Tokens of 1,500 and 3,000 bytes (past the kernels' former 1,023-byte path buffers)."""
+    from bytestream.vocab import BYTE_LEVEL, TeacherVocab
     from distill.convert import Converter
-    from distill.vocab import BYTE_LEVEL, TeacherVocab
 
     long_tokens = (b"=" * 1500, b"=" * 3000, b"=" * 2999 + b"-")
     vocab = TeacherVocab(

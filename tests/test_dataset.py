@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-from distill.alphabet import ALPHABET_SIZE, BOS, EOS, PAD
+from bytestream.alphabet import ALPHABET_SIZE, BOS, EOS, PAD
 from logit_store import LogitStore
-from logit_store.dataset import PackedStreamDataset
 from logit_store.shard import ShardReader
+from students.dataset import PackedStreamDataset
 from tests.stores import random_texts, write_random_store
 
 

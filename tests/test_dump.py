@@ -14,7 +14,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from distill.cli import main as cli_main
+from bytedistill.cli import main as cli_main
 from distill.windows import plan_windows
 from logit_store.store import LogitStore, store_content_hash
 from tests.launch import cpu_launch, run_on_two_machines
@@ -128,7 +128,7 @@ def lorem_corpus(folder: Path, count: int) -> Path:
 def test_killed_dump_resumes_to_the_same_store(conversion, teacher_dir, tmp_path):
     corpus = lorem_corpus(tmp_path / "corpus", 24)
     args = [*KILLABLE, "--docs-per-shard", "2", "--conversion", conversion]
-    command = [sys.executable, "-m", "distill.cli", "dump", "--teacher", str(teacher_dir), "--corpus", str(corpus)]
+    command = [sys.executable, "-m", "bytedistill", "dump", "--teacher", str(teacher_dir), "--corpus", str(corpus)]
 
     whole = tmp_path / "whole"
     subprocess.run(command + ["--output", str(whole)] + args, check=True, capture_output=True)
@@ -161,7 +161,7 @@ def test_two_process_accelerate_launch_matches_one_process(teacher_dir, corpus_d
     assert cli_main(dump_args(teacher_dir, corpus_dir, single)) == 0
     launch, env = cpu_launch(2)
     proc = subprocess.run(
-        launch + ["-m", "distill.cli"] + dump_args(teacher_dir, corpus_dir, double),
+        launch + ["-m", "bytedistill"] + dump_args(teacher_dir, corpus_dir, double),
         check=False,
         env=env,
         capture_output=True,
@@ -177,7 +177,7 @@ def test_two_process_accelerate_launch_matches_one_process(teacher_dir, corpus_d
         b = by_key[a.key]
         np.testing.assert_array_equal(a.token_ids, b.token_ids)
         np.testing.assert_allclose(a.values, b.values, atol=2e-2)
-    run_on_two_machines(["-m", "distill.cli"] + dump_args(teacher_dir, corpus_dir, machines))
+    run_on_two_machines(["-m", "bytedistill"] + dump_args(teacher_dir, corpus_dir, machines))
     assert {p.name.split("-")[1] for p in machines.glob("shard-*.bds")} == {"00000", "00001"}
     assert store_content_hash(machines) == store_content_hash(double)
 
@@ -264,7 +264,7 @@ def test_corpus_fingerprint_follows_content_not_location(corpus_dir, tmp_path, m
 
 
 def test_utf8_runs_exact_and_linear():
-    from students.stream_tokenizer import utf8_runs
+    from bytestream.stream_tokenizer import utf8_runs
 
     def reference(data: bytes) -> list[tuple[bool, bytes]]:  # byte by byte: the longest valid prefix
         runs, pos = [], 0
@@ -340,7 +340,7 @@ def test_writer_failure_ends_the_dump_in_one_line(teacher_dir, tmp_path):
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writes past the limit fail with EFBIG
         resource.setrlimit(resource.RLIMIT_FSIZE, (600_000, 600_000))
 
-    command = [sys.executable, "-m", "distill.cli", *dump_args(teacher_dir, corpus, tmp_path / "out")]
+    command = [sys.executable, "-m", "bytedistill", *dump_args(teacher_dir, corpus, tmp_path / "out")]
     proc = subprocess.run(command, preexec_fn=limit_file_size, check=False, capture_output=True, text=True, timeout=300)
     last = proc.stderr.strip().splitlines()[-1]
     assert proc.returncode == 2 and last.startswith("bytedistill dump: error: writing the store"), proc.stderr[-2000:]
@@ -375,7 +375,7 @@ def test_killed_two_process_dump_resumes_with_one_or_three(teacher_dir, tmp_path
         return [
             sys.executable,
             "-m",
-            "distill.cli",
+            "bytedistill",
             "dump",
             "--teacher",
             str(teacher_dir),

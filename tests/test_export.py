@@ -9,9 +9,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from distill.alphabet import EOT
-from distill.cli import main as cli_main
-from distill.errors import UserError
+from bytedistill.cli import main as cli_main
+from bytestream.alphabet import EOT
+from bytestream.errors import UserError
 from students.export import (
     EXPORT_RECORD,
     export_student,
@@ -137,7 +137,8 @@ def test_model_card_names_no_local_path(trained, tmp_path, llama3_tokenizer_path
 def test_shipped_tokenizer_is_the_librarys_module_and_self_contained(exported):
     import ast
 
-    from students import custom_generate, stream_tokenizer
+    from bytestream import stream_tokenizer
+    from students import custom_generate
 
     shipped = (exported / "tokenization_bytedistill.py").read_text()
     assert shipped == Path(stream_tokenizer.__file__).read_text()

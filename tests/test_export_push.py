@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from distill.cli import main as cli_main
-from distill.errors import UserError
+from bytedistill.cli import main as cli_main
+from bytestream.errors import UserError
 from students import score as score_module
 from students.export import EXPORT_RECORD, export_student
 from students.push import ENDPOINT_TOKEN, push_folder, resolve_target, upload_plan

@@ -20,8 +20,8 @@ import torch
 from safetensors.torch import load_file
 from transformers import LogitsProcessor, LogitsProcessorList
 
-from distill.alphabet import BOS, EOT, PAD
-from distill.errors import UserError
+from bytestream.alphabet import BOS, EOT, PAD
+from bytestream.errors import UserError
 from students import patched_model
 from students.architectures import MODELING_FILE
 from students.checkpoints import checkpoint_dir, latest_checkpoint

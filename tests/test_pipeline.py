@@ -7,7 +7,7 @@ import json
 import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from distill.cli import main as bytedistill
+from bytedistill.cli import main as bytedistill
 from logit_store.store import LogitStore
 from tests.teachers import dump_args, save_tiny_llama3_teacher
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from distill.cli import main as bytedistill
+from bytedistill.cli import main as bytedistill
 from logit_store import LogitStore, store_content_hash
 from tests.teachers import dump_args, save_tiny_llama3_teacher
 

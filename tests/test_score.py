@@ -11,8 +11,8 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from distill.alphabet import EOS
-from distill.cli import main as bytedistill
+from bytedistill.cli import main as bytedistill
+from bytestream.alphabet import EOS
 from logit_store.store import LogitStore
 from students.score import ScoreOptions, score, windows
 from tests.exported_student import SEQ_LEN, build

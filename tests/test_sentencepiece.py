@@ -15,12 +15,12 @@ from hypothesis import strategies as st
 from tokenizers import Tokenizer
 from transformers import AutoTokenizer, LlamaTokenizer
 
-from distill.cli import main
+from bytedistill.cli import main
+from bytestream.errors import UserError
+from bytestream.vocab import BYTE_FALLBACK, vocab_from_tokenizer
 from distill.convert import Converter
 from distill.encode import DocumentEncoder
-from distill.errors import UserError
 from distill.teacher import load_teacher
-from distill.vocab import BYTE_FALLBACK, vocab_from_tokenizer
 from logit_store.store import LogitStore
 from tests.conftest import SAMPLE_DOCUMENTS, random_logits
 from tests.teachers import (

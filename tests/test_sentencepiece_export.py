@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from transformers import AutoTokenizer
 
-from distill.alphabet import EOS
+from bytestream.alphabet import EOS
 from logit_store.store import LogitStore
 from students.score import ScoreOptions, score
 from tests.exported_student import HELDOUT, build

@@ -12,12 +12,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from distill.alphabet import ALPHABET_SIZE
-from distill.cli import main as cli_main
+from bytedistill.cli import main as cli_main
+from bytedistill.store import verify_store
+from bytestream.alphabet import ALPHABET_SIZE
+from bytestream.errors import UserError
+from bytestream.vocab import load_teacher_tokenizer, vocab_from_tokenizer
 from distill.convert import Converter
 from distill.encode import DocumentEncoder
-from distill.errors import UserError
-from distill.vocab import load_teacher_tokenizer, vocab_from_tokenizer
 from logit_store import (
     ENCODINGS,
     LogitStore,
@@ -27,7 +28,6 @@ from logit_store import (
     open_stores,
     store_content_hash,
 )
-from logit_store.cli import verify_store
 
 TEXTS = [
     b"In the beginning God created the heaven and the earth.",

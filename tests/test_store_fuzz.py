@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import zstandard
 
-from distill.errors import UserError
+from bytestream.errors import UserError
 from logit_store.reader import LogitStore
 from logit_store.shard import CHUNK_DTYPE, DOC_DTYPE, RECORD_DTYPE, TRAILER_MAGIC
 from logit_store.store import StoreWriter

@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from distill.cli import main as cli_main
-from distill.errors import UserError
-from logit_store.cli import verify_store
+from bytedistill.cli import main as cli_main
+from bytedistill.store import verify_store
+from bytestream.errors import UserError
 from logit_store.store import LogitStore, StoreWriter
 from tests.store_data import tiny_documents, tiny_vocab
 

@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from distill.alphabet import ALPHABET_SIZE, PAD
-from distill.errors import UserError
+from bytestream.alphabet import ALPHABET_SIZE, PAD
+from bytestream.errors import UserError
 from students.loss import distill_loss
 
 

@@ -4,8 +4,8 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from distill.alphabet import ALPHABET_SIZE, BOS, EOS, PAD
-from distill.errors import UserError
+from bytestream.alphabet import ALPHABET_SIZE, BOS, EOS, PAD
+from bytestream.errors import UserError
 from students.model import PRESETS, build_student, count_parameters, student_config
 
 

@@ -8,8 +8,8 @@ from tokenizers import Tokenizer as _Tokenizer
 from tokenizers import models as _models
 from transformers import AutoTokenizer
 
-from distill.alphabet import BOS, EOS, EOT, PAD
-from students.stream_tokenizer import (
+from bytestream.alphabet import BOS, EOS, EOT, PAD
+from bytestream.stream_tokenizer import (
     ByteStreamTokenizer,
     TeacherTokens,
     stream_symbols,

@@ -12,11 +12,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from distill.config import parse_config
-from distill.errors import UserError
+from bytestream.errors import UserError
 from students.checkpoints import checkpoint_dir, latest_checkpoint
 from students.synthetic import SYNTHETIC_SOURCE
 from students.trainer import TrainConfig, learning_rate, train
+from tests.configs import parse_config
 from tests.launch import cpu_launch, run_on_two_machines
 from tests.stores import random_texts, write_random_store
 from tests.tiny_student import TINY, tiny_config
@@ -213,7 +213,7 @@ def test_bf16_autocast_trains_with_float32_loss(tmp_path, stores, reset_accelera
 def _train_cli_args(config: TrainConfig) -> list[str]:
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in dataclasses.asdict(config).items() if v is not None]
     stores = [a for k in config.train_stores for a in ("--train-stores", k)]
-    return ["-m", "students.train_cli", *stores, *(f for f in flags if not f.startswith("--train-stores="))]
+    return ["-m", "bytedistill", "train", *stores, *(f for f in flags if not f.startswith("--train-stores="))]
 
 
 @pytest.mark.slow

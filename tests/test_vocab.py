@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer, decoders, models, normalizers
 
+from bytestream.errors import UserError
+from bytestream.stream_tokenizer import utf8_runs
+from bytestream.trie import build_trie
+from bytestream.vocab import BYTE_FALLBACK, BYTE_LEVEL, gpt2_unicode_to_byte, load_teacher_vocab, vocab_from_tokenizer
 from distill.convert import Converter
 from distill.encode import DocumentEncoder
-from distill.errors import UserError
-from distill.trie import build_trie
-from distill.vocab import BYTE_FALLBACK, BYTE_LEVEL, gpt2_unicode_to_byte, load_teacher_vocab, vocab_from_tokenizer
-from students.stream_tokenizer import utf8_runs
 from tests.conftest import SAMPLE_DOCUMENTS, random_logits
 from tests.test_convert import (
     assert_matches_reference,

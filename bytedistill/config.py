@@ -18,72 +18,20 @@ import dataclasses
 import re
 import types
 import typing
-from argparse import ArgumentError
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
 from jsonargparse import ActionConfigFile, ArgumentParser, Namespace, get_loader, set_loader
 
-from distill.errors import UserError
+from bytestream.errors import UserError
+from bytestream.ranges import check_ranges, flag_name
 
 T = TypeVar("T")
 
 # argparse takes "-1e-3" for an option, not a number ("expected one argument"); any float is a number
 NEGATIVE_NUMBER = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
-
-
-@dataclass(frozen=True)
-class Range:
-    """The values a numeric field accepts: above ``low`` and below ``high`` (None: unbounded), each
-    bound itself included unless ``low_open`` / ``high_open``."""
-
-    low: float | None = None
-    high: float | None = None
-    low_open: bool = False
-    high_open: bool = False
-
-    def __contains__(self, value: float) -> bool:
-        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
-            return False
-        return self.high is None or (value < self.high if self.high_open else value <= self.high)
-
-    def __str__(self) -> str:
-        parts = []
-        if self.low is not None:
-            parts.append(f"{'greater than' if self.low_open else 'at least'} {self.low:g}")
-        if self.high is not None:
-            parts.append(f"{'less than' if self.high_open else 'at most'} {self.high:g}")
-        return " and ".join(parts)
-
-
-def at_least(low: float) -> Range:
-    return Range(low)
-
-
-def above(low: float) -> Range:
-    return Range(low, low_open=True)
-
-
-POSITIVE = above(0)  # a real number > 0 (a rate, a temperature)
-COUNT = at_least(1)  # a size or a count of something that must exist
-NON_NEGATIVE = at_least(0)  # 0 usually means "off" or "all" (the field's help says which)
-FRACTION = Range(0.0, 1.0)
-SEED = Range(0, 2**32 - 1)  # what numpy's seeding accepts
-
-
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
-def check_ranges(config_cls: type, values: dict[str, Any]) -> None:
-    """Refuse a numeric value outside its field's ``range``, naming the flag."""
-    for field in dataclasses.fields(config_cls):
-        allowed, value = field.metadata.get("range"), values.get(field.name)
-        if allowed is not None and value is not None and value not in allowed:
-            raise UserError(f"{_flag(field.name)} must be {allowed}, got {value}")
 
 
 def _config_paths(argv: Sequence[str]) -> list[Path]:
@@ -149,9 +97,9 @@ def _add_field(parser: ArgumentParser, field: dataclasses.Field, annotation: Any
         kwargs["nargs"] = "*" if item_type is not None else "?"
         parser.add_argument(field.name, default=default, **kwargs)
     elif default is dataclasses.MISSING:
-        parser.add_argument(_flag(field.name), required=True, **kwargs)
+        parser.add_argument(flag_name(field.name), required=True, **kwargs)
     else:
-        parser.add_argument(_flag(field.name), default=default, **kwargs)
+        parser.add_argument(flag_name(field.name), default=default, **kwargs)
 
 
 def _scalars_as_lists(loaded: Any, list_keys: frozenset[str]) -> Any:
@@ -219,14 +167,3 @@ def config_files_first(argv: Sequence[str]) -> list[str]:
 def error_line(error: Exception) -> str:
     """A parser error as one line (``jsonargparse`` explains type errors over several)."""
     return " ".join(str(error).split())
-
-
-def parse_config(config_cls: type[T], argv: Sequence[str]) -> T:
-    """Parse ``argv`` (flags, ``--config FILE``) into ``config_cls``; a mistake is a :class:`UserError`."""
-    parser = config_parser(config_cls)
-    check_config_files(argv)
-    try:
-        namespace = parser.parse_args(config_files_first(argv))
-    except ArgumentError as exc:
-        raise UserError(error_line(exc)) from exc
-    return config_from_namespace(config_cls, namespace)

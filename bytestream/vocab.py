@@ -25,8 +25,8 @@ from pathlib import Path
 import numpy as np
 from tokenizers.pre_tokenizers import ByteLevel
 
-from distill.errors import UserError
-from students.stream_tokenizer import (  # self-contained (shipped with exports): the one copy of the rules
+from bytestream.errors import UserError
+from bytestream.stream_tokenizer import (  # self-contained (shipped with exports): the one copy of the rules
     BYTE_FALLBACK,
     BYTE_LEVEL,
     adds_dummy_prefix,

@@ -39,9 +39,9 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from distill.alphabet import ALPHABET_SIZE, EOS, PAD
-from distill.errors import UserError
-from distill.stream import stream_layout
+from bytestream.alphabet import ALPHABET_SIZE, EOS, PAD
+from bytestream.errors import UserError
+from bytestream.stream import stream_layout
 from logit_store.store import as_store, densify
 
 # what padding positions hold, per field of a window

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from bytestream.errors import UserError
 from distill import check_teacher as checks
-from distill.errors import UserError
 
 
 def check_teacher(config: checks.CheckTeacherConfig) -> int:

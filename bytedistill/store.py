@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from distill.config import POSITIVE
-from distill.errors import UserError
+from bytestream.errors import UserError
+from bytestream.ranges import POSITIVE
 from logit_store.skips import read_skips
 from logit_store.store import LogitStore
 

@@ -19,23 +19,21 @@ from collections.abc import Callable
 
 from jsonargparse import ArgumentParser
 
-from distill import check_teacher_cli, dump_cli, threads
-from distill.config import check_config_files, config_files_first, config_from_namespace, config_parser, error_line
-from distill.errors import UserError
-from logit_store import cli as store_cli
-from students import export_cli, generate_cli, push_cli, score_cli, train_cli
+from bytedistill import check_teacher, dump, export, generate, push, score, store, threads, train
+from bytedistill.config import check_config_files, config_files_first, config_from_namespace, config_parser, error_line
+from bytestream.errors import UserError
 
 # subcommand -> function(config) -> exit status, in the order a user meets them
 COMMANDS: dict[str, Callable[[typing.Any], int]] = {
-    "check-teacher": check_teacher_cli.check_teacher,
-    "dump": dump_cli.dump,
-    "inspect": store_cli.inspect,
-    "verify": store_cli.verify,
-    "train": train_cli.train,
-    "export": export_cli.export,
-    "generate": generate_cli.generate,
-    "score": score_cli.score,
-    "push": push_cli.push,
+    "check-teacher": check_teacher.check_teacher,
+    "dump": dump.dump,
+    "inspect": store.inspect,
+    "verify": store.verify,
+    "train": train.train,
+    "export": export.export,
+    "generate": generate.generate,
+    "score": score.score,
+    "push": push.push,
 }
 
 

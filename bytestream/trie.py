@@ -18,8 +18,8 @@ from functools import cached_property
 import numba
 import numpy as np
 
-from distill.errors import UserError
-from distill.vocab import TeacherVocab
+from bytestream.errors import UserError
+from bytestream.vocab import TeacherVocab
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from distill.errors import UserError
+from bytestream.errors import UserError
 from students.generate import GenerateOptions, generate_bytes, load_folder
 
 

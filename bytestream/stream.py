@@ -23,8 +23,8 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
-from distill.alphabet import BOS, EOS, EOT
-from distill.trie import VocabTrie
+from bytestream.alphabet import BOS, EOS, EOT
+from bytestream.trie import VocabTrie
 
 
 @dataclass(frozen=True)
@@ -151,3 +151,22 @@ def stream_layout(trie: VocabTrie, token_ids: np.ndarray) -> StreamLayout:
             raise ValueError(f"token id {special[0]} is a special token; documents hold regular tokens only")
         raise ValueError(f"token id {int(token_ids[0])} does not start with the dummy prefix space the teacher adds")
     return StreamLayout(*result)
+
+
+def target_values(layout: StreamLayout, values: np.ndarray) -> np.ndarray:
+    """Each position's value at the symbol that actually comes next (0 where it is off the support)."""
+    return _target_values(layout.symbols, layout.offsets, layout.support, values)
+
+
+@numba.njit(cache=True, nogil=True)
+def _target_values(symbols, offsets, support, values):
+    out = np.empty(len(offsets) - 1, values.dtype)
+    for i in range(len(offsets) - 1):
+        target = symbols[i + 1]
+        for at in range(offsets[i], offsets[i + 1]):
+            if support[at] == target:
+                out[i] = values[at]
+                break
+        else:
+            out[i] = 0.0
+    return out

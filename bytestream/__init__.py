@@ -1,0 +1,5 @@
+"""The shared vocabulary of the byte stream: the alphabet, a teacher's vocabulary as byte strings, its
+trie, the stream layout, the encoding rules (shipped with every export), errors and config ranges.
+
+It imports no other package of the project; every other package may import it.
+"""

@@ -1,0 +1,65 @@
+"""The values a numeric config field accepts: a :class:`Range` in the field's ``range`` metadata.
+
+Library configs declare their ranges here, and :func:`check_ranges` refuses a value outside one in
+one line naming the flag (the command line checks the same ranges when it parses).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from bytestream.errors import UserError
+
+
+@dataclass(frozen=True)
+class Range:
+    """The values a numeric field accepts: above ``low`` and below ``high`` (None: unbounded), each
+    bound itself included unless ``low_open`` / ``high_open``."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+
+    def __contains__(self, value: float) -> bool:
+        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
+            return False
+        return self.high is None or (value < self.high if self.high_open else value <= self.high)
+
+    def __str__(self) -> str:
+        parts = []
+        if self.low is not None:
+            parts.append(f"{'greater than' if self.low_open else 'at least'} {self.low:g}")
+        if self.high is not None:
+            parts.append(f"{'less than' if self.high_open else 'at most'} {self.high:g}")
+        return " and ".join(parts)
+
+
+def at_least(low: float) -> Range:
+    return Range(low)
+
+
+def above(low: float) -> Range:
+    return Range(low, low_open=True)
+
+
+POSITIVE = above(0)  # a real number > 0 (a rate, a temperature)
+COUNT = at_least(1)  # a size or a count of something that must exist
+NON_NEGATIVE = at_least(0)  # 0 usually means "off" or "all" (the field's help says which)
+FRACTION = Range(0.0, 1.0)
+SEED = Range(0, 2**32 - 1)  # what numpy's seeding accepts
+
+
+def flag_name(field_name: str) -> str:
+    """The command-line flag of a config field (``max_length`` -> ``--max-length``)."""
+    return "--" + field_name.replace("_", "-")
+
+
+def check_ranges(config_cls: type, values: dict[str, Any]) -> None:
+    """Refuse a numeric value outside its field's ``range``, naming the flag."""
+    for field in dataclasses.fields(config_cls):
+        allowed, value = field.metadata.get("range"), values.get(field.name)
+        if allowed is not None and value is not None and value not in allowed:
+            raise UserError(f"{flag_name(field.name)} must be {allowed}, got {value}")
