@@ -1,10 +1,12 @@
-"""What the corpus fingerprint costs: hashing every byte of a local corpus (``corpus_fingerprint``,
-done once at every dump start) against reading its documents (``select_documents``, which every
-dump does anyway), on one generated ``.jsonl`` corpus of KJV verses.
+"""What a resume's corpus check costs each worker: the manifest's fingerprint (the listing: names and
+sizes), then a SHA-256 of each piece dealt to the worker's writers (``share_fingerprints``, once
+at every dump start), against reading the documents of its share (``writer_documents``, which
+every dump does anyway), on one generated ``.jsonl`` corpus of KJV verses, with 1, 2 and 4
+workers of 8 writers.
 
     python -m benchmarks.corpus_fingerprint [--megabytes 200]
 
-Prints a table of seconds and MB/s per step and a ``summary`` line with the ratio.
+Prints a table of bytes read (counted by the kernel) and seconds per worker and a ``summary`` line.
 """
 
 from __future__ import annotations
@@ -16,7 +18,11 @@ import time
 from pathlib import Path
 
 from benchmarks.common import kjv_chapters
-from distill.corpus import CorpusSpec, corpus_fingerprint, select_documents
+from distill.corpus import CorpusSpec, corpus_fingerprint
+from distill.corpus_shares import share_fingerprints, writer_documents
+from distill.sharding import writers_of
+
+WRITERS = 8
 
 
 def write_corpus(path: Path, megabytes: int) -> int:
@@ -28,30 +34,45 @@ def write_corpus(path: Path, megabytes: int) -> int:
     return path.stat().st_size
 
 
-def timed(step) -> float:
-    start = time.perf_counter()
+def read_bytes() -> int:
+    """Bytes this process has read through system calls so far."""
+    return int(dict(line.split(": ") for line in Path("/proc/self/io").read_text().splitlines())["rchar"])
+
+
+def measured(step) -> tuple[float, int]:
+    """(seconds, bytes read) of one call."""
+    start, before = time.perf_counter(), read_bytes()
     step()
-    return time.perf_counter() - start
+    return time.perf_counter() - start, read_bytes() - before
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--megabytes", type=int, default=200)
     args = parser.parse_args()
+    rows = []
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "corpus.jsonl"
         size = write_corpus(path, args.megabytes)
         spec = CorpusSpec(str(path))
-        read = timed(lambda: sum(1 for _ in select_documents(spec)))
-        fingerprint = timed(lambda: corpus_fingerprint(spec))
-    print(f"corpus: {size / 1e6:,.0f} MB of .jsonl")
-    print(f"{'step':<34} {'seconds':>8} {'MB/s':>8}")
-    for name, seconds in (
-        ("read the documents (every dump)", read),
-        ("fingerprint: SHA-256 of every byte", fingerprint),
-    ):
-        print(f"{name:<34} {seconds:8.2f} {size / 1e6 / seconds:8.0f}")
-    print(f"summary: the fingerprint costs {fingerprint / read:.2f}x one reading of the corpus")
+        listing, _ = measured(lambda: corpus_fingerprint(spec))
+        for workers in (1, 2, 4):
+            mine = writers_of(0, workers, WRITERS)
+            check = measured(lambda: share_fingerprints(spec, WRITERS, mine))
+            read = measured(lambda: sum(1 for _ in writer_documents(spec, WRITERS, mine)))
+            rows.append((workers, *check, *read))
+    print(f"corpus: {size / 1e6:,.0f} MB of .jsonl, {WRITERS} writers; manifest fingerprint {listing * 1e3:.1f} ms")
+    print(f"{'workers':>7} {'check MB':>9} {'check s':>8} {'read MB':>8} {'read s':>7} {'check/read':>10}")
+    for workers, check_s, check_b, read_s, read_b in rows:
+        print(
+            f"{workers:>7} {check_b / 1e6:9.1f} {check_s:8.2f} {read_b / 1e6:8.1f} {read_s:7.2f} {check_s / read_s:10.2f}"
+        )
+    shares = ", ".join(f"{workers}: {check_b / size:.2f}" for workers, _, check_b, _, _ in rows)
+    worst = max(check_s / read_s for _, check_s, _, read_s, _ in rows)
+    print(
+        f"summary: worker 0 checks this share of the corpus (by workers) {shares}; the check costs at most "
+        f"{worst:.2f}x reading its documents"
+    )
 
 
 if __name__ == "__main__":

@@ -27,8 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bytestream.errors import UserError
-from distill.corpus_files import RECORD_SUFFIXES, TEXT_SUFFIXES, CorpusListing, list_corpus, zstd_lines
-from distill.corpus_files import file_suffix as _suffix
+from distill.corpus_files import RECORD_SUFFIXES, TEXT_SUFFIXES, CorpusListing, file_suffix, list_corpus, zstd_lines
 
 
 @dataclass
@@ -64,7 +63,7 @@ def corpus_files(source: Path) -> list[Path]:
     return files
 
 
-def _text_documents(path: Path, name: str, separator: str | None) -> Iterator[tuple[str, bytes]]:
+def text_documents(path: Path, name: str, separator: str | None) -> Iterator[tuple[str, bytes]]:
     data = path.read_bytes()
     if separator is None:
         yield name, data
@@ -73,7 +72,7 @@ def _text_documents(path: Path, name: str, separator: str | None) -> Iterator[tu
         yield f"{name}#{i}", part
 
 
-def _record_text(record: dict, text_field: str, where: str) -> bytes:
+def record_text(record: dict, text_field: str, where: str) -> bytes:
     if text_field not in record:
         raise UserError(
             f"{where}: no field {text_field!r} (fields: {', '.join(sorted(record)) or 'none'}); use --text-field"
@@ -94,7 +93,7 @@ def _record_text(record: dict, text_field: str, where: str) -> bytes:
         ) from None
 
 
-def _jsonl_documents(path: Path, name: str, text_field: str) -> Iterator[tuple[str, bytes]]:
+def jsonl_documents(path: Path, name: str, text_field: str) -> Iterator[tuple[str, bytes]]:
     lines = zstd_lines(path) if path.name.lower().endswith(".zst") else _file_lines(path)
     for number, line in enumerate(lines, start=1):
         if not line.strip():
@@ -115,7 +114,7 @@ def jsonl_text(line: bytes, text_field: str, where: str) -> bytes:
         raise UserError(f"{where}: not valid JSON ({exc.msg if hasattr(exc, 'msg') else exc})") from None
     if not isinstance(record, dict):
         raise UserError(f"{where}: a JSON line must be an object with a {text_field!r} field")
-    return _record_text(record, text_field, where)
+    return record_text(record, text_field, where)
 
 
 def _parquet_documents(path: Path, name: str, text_field: str) -> Iterator[tuple[str, bytes]]:
@@ -132,20 +131,20 @@ def _parquet_documents(path: Path, name: str, text_field: str) -> Iterator[tuple
     row = 0
     for batch in table.iter_batches(columns=[text_field]):
         for value in batch.column(0).to_pylist():
-            yield f"{name}#{row}", _record_text({text_field: value}, text_field, f"{path}#{row}")
+            yield f"{name}#{row}", record_text({text_field: value}, text_field, f"{path}#{row}")
             row += 1
 
 
 def _dataset_documents(spec: CorpusSpec, from_disk: bool = False) -> Iterator[tuple[str, bytes]]:
     """A Hugging Face dataset: a Hub name, or a folder written by ``Dataset.save_to_disk``."""
-    dataset = _load_dataset(spec, from_disk)
+    dataset = load_dataset(spec, from_disk)
     name = Path(spec.source).name if from_disk else spec.source  # a key never holds a local path
     for i, record in enumerate(dataset):
         where = f"{spec.source}[{spec.split}][{i}]"
-        yield f"{name}[{spec.split}][{i}]", _record_text(record, spec.text_field, where)
+        yield f"{name}[{spec.split}][{i}]", record_text(record, spec.text_field, where)
 
 
-def _load_dataset(spec: CorpusSpec, from_disk: bool = False):
+def load_dataset(spec: CorpusSpec, from_disk: bool = False):
     import datasets
 
     try:
@@ -165,24 +164,24 @@ def _load_dataset(spec: CorpusSpec, from_disk: bool = False):
 def check_source(spec: CorpusSpec) -> None:
     """Fail fast on a corpus path that does not exist (a dataset name is checked when loaded)."""
     path = Path(spec.source)
-    looks_like_path = spec.source.startswith((".", "/", "~")) or _suffix(path) in TEXT_SUFFIXES + RECORD_SUFFIXES
+    looks_like_path = spec.source.startswith((".", "/", "~")) or file_suffix(path) in TEXT_SUFFIXES + RECORD_SUFFIXES
     if not path.exists() and looks_like_path:
         raise UserError(f"corpus not found: {spec.source}")
     if spec.separator == "":
         raise UserError("--separator must not be empty (leave it out for one document per file)")
-    if path.is_dir() and not _is_saved_dataset(path):
+    if path.is_dir() and not is_saved_dataset(path):
         corpus_files(path)  # raises when the folder holds no corpus files
 
 
 def corpus_listing(spec: CorpusSpec) -> CorpusListing | None:
     """A local corpus's files and the entries that are not read, with why (None for a dataset)."""
     path = Path(spec.source)
-    if not path.exists() or _is_saved_dataset(path):
+    if not path.exists() or is_saved_dataset(path):
         return None
     return list_corpus(path)
 
 
-def _is_saved_dataset(path: Path) -> bool:
+def is_saved_dataset(path: Path) -> bool:
     return path.is_dir() and ((path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists())
 
 
@@ -193,23 +192,23 @@ def raw_documents(spec: CorpusSpec) -> Iterator[tuple[str, bytes]]:
     if not path.exists():
         yield from _dataset_documents(spec)
         return
-    if _is_saved_dataset(path):
+    if is_saved_dataset(path):
         yield from _dataset_documents(spec, from_disk=True)
         return
     for file in corpus_files(path):
-        suffix, name = _suffix(file), _file_key(file, path)
+        suffix, name = file_suffix(file), file_key(file, path)
         try:
             if suffix in (".jsonl", ".jsonl.zst"):
-                yield from _jsonl_documents(file, name, spec.text_field)
+                yield from jsonl_documents(file, name, spec.text_field)
             elif suffix == ".parquet":
                 yield from _parquet_documents(file, name, spec.text_field)
             else:
-                yield from _text_documents(file, name, spec.separator)
+                yield from text_documents(file, name, spec.separator)
         except OSError as exc:
             raise UserError(f"cannot read the corpus file {file}: {exc.strerror or exc}") from None
 
 
-def _file_key(file: Path, source: Path) -> str:
+def file_key(file: Path, source: Path) -> str:
     """A corpus file's name in document keys: relative to the corpus folder, never absolute."""
     return file.relative_to(source).as_posix() if source.is_dir() else file.name
 
@@ -248,13 +247,15 @@ def select_documents(
 
 
 def corpus_fingerprint(spec: CorpusSpec) -> str:
-    """Identity of the corpus for the store manifest: the selection settings plus, for local file
-    sources, each file's name, size and a SHA-256 of all its bytes (README "Corpus fingerprint"
-    gives its cost). Where local files lie is not part of it, so a moved corpus, or one named by
-    a relative path, still resumes."""
+    """Identity of the corpus for the store manifest, from its listing alone (no file is read): the
+    selection settings plus, for local file sources, each file's name relative to the corpus and
+    its size. Where local files lie is not part of it, so a moved corpus, or one named by a
+    relative path, still resumes. The bytes themselves are fingerprinted piece by piece by the
+    writers they are dealt to (:func:`distill.corpus_shares.share_fingerprints`), so no worker
+    reads more than its share."""
     settings = dict(spec.__dict__)
     path = Path(spec.source)
-    local_files = path.exists() and not _is_saved_dataset(path)
+    local_files = path.exists() and not is_saved_dataset(path)
     if local_files:
         del settings["source"]
     elif path.exists():
@@ -262,10 +263,5 @@ def corpus_fingerprint(spec: CorpusSpec) -> str:
     h = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode())
     if local_files:
         for file in corpus_files(path):
-            try:
-                with file.open("rb") as f:
-                    digest = hashlib.file_digest(f, "sha256").hexdigest()
-            except OSError as exc:
-                raise UserError(f"cannot read the corpus file {file}: {exc.strerror or exc}") from None
-            h.update(f"{_file_key(file, path)}|{file.stat().st_size}|{digest}|".encode())
+            h.update(f"{file_key(file, path)}|{file.stat().st_size}|".encode())
     return h.hexdigest()

@@ -18,6 +18,7 @@ limit (and keeps its own documents).
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,20 +28,21 @@ from bytestream.errors import UserError
 from distill.corpus import (
     CorpusCounts,
     CorpusSpec,
-    _file_key,
-    _is_saved_dataset,
-    _jsonl_documents,
-    _load_dataset,
-    _record_text,
-    _suffix,
-    _text_documents,
     check_source,
     corpus_files,
+    file_key,
+    is_saved_dataset,
+    jsonl_documents,
     jsonl_text,
+    load_dataset,
+    record_text,
     select_documents,
+    text_documents,
 )
+from distill.corpus_files import file_suffix
 
 JSONL_PIECE_BYTES = 32 << 20
+READ_BLOCK = 1 << 20
 DATASET_PIECE_ROWS = 10_000
 
 
@@ -56,10 +58,71 @@ class Piece:
     file: Path | None = None
     first_row: int = 0  # a parquet row group's first row in its file
 
+    @property
+    def label(self) -> str:
+        """The piece as a user finds it: ``file``, ``file.jsonl@start-stop`` or ``file.parquet#group``."""
+        if self.kind == "jsonl":
+            return f"{self.name}@{self.start}-{self.stop}"
+        if self.kind == "parquet":
+            return f"{self.name}#group{self.start}"
+        return self.name
+
 
 def pieces_settings() -> dict:
     """What places the pieces: recorded in the store, so that a change is refused on resume."""
     return {"jsonl_bytes": JSONL_PIECE_BYTES, "dataset_rows": DATASET_PIECE_ROWS}
+
+
+def share_fingerprints(
+    spec: CorpusSpec, writers: int, mine: list[int], jsonl_piece_bytes: int = JSONL_PIECE_BYTES
+) -> dict[int, dict[str, str]]:
+    """For each writer in ``mine``, a SHA-256 of the bytes of every file piece dealt to it, by piece
+    label: the bytes a resume must find unchanged. Only those pieces are read. A dataset source
+    (saved or downloaded) has no file pieces: its identity is its name and settings in the manifest."""
+    prints: dict[int, dict[str, str]] = {w: {} for w in mine}
+    path = Path(spec.source)
+    if not path.exists() or is_saved_dataset(path):
+        return prints
+    source = _Source(spec, jsonl_piece_bytes)
+    for p, piece in enumerate(source.pieces()):
+        if p % writers in prints and piece.file is not None:
+            prints[p % writers][piece.label] = _piece_digest(source, piece)
+    return prints
+
+
+def _piece_digest(source: _Source, piece: Piece) -> str:
+    if piece.kind == "parquet":
+        ranges = _row_group_byte_ranges(source.parquet_files[piece.file], piece.start)
+    elif piece.kind == "jsonl":
+        ranges = [(piece.start, piece.stop)]
+    else:
+        ranges = [(0, None)]
+    digest = hashlib.sha256()
+    try:
+        with piece.file.open("rb") as f:
+            for start, stop in ranges:
+                f.seek(start)
+                left = None if stop is None else stop - start
+                while left is None or left > 0:
+                    block = f.read(READ_BLOCK if left is None else min(READ_BLOCK, left))
+                    if not block:
+                        break
+                    digest.update(block)
+                    left = None if left is None else left - len(block)
+    except OSError as exc:
+        raise UserError(f"cannot read the corpus file {piece.file}: {exc.strerror or exc}") from None
+    return digest.hexdigest()
+
+
+def _row_group_byte_ranges(table, group: int) -> list[tuple[int, int]]:
+    """Where a parquet row group's column chunks lie in its file."""
+    ranges = []
+    row_group = table.metadata.row_group(group)
+    for c in range(row_group.num_columns):
+        chunk = row_group.column(c)
+        start = chunk.dictionary_page_offset if chunk.has_dictionary_page else chunk.data_page_offset
+        ranges.append((start, start + chunk.total_compressed_size))
+    return ranges
 
 
 def writer_documents(
@@ -95,12 +158,12 @@ class _Source:
         self.parquet_files: dict[Path, Any] = {}  # opened once: the footer is read once
 
     def pieces(self) -> list[Piece]:
-        if not self.path.exists() or _is_saved_dataset(self.path):
+        if not self.path.exists() or is_saved_dataset(self.path):
             return self._dataset_pieces()
         return [piece for file in corpus_files(self.path) for piece in self._file_pieces(file)]
 
     def _file_pieces(self, file: Path) -> list[Piece]:
-        suffix, name = _suffix(file), _file_key(file, self.path)
+        suffix, name = file_suffix(file), file_key(file, self.path)
         if suffix == ".jsonl":
             size, step = file.stat().st_size, self.jsonl_piece_bytes
             return [Piece("jsonl", name, a, min(a + step, size), file) for a in range(0, size, step)]
@@ -114,16 +177,16 @@ class _Source:
         return [Piece("jsonl.zst" if suffix == ".jsonl.zst" else "text", name, file=file)]
 
     def _dataset_pieces(self) -> list[Piece]:
-        self.dataset = _load_dataset(self.spec, from_disk=self.path.exists())
+        self.dataset = load_dataset(self.spec, from_disk=self.path.exists())
         name = self.path.name if self.path.exists() else self.spec.source  # a key never holds a local path
         return dataset_pieces(self.dataset, name)
 
     def documents(self, piece: Piece) -> Iterator[tuple[str, bytes]]:
         spec = self.spec
         if piece.kind == "text":
-            return _text_documents(piece.file, piece.name, spec.separator)
+            return text_documents(piece.file, piece.name, spec.separator)
         if piece.kind == "jsonl.zst":
-            return _jsonl_documents(piece.file, piece.name, spec.text_field)
+            return jsonl_documents(piece.file, piece.name, spec.text_field)
         if piece.kind == "jsonl":
             return _jsonl_range(piece, spec.text_field)
         if piece.kind == "parquet":
@@ -152,7 +215,7 @@ def dataset_documents(dataset, piece: Piece, spec: CorpusSpec) -> Iterator[tuple
     for i, record in numbered:
         row = at.format(i)
         where = f"{spec.source}[{spec.split}][{row}]"
-        yield f"{piece.name}[{spec.split}][{row}]", _record_text(record, spec.text_field, where)
+        yield f"{piece.name}[{spec.split}][{row}]", record_text(record, spec.text_field, where)
 
 
 def _jsonl_range(piece: Piece, text_field: str) -> Iterator[tuple[str, bytes]]:
@@ -193,4 +256,4 @@ def _parquet_row_group(table, piece: Piece, text_field: str) -> Iterator[tuple[s
         )
     values = table.read_row_group(piece.start, columns=[text_field]).column(0).to_pylist()
     for row, value in enumerate(values, start=piece.first_row):
-        yield f"{piece.name}#{row}", _record_text({text_field: value}, text_field, f"{piece.file}#{row}")
+        yield f"{piece.name}#{row}", record_text({text_field: value}, text_field, f"{piece.file}#{row}")

@@ -37,7 +37,7 @@ from distill import dump_memory
 from distill.convert import Converter, DocumentDistributions
 from distill.convert_torch import TorchConversion, torch_conversion
 from distill.corpus import CorpusCounts, CorpusSpec, check_source, corpus_fingerprint, corpus_listing
-from distill.corpus_shares import pieces_settings, writer_documents
+from distill.corpus_shares import pieces_settings, share_fingerprints, writer_documents
 from distill.encode import DocumentEncoder, UnencodableDocument
 from distill.sharding import WriterLock, writers_of
 from distill.teacher import Teacher, load_teacher
@@ -483,6 +483,7 @@ def _open_stores(
     from logit_store.writer import DifferentStore
 
     settings, fingerprint = store_settings(config, teacher, num_writers), corpus_fingerprint(spec)
+    source = share_fingerprints(spec, num_writers, mine)
 
     def open_writer(w: int) -> StoreWriter:
         return StoreWriter(
@@ -492,6 +493,7 @@ def _open_stores(
             teacher=teacher.name,
             settings=settings,
             corpus_hash=fingerprint,
+            source_pieces=source[w],
             writer_id=w,
             docs_per_shard=config.docs_per_shard,
             chunk_bytes=config.chunk_bytes,

@@ -17,6 +17,7 @@ from pathlib import Path
 from bytestream.errors import UserError
 from logit_store.manifest import FORMAT_NAME, MANIFEST
 from logit_store.shard import SHARD_MAGIC
+from logit_store.source_record import SOURCE_START
 
 MANIFEST_START = b'{\n  "compression": '  # how every manifest a writer writes begins (sorted keys, indent 2)
 STORE_NAMES = {
@@ -26,7 +27,8 @@ STORE_NAMES = {
     "partial shard": re.compile(r"^shard-\d{5}-\d{5}\.bds\.tmp$"),
     "completion record": re.compile(r"^writer-\d{5}\.json$"),
     "skip list": re.compile(r"^skipped-\d{5}\.jsonl$"),
-    "partial file": re.compile(r"^(manifest\.json|vocab\.bin|writer-\d{5}\.json)\.w\d+\.tmp$"),
+    "source record": re.compile(r"^source-\d{5}\.json$"),
+    "partial file": re.compile(r"^(manifest\.json|vocab\.bin|writer-\d{5}\.json|source-\d{5}\.json)\.w\d+\.tmp$"),
 }
 
 
@@ -69,6 +71,8 @@ def _content_problem(path: Path, kind: str) -> str | None:
         return "does not begin as a shard"
     if kind == "completion record" and not _json_object_with(head, "writer_id"):
         return "is not a completion record"
+    if kind == "source record" and not head.startswith(SOURCE_START):
+        return "is not a record of a writer's source"
     first_line, complete, _ = head.partition(b"\n")  # a line cut by a crash is the writer's too
     if kind == "skip list" and complete and not _json_object_with(first_line, "reason"):
         return "is not a skip list"

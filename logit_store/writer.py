@@ -35,6 +35,7 @@ from logit_store.manifest import (
 )
 from logit_store.ownership import check_store_files
 from logit_store.reader import layout_text_bytes
+from logit_store.source_record import keep_source_record
 from logit_store.shard import (
     ShardFile,
     ShardReader,
@@ -68,7 +69,9 @@ class StoreWriter:
     tokenizer/corpus hashes, settings, encoding), the writer resumes: complete shards of this
     ``writer_id`` are kept, its partial ``.tmp`` files are deleted, and
     :attr:`num_existing_documents` says how many of its documents are stored, so the caller
-    skips that many and continues. A differing identity raises :class:`UserError`.
+    skips that many and continues. A differing identity raises :class:`UserError`. Given
+    ``source_pieces`` (a digest per piece of input dealt to this writer), it keeps them as
+    ``source-<writer_id>.json`` and refuses to resume finished shards from a different source.
 
     A shard is closed after ``docs_per_shard`` documents or ``shard_bytes`` raw (uncompressed)
     bytes, whichever comes first; a chunk after ``chunk_bytes`` raw bytes (default: the encoding's,
@@ -86,6 +89,7 @@ class StoreWriter:
         teacher: str = "",
         settings: dict | None = None,
         corpus_hash: str | None = None,
+        source_pieces: dict[str, str] | None = None,
         tokenizer_hash: str | None = None,
         writer_id: int = 0,
         docs_per_shard: int | None = None,
@@ -105,6 +109,7 @@ class StoreWriter:
         self.chunk_bytes = int(chunk_bytes or self.encoding.chunk_bytes)
         self.compression_level = int(compression_level)
         self._trie = trie
+        self.source_pieces = source_pieces
         settings = dict(settings or {})
         try:
             json.dumps(settings, sort_keys=True)
@@ -155,6 +160,9 @@ class StoreWriter:
             write_atomic(manifest_path, text.encode(), f"w{self.writer_id}")
             write_atomic(self.directory / VOCAB_FILE, vocab_to_bytes(self.vocab), f"w{self.writer_id}")
         fsync_directory(self.directory)
+        if self.source_pieces is not None:  # before anything of this writer's is touched
+            finished = shard_sequences(self.directory).get(self.writer_id, [])
+            keep_source_record(self.directory, self.writer_id, self.source_pieces, len(finished))
 
         for tmp in self.directory.glob(f"shard-{self.writer_id:05d}-*.tmp"):
             tmp.unlink()

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from distill.corpus import CorpusSpec, select_documents
-from distill.corpus_shares import dataset_documents, dataset_pieces, writer_documents
+from distill.corpus import CorpusSpec, corpus_fingerprint, select_documents
+from distill.corpus_shares import dataset_documents, dataset_pieces, share_fingerprints, writer_documents
 from distill.sharding import writers_of
 
 WRITERS = 6
@@ -67,6 +67,50 @@ def test_each_worker_reads_its_share_and_every_document_once(corpus):
         assert max(read) < 1.25 * total / workers + 40_000, (workers, read, total)  # about 1/N each
         assert sum(read) < 1.15 * total + workers * 40_000, (workers, read, total)
     assert min(read) > 0.6 * total / 3
+
+
+def _fingerprints(spec: CorpusSpec, worker: int, workers: int) -> tuple[dict[int, dict[str, str]], int]:
+    before = _read_bytes()
+    prints = share_fingerprints(spec, WRITERS, writers_of(worker, workers, WRITERS), jsonl_piece_bytes=PIECE_BYTES)
+    return prints, _read_bytes() - before
+
+
+def test_each_worker_fingerprints_only_its_share(corpus):
+    """What a resume checks is read piece by piece by the writers dealt them: about 1/N each."""
+    spec = CorpusSpec(str(corpus))
+    whole, _ = _fingerprints(spec, 0, 1)
+    total = sum(p.stat().st_size for p in corpus.iterdir())
+    labels = [label for prints in whole.values() for label in prints]
+    jsonl_pieces = -(-(corpus / "big.jsonl").stat().st_size // PIECE_BYTES)
+    assert len(labels) == len(set(labels)) == jsonl_pieces + 12 + 8  # and the parquet row groups, the .txt files
+    for workers in (2, 3):
+        shares = [_fingerprints(spec, w, workers) for w in range(workers)]
+        assert {w: p for prints, _ in shares for w, p in prints.items()} == whole  # the same, however split
+        read = [b for _, b in shares]
+        assert max(read) < 1.25 * total / workers + 40_000, (workers, read, total)
+
+
+def test_a_same_size_edit_changes_the_digest_of_its_piece_alone(corpus, tmp_path):
+    """The manifest's fingerprint reads only the listing; the piece digests see every byte."""
+    import shutil
+
+    edited = tmp_path / "corpus"
+    shutil.copytree(corpus, edited)
+    spec = CorpusSpec(str(edited))
+    before = share_fingerprints(spec, WRITERS, list(range(WRITERS)), jsonl_piece_bytes=PIECE_BYTES)
+    listing = corpus_fingerprint(spec)
+    for name, at in (("big.jsonl", 300_000), ("rows.parquet", 40_000), ("page3.txt", 100)):
+        data = bytearray((edited / name).read_bytes())
+        data[at] ^= 1
+        (edited / name).write_bytes(bytes(data))
+        after = share_fingerprints(spec, WRITERS, list(range(WRITERS)), jsonl_piece_bytes=PIECE_BYTES)
+        changed = [label for w in before for label in before[w] if before[w][label] != after[w][label]]
+        assert len(changed) == 1 and changed[0].startswith(name), (name, changed)
+        if name == "big.jsonl":
+            start, stop = map(int, changed[0].split("@")[1].split("-"))
+            assert start <= at < stop
+        before = after
+    assert corpus_fingerprint(spec) == listing
 
 
 def test_identity_does_not_depend_on_the_split(corpus):

@@ -121,6 +121,15 @@ def edited_big_jsonl(tmp: Path) -> None:
     path.write_bytes(bytes(data))
 
 
+def dumped_without_source_record(tmp: Path) -> None:
+    """A finished dump of the corpus whose writer's record of its source was then deleted."""
+    corpus(tmp)
+    from bytedistill.cli import main
+
+    assert main(dump_args(TEACHERS["small"], tmp / "corpus", tmp / "out")) == 0
+    (tmp / "out" / "source-00000.json").unlink()
+
+
 def dump(teacher: str, *extra: str, corpus_arg: str = "{tmp}/corpus", output: str = "{tmp}/out") -> list[str]:
     return ["dump", "--teacher", f"{{teacher:{teacher}}}", "--corpus", corpus_arg, "--output", output, *SMALL, *extra]
 
@@ -150,6 +159,18 @@ EDGES = [
         dump("small"),
         "does not begin as a shard",
         store_with_file("shard-00000-00000.bds.tmp", b"not a shard at all"),
+    ),
+    Edge(
+        "foreign source record in a store",
+        dump("small"),
+        "source-00001.json is not a record of a writer's source",
+        store_with_file("source-00001.json", b'{"pieces": {}}'),
+    ),
+    Edge(
+        "finished store whose source record was deleted",
+        dump("small"),
+        "writer 0 stored documents of another corpus (it kept no record of it)",
+        dumped_without_source_record,
     ),
     Edge(
         "foreign completion record in a store",
@@ -205,7 +226,7 @@ EDGES = [
     Edge(
         "same-length edit in the middle of a big .jsonl",
         dump("small", "--max-docs", "2", corpus_arg="{tmp}/big.jsonl"),
-        "corpus_hash differ",
+        "writer 0 stored documents of another corpus (big.jsonl@0-2431200 changed since they were stored)",
         edited_big_jsonl,
     ),
     Edge("--separator ''", dump("small", "--separator", ""), "--separator must not be empty", corpus),
