@@ -58,8 +58,8 @@ def main() -> None:
         listing, _ = measured(lambda: corpus_fingerprint(spec))
         for workers in (1, 2, 4):
             mine = writers_of(0, workers, WRITERS)
-            check = measured(lambda: share_fingerprints(spec, WRITERS, mine))
-            read = measured(lambda: sum(1 for _ in writer_documents(spec, WRITERS, mine)))
+            check = measured(lambda mine=mine: share_fingerprints(spec, WRITERS, mine))
+            read = measured(lambda mine=mine: sum(1 for _ in writer_documents(spec, WRITERS, mine)))
             rows.append((workers, *check, *read))
     print(f"corpus: {size / 1e6:,.0f} MB of .jsonl, {WRITERS} writers; manifest fingerprint {listing * 1e3:.1f} ms")
     print(f"{'workers':>7} {'check MB':>9} {'check s':>8} {'read MB':>8} {'read s':>7} {'check/read':>10}")

@@ -35,7 +35,6 @@ from logit_store.manifest import (
 )
 from logit_store.ownership import check_store_files
 from logit_store.reader import layout_text_bytes
-from logit_store.source_record import keep_source_record
 from logit_store.shard import (
     ShardFile,
     ShardReader,
@@ -43,6 +42,7 @@ from logit_store.shard import (
     fsync_directory,
     shard_name,
 )
+from logit_store.source_record import keep_source_record
 from logit_store.vocab_file import VOCAB_FILE, vocab_to_bytes
 
 
