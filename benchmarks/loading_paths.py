@@ -1,4 +1,4 @@
-"""Held-out BPB of an exported student by how the text reaches it (issue 12's table).
+"""Held-out BPB of an exported student by how the text reaches it.
 
     python -m benchmarks.loading_paths [MODEL_FOLDER] [HELDOUT_STORE] [--write-card]
 

@@ -187,8 +187,7 @@ def _read_seconds(directory: Path, trie) -> float:
     each document used and let go (opening it, the vocabulary checksum and hash, is once per run)."""
     from logit_store import LogitStore
 
-    store = LogitStore(directory)
-    store.set_trie(trie)
+    store = LogitStore(directory, trie=trie)
     _ = store.vocab
     start = time.process_time()
     for i in range(len(store)):
@@ -211,12 +210,10 @@ def measure(vocab, docs, encoding: str, params: dict | None, workdir: Path) -> d
         for ids, values, dropped, nbytes in docs:
             writer.add(ids, values, dropped, nbytes)
     write_s = time.process_time() - start
-    warm = LogitStore(directory)  # loads the kernels (Numba's cache) outside the timing
-    warm.set_trie(trie)
+    warm = LogitStore(directory, trie=trie)  # loads the kernels (Numba's cache) outside the timing
     warm.document(0)
     read_s = min(_read_seconds(directory, trie) for _ in range(READ_REPEATS))
-    store = LogitStore(directory)
-    store.set_trie(trie)
+    store = LogitStore(directory, trie=trie)
     kls = []
     for i, (ids, values, dropped, nbytes) in enumerate(docs):
         doc = store.document(i)

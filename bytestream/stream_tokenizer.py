@@ -2,7 +2,7 @@
 and prompts → that stream with their last word left open for the student to segment.
 
 The student was trained on streams whose ``<eot>`` marks sit where the teacher's tokenizer ended
-its tokens (docs/DESIGN.md, "where <eot> comes from at inference"). This module places them: it
+its tokens (docs/DESIGN.md, "`<eot>` at inference"). This module places them: it
 runs the teacher's own tokenizer (its ``tokenizer.json``, shipped in the exported folder as
 ``teacher_tokenizer.json``) only to find the token boundaries; the student still reads every byte.
 Encoding follows the dump's rules (the dump encodes documents with this module too): literal
@@ -202,7 +202,7 @@ class TeacherTokens:
         """``(id, bytes, word)`` of each token the teacher reads for ``data``; their bytes
         concatenate to :meth:`stream_bytes` (checked)."""
         out = self.encode_unchecked(data)
-        joined, expected = b"".join(piece for _, piece, _ in out), self.stream_bytes(data)
+        joined, expected = b"".join(spelling for _, spelling, _ in out), self.stream_bytes(data)
         if joined != expected:
             at = next((i for i, (a, b) in enumerate(zip(joined, expected)) if a != b), min(len(joined), len(expected)))
             raise ValueError(
@@ -232,13 +232,13 @@ class TeacherTokens:
         """The teacher's token ids of ``data`` (the dummy prefix space included)."""
         return [token_id for token_id, _, _ in self.encode(data)]
 
-    def pieces(self, data: bytes) -> list[bytes]:
+    def streamed_tokens(self, data: bytes) -> list[bytes]:
         """The bytes of each teacher token of ``data`` as the stream holds them (the dummy prefix
         space, which is context, not text, left out); their concatenation is ``data``."""
-        return _stream_pieces([piece for _, piece, _ in self.encode(data)], self.dummy_prefix and bool(data))
+        return _as_streamed([spelling for _, spelling, _ in self.encode(data)], self.dummy_prefix and bool(data))
 
     def split_prompt(self, data: bytes) -> tuple[list[bytes], bytes]:
-        """A prompt as ``(committed pieces, open bytes)``: the teacher's tokens before the prompt's
+        """A prompt as ``(committed token bytes, open bytes)``: the teacher's tokens before the prompt's
         last word, and that word's bytes, which the student segments itself.
 
         The last word starts at the first token of the last pre-token, or later at its last token
@@ -253,22 +253,22 @@ class TeacherTokens:
             start -= 1
         spaced = [j for j in range(start, len(tokens)) if tokens[j][1][:1] == b" "]
         start = max(spaced, default=start)
-        pieces = _stream_pieces([piece for _, piece, _ in tokens], self.dummy_prefix)
-        return pieces[:start], b"".join(pieces[start:])
+        spelled = _as_streamed([spelling for _, spelling, _ in tokens], self.dummy_prefix)
+        return spelled[:start], b"".join(spelled[start:])
 
 
-def _stream_pieces(pieces: list[bytes], after_prefix: bool) -> list[bytes]:
-    """The pieces as the stream holds them: the first one less the dummy prefix space."""
-    if after_prefix and pieces:
-        return [pieces[0][1:], *pieces[1:]]
-    return pieces
+def _as_streamed(spelled: list[bytes], after_prefix: bool) -> list[bytes]:
+    """Token bytes as the stream holds them: the first token's less the dummy prefix space."""
+    if after_prefix and spelled:
+        return [spelled[0][1:], *spelled[1:]]
+    return spelled
 
 
-def stream_symbols(pieces: list[bytes], *, bos: bool = True, eos: bool = False) -> list[int]:
-    """``[<bos>] bytes(t_1) <eot> … bytes(t_m) <eot> [<eos>]``: the training stream of the pieces."""
+def stream_symbols(spelled: list[bytes], *, bos: bool = True, eos: bool = False) -> list[int]:
+    """``[<bos>] bytes(t_1) <eot> … bytes(t_m) <eot> [<eos>]``: the training stream of the tokens' bytes."""
     symbols = [BOS] if bos else []
-    for piece in pieces:
-        symbols.extend(piece)
+    for spelling in spelled:
+        symbols.extend(spelling)
         symbols.append(EOT)
     if eos:
         symbols.append(EOS)
@@ -336,7 +336,7 @@ class ByteStreamTokenizer(PreTrainedTokenizer):
 
     def encode_bytes(self, data: bytes, *, bos: bool = True, eos: bool = False) -> list[int]:
         """The stream of raw document bytes (any bytes, not only valid UTF-8)."""
-        return stream_symbols(self.teacher.pieces(data), bos=bos, eos=eos)
+        return stream_symbols(self.teacher.streamed_tokens(data), bos=bos, eos=eos)
 
     def encode_prompt(self, data: bytes) -> tuple[list[int], bytes]:
         """A prompt's stream up to its last word (``<bos>`` first), and that word's bytes, to be
@@ -404,7 +404,7 @@ class ByteStreamTokenizer(PreTrainedTokenizer):
         start = 0 if row[:1] == [BOS] else row.index(EOT) + 1 if EOT in row else len(row)
         tail = row[start:]
         data = bytes(s for s in tail if s < NUM_BYTES)
-        if not data or tail != stream_symbols(self.teacher.pieces(data), bos=start == 0):
+        if not data or tail != stream_symbols(self.teacher.streamed_tokens(data), bos=start == 0):
             return row, b""
         committed, open_bytes = self.teacher.split_prompt(data)
         return row[:start] + stream_symbols(committed, bos=start == 0), open_bytes

@@ -35,6 +35,10 @@ from bytestream.stream_tokenizer import (  # self-contained (shipped with export
 )
 
 # Names of end-of-text tokens; their mass becomes the student's <eos>.
+# The tag of the dummy-prefix rules a vocabulary's conversion follows (its space is context, not
+# stream): hashed into every vocabulary with a dummy prefix, so that stores converted under other
+# rules do not match. Change the tag whenever those rules change.
+DUMMY_PREFIX_RULES = b"space-is-context|"
 END_OF_TEXT_NAMES = ("<|end_of_text|>", "<|endoftext|>", "</s>", "<eos>", "<|eot_id|>", "<|im_end|>")
 
 
@@ -96,8 +100,8 @@ class TeacherVocab:
         h = hashlib.sha256()
         h.update(f"{self.family}|{self.size}|{self.special_ids}|{self.end_of_text_ids}|".encode())
         h.update(f"{self.prefix_ids}|{self.adds_prefix_space}|".encode())
-        if self.adds_prefix_space:  # stores from before the space became context do not match
-            h.update(b"space-is-context|")
+        if self.adds_prefix_space:
+            h.update(DUMMY_PREFIX_RULES)
         for b in self.token_bytes:
             h.update(len(b).to_bytes(4, "little"))
             h.update(b)
@@ -158,15 +162,15 @@ def vocab_from_tokenizer(tokenizer, *, name: str = "", end_of_text: list[str] | 
     backend = getattr(tokenizer, "backend_tokenizer", tokenizer)
     spec = json.loads(backend.to_str())
     family = _detect_family(spec)
-    pieces = _model_vocab(spec)
-    size = max(backend.get_vocab_size(with_added_tokens=True), max(pieces.values()) + 1)
+    model_ids = _model_vocab(spec)
+    size = max(backend.get_vocab_size(with_added_tokens=True), max(model_ids.values()) + 1)
     added = {tok["id"]: tok for tok in spec.get("added_tokens", [])}
     size = max(size, max(added, default=-1) + 1)
 
     table = gpt2_unicode_to_byte()
     token_bytes: list[bytes | None] = [None] * size
     special: list[int] = []
-    for piece, i in pieces.items():
+    for piece, i in model_ids.items():
         if i in added:
             continue
         if family == BYTE_LEVEL:
@@ -187,7 +191,7 @@ def vocab_from_tokenizer(tokenizer, *, name: str = "", end_of_text: list[str] | 
             special.append(i)
     if family == BYTE_FALLBACK:  # <unk>, <s>, </s> are control pieces
         for piece in ("<unk>", "<s>", "</s>", "<pad>"):
-            i = pieces.get(piece)
+            i = model_ids.get(piece)
             if i is not None and i not in special:
                 token_bytes[i] = b""
                 special.append(i)
@@ -196,7 +200,7 @@ def vocab_from_tokenizer(tokenizer, *, name: str = "", end_of_text: list[str] | 
     eos_token = getattr(tokenizer, "eos_token", None)
     if not end_of_text and eos_token:
         names.append(eos_token)
-    by_name = {tok["content"]: i for i, tok in added.items()} | {p: i for p, i in pieces.items() if i in special}
+    by_name = {tok["content"]: i for i, tok in added.items()} | {p: i for p, i in model_ids.items() if i in special}
     eot_ids = sorted({by_name[n] for n in names if n in by_name})
     if end_of_text and len(eot_ids) != len(set(end_of_text)):
         missing = [n for n in end_of_text if n not in by_name]
@@ -274,10 +278,3 @@ def load_teacher_tokenizer(source: str | Path, gguf_file: str | None = None):
     if not getattr(tokenizer, "is_fast", False):
         raise UserError(f"{source}: only fast (tokenizers-backed) tokenizers are supported")
     return tokenizer
-
-
-def load_teacher_vocab(
-    source: str | Path, gguf_file: str | None = None, end_of_text: list[str] | None = None
-) -> TeacherVocab:
-    tokenizer = load_teacher_tokenizer(source, gguf_file)
-    return vocab_from_tokenizer(tokenizer, name=str(source), end_of_text=end_of_text)

@@ -1,4 +1,4 @@
-"""A chunk: the raw bytes of a run of whole documents (FORMAT.md, "Chunk raw bytes").
+"""A chunk: the raw bytes of a run of whole documents (FORMAT.md, "Shard file").
 
 Arrays are stored as byte planes (all bytes 0 of every element, then all bytes 1, …), which is
 what lets zstd compress them. Format 1 and 2 differ in the value section (2: the encoding packs

@@ -31,10 +31,8 @@ Encodings (see FORMAT.md for the exact formulas):
     (support symbol × depth in the token × the code two values before at the position); format
     2 only.
 
-Measured on SmolLM2-135M over 200 KB of KJV (``python -m benchmarks.store``, format 2):
-``pow8-ans`` 19.9 bytes per text byte at mean KL 7.7e-5 bits/position (max 4.4e-4), reading
-about 1M positions/s/core and writing about 0.3M; ``pow8`` the same values in 27.9 B, reading
-about 3.5M; ``float16`` 84 B at 2.3e-7; ``log8`` 40 B at 5.8e-5; ``pow12`` 59 B at 7.6e-7.
+Their sizes, KL and speeds are measured by ``python -m benchmarks.store``; the README's "Measured
+figures" keeps the table.
 """
 
 from __future__ import annotations

@@ -31,9 +31,6 @@ class MultiStore(StoreBase):
         counts = [s.num_documents for s in self.stores]
         self._start = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         self.num_documents = int(self._start[-1])
-        trie = first.trie
-        for s in self.stores[1:]:
-            s.set_trie(trie)
 
     @property
     def vocab(self) -> TeacherVocab:
@@ -96,7 +93,16 @@ def open_stores(paths, expected_vocab_hash: str | None = None) -> MultiStore:
     """Open one or more store directories as one :class:`MultiStore`."""
     if isinstance(paths, (str, Path)):
         paths = [paths]
-    return MultiStore([LogitStore(p, expected_vocab_hash=expected_vocab_hash) for p in paths])
+    return MultiStore(_open_sharing_trie(paths, expected_vocab_hash))
+
+
+def _open_sharing_trie(paths, expected_vocab_hash: str | None = None) -> list[LogitStore]:
+    """The stores at ``paths``; those after the first must have its vocabulary and share its trie."""
+    first = LogitStore(paths[0], expected_vocab_hash=expected_vocab_hash)
+    if len(paths) == 1:
+        return [first]
+    rest = [LogitStore(p, expected_vocab_hash=first.vocab_hash, trie=first.trie) for p in paths[1:]]
+    return [first, *rest]
 
 
 def as_store(stores) -> LogitStore | MultiStore:
@@ -105,5 +111,8 @@ def as_store(stores) -> LogitStore | MultiStore:
         return stores
     if isinstance(stores, (str, Path)):
         return LogitStore(stores)
-    opened = [s if isinstance(s, LogitStore) else LogitStore(s) for s in stores]
+    if all(isinstance(s, (str, Path)) for s in stores):
+        opened = _open_sharing_trie(list(stores))
+    else:
+        opened = [s if isinstance(s, LogitStore) else LogitStore(s) for s in stores]
     return opened[0] if len(opened) == 1 else MultiStore(opened)

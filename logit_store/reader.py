@@ -83,28 +83,10 @@ class StoreBase:
     def __iter__(self):
         return self.iter_documents()
 
-    def iter_documents(self, shuffle: bool = False, seed: int = 0, with_values: bool = True):
-        """Documents in store order, or in a seeded block-shuffled order (chunks shuffled, then
-        documents within each chunk) that reads every chunk once."""
-        for i in self.document_order(shuffle, seed):
-            yield self.document(int(i)) if with_values else self.document_tokens(int(i))
-
-    def document_order(self, shuffle: bool = False, seed: int = 0) -> np.ndarray:
-        n = self.num_documents
-        if not shuffle:
-            return np.arange(n)
-        rng = np.random.default_rng(seed)
-        chunks = self.document_chunks()
-        num_chunks = int(chunks.max()) + 1 if n else 0
-        chunk_rank = rng.permutation(num_chunks)
-        within = rng.random(n)
-        return np.lexsort((within, chunk_rank[chunks]))
-
-    def document_chunks(self) -> np.ndarray:
-        """(N,) global chunk number of every document."""
-        spans = self.chunk_spans()
-        counts = np.array([n for _, n in spans], dtype=np.int64)
-        return np.repeat(np.arange(len(spans), dtype=np.int64), counts)
+    def iter_documents(self, with_values: bool = True):
+        """Documents in store order (with their values, or their token ids alone)."""
+        for i in range(self.num_documents):
+            yield self.document(i) if with_values else self.document_tokens(i)
 
     def chunk_spans(self) -> list[tuple[int, int]]:
         raise NotImplementedError
@@ -120,7 +102,15 @@ class LogitStore(StoreBase):
     """A logit-store directory opened for reading. Opening checks every shard's index and the
     store's integrity (gap-free writer sequences, shard records, completion records)."""
 
-    def __init__(self, directory: str | Path, expected_vocab_hash: str | None = None, cache_chunks: int = 4):
+    def __init__(
+        self,
+        directory: str | Path,
+        expected_vocab_hash: str | None = None,
+        cache_chunks: int = 4,
+        trie: VocabTrie | None = None,
+    ):
+        """``trie``: the vocabulary's trie if the caller has it (building it for a large vocabulary
+        takes a while); else it is built from the store's vocabulary when first needed."""
         self.directory = Path(directory)
         self.manifest = read_manifest(self.directory)
         self.vocab_hash = self.manifest["vocab_hash"]
@@ -142,6 +132,10 @@ class LogitStore(StoreBase):
         self.num_documents = int(self._shard_start[-1])
         self._cache: OrderedDict = OrderedDict()
         self._cache_size = cache_chunks
+        if trie is not None:
+            if trie.vocab_size != int(self.manifest.get("vocab_size", trie.vocab_size)):
+                raise ValueError(f"a trie of {trie.vocab_size} ids for a store of {self.manifest['vocab_size']}")
+            self.__dict__["trie"] = trie  # the cached property's value
 
     def _open_shards(self) -> tuple[list[ShardReader], list[int]]:
         sequences = shard_sequences(self.directory)
@@ -181,9 +175,6 @@ class LogitStore(StoreBase):
     @cached_property
     def trie(self) -> VocabTrie:
         return build_trie(self.vocab)
-
-    def set_trie(self, trie: VocabTrie) -> None:
-        self.__dict__["trie"] = trie
 
     def document_location(self, i: int) -> tuple[str, int]:
         """(shard file name, document number within it) of store document ``i``."""

@@ -93,7 +93,7 @@ class ShardFile:
         self.tmp_path = self.final_path.with_name(self.final_path.name + ".tmp")
         self.record = record
         self.encoding = encoding
-        self._file = open(self.tmp_path, "wb")  # noqa: SIM115 - open until close() or abort()
+        self._file = open(self.tmp_path, "wb")  # noqa: SIM115 - open until finish() or abandon()
         self._file.write(SHARD_MAGIC + struct.pack("<II", FORMAT_VERSION, 0))
         self._offset = HEADER_SIZE
         self._compressor = zstandard.ZstdCompressor(level=compression_level, write_checksum=True, threads=0)

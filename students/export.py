@@ -1,4 +1,4 @@
-"""Export a trained student as a Hugging Face model folder (issue 6, 12).
+"""Export a trained student as a Hugging Face model folder.
 
 The folder holds ``config.json`` + ``model.safetensors`` (a stock Llama whose
 ``max_position_embeddings`` is the trained context), ``generation_config.json`` (``<eos>`` stops

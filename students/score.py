@@ -4,7 +4,7 @@ Files are read as ``dump`` reads a corpus (:mod:`distill.corpus`): a ``.txt``/``
 document, a ``.jsonl``/``.jsonl.zst``/``.parquet`` file one per record; empty documents are skipped
 and a source without any document is refused.
 
-Same definitions as ``train``'s evaluation (docs/DESIGN.md, "evaluation"): every symbol's NLL
+Same definitions as ``train``'s evaluation (docs/DESIGN.md, "Evaluation"): every symbol's NLL
 (``<eot>`` and ``<eos>`` included) over the UTF-8 bytes. Every document becomes its training
 stream ``<bos> bytes(t_1) <eot> … <eot> <eos>``: a store's own stream, or the exported stream
 tokenizer's for text; the streams of all documents are packed one after another, as in training,

@@ -24,9 +24,7 @@ def store_dir(tmp_path_factory, llama3_vocab, llama3_converter, llama3_encoder):
 
 @pytest.fixture
 def store(store_dir, llama3_converter):
-    store = LogitStore(store_dir)
-    store.set_trie(llama3_converter.trie)
-    return store
+    return LogitStore(store_dir, trie=llama3_converter.trie)
 
 
 def _streams(store, documents) -> np.ndarray:
@@ -167,8 +165,7 @@ def test_epochs_reshuffle_and_ce_only_reads_no_values(store_dir, store, llama3_c
 
     ce_only.store.encoding.decode = refuse  # CE-only must not decode values (nor unpack them)
     ce_only.store.encoding.unpack_values = refuse
-    other = LogitStore(store_dir)
-    other.set_trie(llama3_converter.trie)
+    other = LogitStore(store_dir, trie=llama3_converter.trie)
     with_teacher = PackedStreamDataset(other, 32, 4, shuffle=False, teacher_dtype="float32")
     a, b = list(ce_only), list(with_teacher)
     assert len(a) == len(b) and "target_probs" not in a[0] and b[0]["target_probs"].dtype == torch.float32

@@ -1,4 +1,4 @@
-"""The README pipeline end to end through the CLI, on a tiny random teacher (issue: one command)."""
+"""The README pipeline end to end through the CLI, on a tiny random teacher."""
 
 from __future__ import annotations
 

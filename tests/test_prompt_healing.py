@@ -49,7 +49,7 @@ def test_a_prompt_is_committed_up_to_its_last_word(stream_tokenizer):
         data = prompt.encode()
         committed, open_bytes = teacher.split_prompt(data)
         assert (committed, open_bytes) == expected, prompt
-        assert teacher.pieces(data)[: len(committed)] == committed  # the complete text's own tokens
+        assert teacher.streamed_tokens(data)[: len(committed)] == committed  # the complete text's own tokens
         symbols, same_bytes = stream_tokenizer.encode_prompt(data)
         assert symbols[0] == BOS and symbols.count(EOT) == len(committed) and same_bytes == open_bytes
     assert teacher.split_prompt(b"caf\xc3") == ([b"caf"], b"\xc3")  # a cut character: its invalid byte
@@ -71,7 +71,7 @@ def test_sentencepiece_prompts_split_at_the_last_space(layout, sentencepiece_fol
     assert teacher.dummy_prefix
     assert teacher.split_prompt(b"In the begi") == ([b"In", b" the"], b" begi")  # the dummy space is context
     assert teacher.split_prompt(b"begi") == ([], b"begi")
-    assert teacher.split_prompt(b"a </s>  x") == (teacher.pieces(b"a </s>  x")[:-1], b" x")
+    assert teacher.split_prompt(b"a </s>  x") == (teacher.streamed_tokens(b"a </s>  x")[:-1], b" x")
     single = [teacher.single_byte_id(b) for b in range(0x80, 0x100)]
     assert single == vocab.single_byte_ids[0x80:].tolist()  # invalid UTF-8: the dump's byte tokens
 

@@ -78,7 +78,7 @@ def stream_tokenizer(llama3_tokenizer_path):
 def test_stream_tokens_are_the_dump_encoders_tokens(name, stream_tokenizer, llama3_encoder, llama3_vocab):
     data = SAMPLE_DOCUMENTS[name]
     expected = [llama3_vocab.bytes_of([t]) for t in llama3_encoder.encode(data)]
-    assert stream_tokenizer.teacher.pieces(data) == expected
+    assert stream_tokenizer.teacher.streamed_tokens(data) == expected
     assert stream_tokenizer.encode_bytes(data, eos=True) == stream_symbols(expected, eos=True)
 
 
@@ -86,7 +86,7 @@ def test_call_places_eot_after_every_teacher_token(stream_tokenizer):
     ids = stream_tokenizer("héllo <|begin_of_text|>").input_ids
     assert ids[0] == BOS and ids[-1] == EOT and EOS not in ids
     assert decode_bytes(ids) == "héllo <|begin_of_text|>".encode()
-    assert ids.count(EOT) == len(stream_tokenizer.teacher.pieces("héllo <|begin_of_text|>".encode()))
+    assert ids.count(EOT) == len(stream_tokenizer.teacher.streamed_tokens("héllo <|begin_of_text|>".encode()))
     assert stream_tokenizer("ab", add_special_tokens=False).input_ids[0] != BOS
     assert stream_tokenizer.decode(ids, skip_special_tokens=True) == "héllo <|begin_of_text|>"
 
@@ -106,6 +106,6 @@ def test_an_invalid_byte_without_a_token_is_refused_like_the_dump(llama3_tokeniz
         m for m in spec["model"]["merges"] if "ÿ" not in (m if isinstance(m, str) else " ".join(m))
     ]
     teacher = TeacherTokens(json.dumps(spec))
-    assert teacher.pieces(b"ok \xfe") == [b"ok", b" ", b"\xfe"]
+    assert teacher.streamed_tokens(b"ok \xfe") == [b"ok", b" ", b"\xfe"]
     with pytest.raises(ValueError, match="no token for the byte 0xFF"):
-        teacher.pieces(b"ok \xff")
+        teacher.streamed_tokens(b"ok \xff")

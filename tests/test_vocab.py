@@ -11,7 +11,13 @@ from tokenizers import Tokenizer, decoders, models, normalizers
 from bytestream.errors import UserError
 from bytestream.stream_tokenizer import utf8_runs
 from bytestream.trie import build_trie
-from bytestream.vocab import BYTE_FALLBACK, BYTE_LEVEL, gpt2_unicode_to_byte, load_teacher_vocab, vocab_from_tokenizer
+from bytestream.vocab import (
+    BYTE_FALLBACK,
+    BYTE_LEVEL,
+    gpt2_unicode_to_byte,
+    load_teacher_tokenizer,
+    vocab_from_tokenizer,
+)
 from distill.convert import Converter
 from distill.encode import DocumentEncoder
 from tests.conftest import SAMPLE_DOCUMENTS, random_logits
@@ -44,9 +50,9 @@ def test_llama3_vocabulary(llama3_vocab, llama3_tokenizer):
 
 
 def test_vocab_hash_is_stable_and_sensitive(llama3_vocab, llama3_tokenizer_path):
-    again = load_teacher_vocab(llama3_tokenizer_path)
+    again = vocab_from_tokenizer(load_teacher_tokenizer(llama3_tokenizer_path))
     assert again.hash == llama3_vocab.hash
-    changed = load_teacher_vocab(llama3_tokenizer_path, end_of_text=["<|end_of_text|>"])
+    changed = vocab_from_tokenizer(load_teacher_tokenizer(llama3_tokenizer_path), end_of_text=["<|end_of_text|>"])
     assert changed.hash != llama3_vocab.hash
 
 
@@ -142,4 +148,4 @@ def test_byte_level_token_outside_the_table_is_refused(llama3_tokenizer):
 
 def test_missing_tokenizer_file(tmp_path):
     with pytest.raises(UserError, match="not found"):
-        load_teacher_vocab(tmp_path / "nope.json")
+        load_teacher_tokenizer(tmp_path / "nope.json")
