@@ -79,16 +79,16 @@ class SplitBatches(IterableDataset):
     def num_windows(self, split: int) -> int:
         raise NotImplementedError
 
-    def window_pieces(self, split: int, start: int) -> Iterator[list[dict[str, np.ndarray]]]:
+    def window_segments(self, split: int, start: int) -> Iterator[list[dict[str, np.ndarray]]]:
         """Split ``split``'s windows from window ``start`` on, each as the row ranges of streams it
         is made of, in order (views; at most ``seq_len`` rows in all, the rest is padding)."""
         raise NotImplementedError
 
     def windows(self, split: int, start: int = 0) -> Iterator[dict[str, np.ndarray]]:
         """The same windows as arrays of ``seq_len`` rows (padded), as one batch row holds them."""
-        for pieces in self.window_pieces(split, start):
-            batch = self._new_batch(pieces[0], 1, shared=False)
-            self._fill_row(batch, 0, pieces)
+        for segments in self.window_segments(split, start):
+            batch = self._new_batch(segments[0], 1, shared=False)
+            self._fill_row(batch, 0, segments)
             yield {key: value[0].numpy() for key, value in batch.items()}
 
     def order_settings(self) -> dict:
@@ -173,7 +173,7 @@ class SplitBatches(IterableDataset):
         worker_id = info.id if info is not None else 0
         given, due = self.seek()
         worker = (worker_id + due) % self.workers
-        windows = self.window_pieces(self.rank * self.workers + worker, int(given[worker]) * self.batch_size)
+        windows = self.window_segments(self.rank * self.workers + worker, int(given[worker]) * self.batch_size)
         return self._batched(windows)
 
     def _batched(self, windows: Iterator[list[dict[str, np.ndarray]]]) -> Iterator[dict[str, torch.Tensor]]:
@@ -184,10 +184,10 @@ class SplitBatches(IterableDataset):
         # last to let go of its memory, which would make it pay for freeing the pages.
         handed_over = deque(maxlen=RELEASE_DELAY if shared else 0)
         batch, row = None, 0
-        for pieces in windows:
+        for segments in windows:
             if batch is None:
-                batch, row = self._new_batch(pieces[0], self.batch_size, shared), 0
-            self._fill_row(batch, row, pieces)
+                batch, row = self._new_batch(segments[0], self.batch_size, shared), 0
+            self._fill_row(batch, row, segments)
             row += 1
             if row == self.batch_size:
                 handed_over.append(batch)
@@ -196,10 +196,10 @@ class SplitBatches(IterableDataset):
         if batch is not None:
             yield {key: value[:row] for key, value in batch.items()}
 
-    def _new_batch(self, piece: dict[str, np.ndarray], rows: int, shared: bool) -> dict[str, torch.Tensor]:
-        """Uninitialised (rows, seq_len, …) tensors for the fields of ``piece``: views of one buffer."""
+    def _new_batch(self, segment: dict[str, np.ndarray], rows: int, shared: bool) -> dict[str, torch.Tensor]:
+        """Uninitialised (rows, seq_len, …) tensors for the fields of ``segment``: views of one buffer."""
         fields = {}
-        for key, value in piece.items():
+        for key, value in segment.items():
             dtype = self.teacher_dtype if key == "target_probs" else torch.from_numpy(value[:0]).dtype
             fields[key] = ((rows, self.seq_len, *value.shape[1:]), dtype)
         sizes = [math.prod(shape) * dtype.itemsize for shape, dtype in fields.values()]
@@ -214,12 +214,12 @@ class SplitBatches(IterableDataset):
             for (key, (shape, dtype)), start, size in zip(fields.items(), starts, sizes)
         }
 
-    def _fill_row(self, batch: dict[str, torch.Tensor], row: int, pieces: list[dict[str, np.ndarray]]) -> None:
-        """Write the pieces of one window into batch row ``row``, padding the rest."""
+    def _fill_row(self, batch: dict[str, torch.Tensor], row: int, segments: list[dict[str, np.ndarray]]) -> None:
+        """Write the segments of one window into batch row ``row``, padding the rest."""
         at = 0
-        for piece in pieces:
-            n = len(piece["input_ids"])
-            for key, value in piece.items():
+        for segment in segments:
+            n = len(segment["input_ids"])
+            for key, value in segment.items():
                 batch[key][row, at : at + n].copy_(torch.from_numpy(value))  # casts to float16 fast
             at += n
         for key, tensor in batch.items():
@@ -273,11 +273,11 @@ class PackedStreamDataset(SplitBatches):
         self.symbols = self.store.document_positions() + 1  # a stream has one symbol more than targets
         if max_symbols > 0:
             self.symbols = self.symbols[: int(np.searchsorted(np.cumsum(self.symbols), max_symbols)) + 1]
-        self.pieces = _pieces(self.store.chunk_spans(), len(self.symbols), self.num_splits)
+        self.deal_units = _deal_units(self.store.chunk_spans(), len(self.symbols), self.num_splits)
         self._plan: tuple[int, list[Split]] | None = None
 
     def order_settings(self) -> dict:
-        sizes = np.array([len(piece) for piece in self.pieces], dtype=np.int64)
+        sizes = np.array([len(unit) for unit in self.deal_units], dtype=np.int64)
         layout = hashlib.sha256(self.symbols.tobytes() + sizes.tobytes()).hexdigest()
         return {
             **super().order_settings(),
@@ -300,8 +300,8 @@ class PackedStreamDataset(SplitBatches):
         rng = np.random.default_rng(self.seed + self.epoch)
         loads = np.zeros(self.num_splits, dtype=np.int64)
         members: list[list[np.ndarray]] = [[] for _ in range(self.num_splits)]
-        for p in rng.permutation(len(self.pieces)):
-            documents = rng.permutation(self.pieces[p])
+        for p in rng.permutation(len(self.deal_units)):
+            documents = rng.permutation(self.deal_units[p])
             g = int(np.argmin(loads))
             members[g].append(documents)
             loads[g] += int(self.symbols[documents].sum())
@@ -317,7 +317,7 @@ class PackedStreamDataset(SplitBatches):
     def num_windows(self, split: int) -> int:
         return self.split(split).num_windows
 
-    def window_pieces(self, split: int, start: int) -> Iterator[list[dict[str, np.ndarray]]]:
+    def window_segments(self, split: int, start: int) -> Iterator[list[dict[str, np.ndarray]]]:
         plan = self.split(split)
         documents = plan.documents
         ends = np.cumsum(self.symbols[documents])
@@ -348,7 +348,7 @@ class PackedStreamDataset(SplitBatches):
         return stream
 
 
-def _pieces(spans: list[tuple[int, int]], num_documents: int, num_splits: int) -> list[np.ndarray]:
+def _deal_units(spans: list[tuple[int, int]], num_documents: int, num_splits: int) -> list[np.ndarray]:
     """Document indices of each chunk (below ``num_documents``); cut into equal parts if there are
     fewer chunks than splits."""
     chunks = [np.arange(first, min(first + count, num_documents)) for first, count in spans if first < num_documents]

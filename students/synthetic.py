@@ -77,7 +77,7 @@ class BigramStreamDataset(SplitBatches):
     def num_windows(self, split: int) -> int:
         return len(self._split(split))
 
-    def window_pieces(self, split: int, start: int):
+    def window_segments(self, split: int, start: int):
         for index in self._split(split)[start:]:
             yield [self._sequence(index)]
 
