@@ -12,7 +12,6 @@ user sees: review the diff).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import io
 import json
 import os
@@ -25,6 +24,7 @@ import yaml
 
 from bytedistill.cli import COMMANDS, build_parser, config_class
 from bytedistill.cli import main as cli_main
+from bytestream.config_fields import flat_values
 from tests.configs import parse_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -204,10 +204,6 @@ ERRORS: dict[str, tuple[str, str]] = {
 
 def _argv(arguments: str) -> list[str]:
     return shlex.split(arguments)
-
-
-def flat_values(config) -> dict:
-    return dataclasses.asdict(config)
 
 
 def _printed_config(command: str, argv: list[str]) -> str:
