@@ -40,6 +40,8 @@ STATE_ERRORS = (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingEr
 
 @dataclass
 class CheckpointConfig:
+    """How often training saves a checkpoint and how many of the newest it keeps."""
+
     every: int = field(
         default=1000,
         metadata={

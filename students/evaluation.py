@@ -28,6 +28,8 @@ from students.loss import kl_per_position
 
 @dataclass
 class EvalConfig:
+    """When training evaluates (every ``every`` steps) and on how many held-out symbols."""
+
     every: int = field(
         default=500,
         metadata={

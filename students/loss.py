@@ -24,6 +24,8 @@ from bytestream.ranges import FRACTION, POSITIVE
 
 @dataclass
 class LossConfig:
+    """α and T of the loss (the formula above)."""
+
     alpha: float = field(
         default=1.0,
         metadata={

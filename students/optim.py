@@ -17,6 +17,8 @@ from bytestream.ranges import NON_NEGATIVE, POSITIVE
 
 @dataclass
 class OptimConfig:
+    """The optimiser and schedule as training sets them (``--lr`` … ``--grad-clip``)."""
+
     lr: float = field(default=1e-3, metadata={"help": "peak learning rate", "range": POSITIVE})
     min_lr: float = field(
         default=1e-4, metadata={"help": "learning rate at the end of the cosine decay", "range": NON_NEGATIVE}

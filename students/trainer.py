@@ -74,6 +74,8 @@ from students.run_directory import TRACKER, claim, refuse_foreign, run_lock
 
 @dataclass
 class LogConfig:
+    """What training logs, how often, and where."""
+
     every: int = field(
         default=10, metadata={"flag": "log_every", "help": "log training loss every N steps", "range": COUNT}
     )
