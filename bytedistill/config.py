@@ -2,15 +2,17 @@
 
 Each command declares one dataclass, which may be composed of the dataclasses of the modules
 that read its settings; :func:`config_parser` turns its settings (the leaves,
-:mod:`bytestream.config_fields`) into the flat arguments of a ``jsonargparse`` parser, which coerces every value to the field's type (from flags and from files
-alike: ``lr: 3e-4`` in YAML is a float), refuses unknown keys, reads ``--config FILE`` (flags win,
-wherever they stand) and writes a run's full config with ``--print-config``. Field metadata drives the
-rest: ``help`` (the ``--help`` text), ``choices``, ``positional`` (an argument without a flag) and
-``range`` (a :class:`Range`: every numeric field has one; a value outside it is refused when parsed,
-in one line naming the flag, and ``--help`` shows it).
+:mod:`bytestream.config_fields`) into the flat arguments of a ``jsonargparse`` parser, which
+coerces every value to the field's type (from flags and from files alike: ``lr: 3e-4`` in YAML is
+a float), refuses unknown keys, reads ``--config FILE`` (flags win, wherever they stand) and
+writes a run's full config with ``--print-config``. Field metadata drives the rest: ``help`` (the
+``--help`` text), ``choices``, ``positional`` (an argument without a flag) and ``range`` (a
+:class:`Range`: every numeric field has one; a value outside it is refused when parsed, in one
+line naming the flag, and ``--help`` shows it).
 Flags are the settings' flat names with dashes (``max_length`` -> ``--max-length``), never dotted
-paths into the groups, and :func:`config_from_namespace` builds the nested config back; a file
-has the same flat keys and may spell them either way, and may give a list field one value without brackets (``train_stores: a`` is ``[a]``).
+paths into the groups, and :func:`config_from_namespace` builds the nested config back; a file has
+the same flat keys, may spell them either way, and may give a list field one value without
+brackets (``train_stores: a`` is ``[a]``).
 A ``--config`` file that is not UTF-8 or not valid YAML/JSON is refused in one line naming it.
 """
 
