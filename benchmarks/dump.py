@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.common import kjv_chapters, smollm2_gguf
+from distill.corpus import CorpusSpec
 from distill.dump import DumpConfig, run_dump
 from logit_store.encodings import DEFAULT_ENCODING
 
@@ -37,7 +38,7 @@ def main() -> None:
         text_bytes = write_corpus(corpus, args.chapters)
         config = DumpConfig(
             teacher=str(smollm2_gguf()),
-            corpus=str(corpus / "kjv.jsonl"),
+            corpus=CorpusSpec(str(corpus / "kjv.jsonl")),
             output=str(corpus / "store"),
             encoding=args.encoding,
             batch_tokens=args.batch_tokens,

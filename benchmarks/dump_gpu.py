@@ -30,6 +30,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from benchmarks.common import kjv_chapters, llama3_tokenizer_json
 from bytestream.vocab import load_teacher_tokenizer, vocab_from_tokenizer
+from distill.corpus import CorpusSpec
 from distill.dump import DumpConfig, dump_with_teacher, memory_terms
 from distill.encode import DocumentEncoder
 from distill.teacher import Teacher
@@ -121,9 +122,8 @@ def main() -> None:
         write_corpus(tmp / "kjv.jsonl", 4 * args.tokens)
         warm = DumpConfig(
             teacher=teacher.name,
-            corpus=str(tmp / "kjv.jsonl"),
+            corpus=CorpusSpec(str(tmp / "kjv.jsonl"), max_docs=2),
             output=str(tmp / "warm"),
-            max_docs=2,
             progress=False,
             **settings,
         )
@@ -132,7 +132,11 @@ def main() -> None:
             torch.cuda.reset_peak_memory_stats(device)
         start = time.perf_counter()
         config = DumpConfig(
-            teacher=teacher.name, corpus=str(tmp / "kjv.jsonl"), output=str(tmp / "store"), progress=False, **settings
+            teacher=teacher.name,
+            corpus=CorpusSpec(str(tmp / "kjv.jsonl")),
+            output=str(tmp / "store"),
+            progress=False,
+            **settings,
         )
         s = dump_with_teacher(config, teacher)
         wall = time.perf_counter() - start

@@ -35,6 +35,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from benchmarks.common import kjv_chapters, llama3_tokenizer_json
+from distill.corpus import CorpusSpec
 from distill.dump import DumpConfig, memory_terms, run_dump
 from distill.encode import DocumentEncoder
 from distill.teacher import load_teacher
@@ -96,7 +97,7 @@ def child(args) -> None:
     config = DumpConfig(
         teacher=args.teacher,
         tokenizer=str(llama3_tokenizer_json()),
-        corpus=args.corpus,
+        corpus=CorpusSpec(args.corpus),
         output=args.output,
         writers=args.writers,
         threads=1,

@@ -37,8 +37,10 @@ def main() -> None:
     args = parser.parse_args()
     import torch
 
-    from students.data import STORE_SOURCE
-    from students.trainer import TrainConfig, start_run, train_step
+    from students.architectures import StudentShape
+    from students.data import STORE_SOURCE, BatchConfig
+    from students.loss import LossConfig
+    from students.trainer import LogConfig, TrainConfig, start_run, train_step
 
     store = benchmark_store(args.kilobytes)
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
@@ -49,13 +51,11 @@ def main() -> None:
             config = TrainConfig(
                 train_stores=[str(store)],
                 output_dir=str(Path(tmp) / f"alpha-{alpha}"),
-                preset=args.preset,
-                seq_len=args.seq_len,
-                batch_size=args.batch_size,
+                student=StudentShape(preset=args.preset),
+                batches=BatchConfig(seq_len=args.seq_len, batch_size=args.batch_size, num_workers=args.num_workers),
                 max_steps=args.warmup + args.steps,
-                alpha=alpha,
-                num_workers=args.num_workers,
-                progress=False,
+                loss=LossConfig(alpha=alpha),
+                logging=LogConfig(progress=False),
                 mixed_precision=args.mixed_precision,
             )
             runs[alpha] = start_run(config, STORE_SOURCE)[0]

@@ -9,7 +9,6 @@ dataclass and the function beside the code it drives and add one line to the tab
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import re
 import sys
@@ -21,6 +20,7 @@ from jsonargparse import ArgumentParser
 
 from bytedistill import check_teacher, dump, export, generate, push, score, store, threads, train
 from bytedistill.config import check_config_files, config_files_first, config_from_namespace, config_parser, error_line
+from bytestream.config_fields import leaves
 from bytestream.errors import UserError
 
 # subcommand -> function(config) -> exit status, in the order a user meets them
@@ -67,7 +67,7 @@ def _without_command_prefix(message: str, name: str | None) -> str:
     """Drop the ``dump.`` that jsonargparse puts before a subcommand's option names."""
     if name is None:
         return message
-    fields = "|".join(f.name for f in dataclasses.fields(config_class(COMMANDS[name])))
+    fields = "|".join(leaf.name for leaf in leaves(config_class(COMMANDS[name])))
     return re.sub(rf"\b{re.escape(name)}\.(?=({fields})\b)", "", message)
 
 

@@ -1,14 +1,18 @@
 """Typed dataclass configs that come from CLI flags, a YAML/JSON file, or both.
 
-Each command declares one plain dataclass; :func:`config_parser` turns its fields into a
-``jsonargparse`` parser, which coerces every value to the field's type (from flags and from files
-alike: ``lr: 3e-4`` in YAML is a float), refuses unknown keys, reads ``--config FILE`` (flags win,
-wherever they stand) and writes a run's full config with ``--print-config``. Field metadata drives the
-rest: ``help`` (the ``--help`` text), ``choices``, ``positional`` (an argument without a flag) and
-``range`` (a :class:`Range`: every numeric field has one; a value outside it is refused when parsed,
-in one line naming the flag, and ``--help`` shows it).
-Flags are the field names with dashes (``max_length`` -> ``--max-length``); a file may spell keys
-either way, and may give a list field one value without brackets (``train_stores: a`` is ``[a]``).
+Each command declares one dataclass, which may be composed of the dataclasses of the modules
+that read its settings; :func:`config_parser` turns its settings (the leaves,
+:mod:`bytestream.config_fields`) into the flat arguments of a ``jsonargparse`` parser, which
+coerces every value to the field's type (from flags and from files alike: ``lr: 3e-4`` in YAML is
+a float), refuses unknown keys, reads ``--config FILE`` (flags win, wherever they stand) and
+writes a run's full config with ``--print-config``. Field metadata drives the rest: ``help`` (the
+``--help`` text), ``choices``, ``positional`` (an argument without a flag) and ``range`` (a
+:class:`Range`: every numeric field has one; a value outside it is refused when parsed, in one
+line naming the flag, and ``--help`` shows it).
+Flags are the settings' flat names with dashes (``max_length`` -> ``--max-length``), never dotted
+paths into the groups, and :func:`config_from_namespace` builds the nested config back; a file has
+the same flat keys, may spell them either way, and may give a list field one value without
+brackets (``train_stores: a`` is ``[a]``).
 A ``--config`` file that is not UTF-8 or not valid YAML/JSON is refused in one line naming it.
 """
 
@@ -25,6 +29,7 @@ from typing import Any, TypeVar
 import yaml
 from jsonargparse import ActionConfigFile, ArgumentParser, Namespace, get_loader, set_loader
 
+from bytestream.config_fields import Leaf, from_flat, leaves
 from bytestream.errors import UserError
 from bytestream.ranges import check_ranges, flag_name
 
@@ -77,8 +82,9 @@ def _field_default(field: dataclasses.Field) -> Any:
     return field.default
 
 
-def _add_field(parser: ArgumentParser, field: dataclasses.Field, annotation: Any) -> None:
-    """One argument for one field; lists take space-separated values (``--end-of-text a b``)."""
+def _add_leaf(parser: ArgumentParser, leaf: Leaf) -> None:
+    """One argument for one setting; lists take space-separated values (``--end-of-text a b``)."""
+    field, annotation = leaf.field, leaf.annotation
     if "choices" in field.metadata:  # a Literal, so that --help names the choices, not a wrapper
         annotation = typing.Literal[tuple(field.metadata["choices"])]
     help_text = field.metadata.get("help")
@@ -92,14 +98,14 @@ def _add_field(parser: ArgumentParser, field: dataclasses.Field, annotation: Any
         kwargs.update(nargs="?", const=True)  # `--flag` alone means true; `--flag false` too
     default = _field_default(field)
     if field.metadata.get("positional") and default is dataclasses.MISSING:
-        parser.add_argument(field.name, **kwargs)
+        parser.add_argument(leaf.name, **kwargs)
     elif field.metadata.get("positional"):
         kwargs["nargs"] = "*" if item_type is not None else "?"
-        parser.add_argument(field.name, default=default, **kwargs)
+        parser.add_argument(leaf.name, default=default, **kwargs)
     elif default is dataclasses.MISSING:
-        parser.add_argument(flag_name(field.name), required=True, **kwargs)
+        parser.add_argument(flag_name(leaf.name), required=True, **kwargs)
     else:
-        parser.add_argument(flag_name(field.name), default=default, **kwargs)
+        parser.add_argument(flag_name(leaf.name), default=default, **kwargs)
 
 
 def _scalars_as_lists(loaded: Any, list_keys: frozenset[str]) -> Any:
@@ -112,24 +118,23 @@ def _scalars_as_lists(loaded: Any, list_keys: frozenset[str]) -> Any:
     }
 
 
-def _yaml_mode(config_cls: type, hints: dict[str, Any]) -> str:
+def _yaml_mode(config_cls: type) -> str:
     """A ``jsonargparse`` parser mode: its YAML loader, but a lone value for a list field is a one-item list."""
     mode = f"yaml:{config_cls.__module__}.{config_cls.__qualname__}"
-    list_keys = frozenset(f.name for f in dataclasses.fields(config_cls) if _list_item_type(hints[f.name]))
+    list_keys = frozenset(leaf.name for leaf in leaves(config_cls) if _list_item_type(leaf.annotation))
     yaml_load = get_loader("yaml")
     set_loader(mode, lambda text: _scalars_as_lists(yaml_load(text), list_keys))
     return mode
 
 
 def config_parser(config_cls: type, prog: str | None = None, description: str | None = None) -> ArgumentParser:
-    """A parser with one argument per field of ``config_cls``, ``--config`` and ``--print-config``."""
-    hints = typing.get_type_hints(config_cls)
+    """A parser with one argument per setting of ``config_cls``, ``--config`` and ``--print-config``."""
     parser = ArgumentParser(
         prog=prog,
         description=description,
         exit_on_error=False,
         print_config="--print-config",
-        parser_mode=_yaml_mode(config_cls, hints),
+        parser_mode=_yaml_mode(config_cls),
     )
     parser._negative_number_matcher = NEGATIVE_NUMBER
     parser.add_argument(
@@ -137,16 +142,16 @@ def config_parser(config_cls: type, prog: str | None = None, description: str | 
         action=ActionConfigFile,
         help="YAML or JSON file with any of the options below (flags win)",
     )
-    for field in dataclasses.fields(config_cls):
-        _add_field(parser, field, hints[field.name])
+    for leaf in leaves(config_cls):
+        _add_leaf(parser, leaf)
     return parser
 
 
 def config_from_namespace(config_cls: type[T], namespace: Namespace) -> T:
-    """The dataclass from a namespace that :func:`config_parser`'s parser produced, its ranges checked."""
-    values = {f.name: namespace[f.name] for f in dataclasses.fields(config_cls)}
+    """The (nested) dataclass from a namespace that :func:`config_parser`'s parser produced, its ranges checked."""
+    values = {leaf.name: namespace[leaf.name] for leaf in leaves(config_cls)}
     check_ranges(config_cls, values)
-    return config_cls(**values)
+    return from_flat(config_cls, values)
 
 
 def config_files_first(argv: Sequence[str]) -> list[str]:

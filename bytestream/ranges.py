@@ -1,15 +1,16 @@
 """The values a numeric config field accepts: a :class:`Range` in the field's ``range`` metadata.
 
 Library configs declare their ranges here, and :func:`check_ranges` refuses a value outside one in
-one line naming the flag (the command line checks the same ranges when it parses).
+one line naming the flag (the command line checks the same ranges when it parses); a composed
+config's ranges are its settings' (:mod:`bytestream.config_fields`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from bytestream.config_fields import leaves
 from bytestream.errors import UserError
 
 
@@ -58,8 +59,8 @@ def flag_name(field_name: str) -> str:
 
 
 def check_ranges(config_cls: type, values: dict[str, Any]) -> None:
-    """Refuse a numeric value outside its field's ``range``, naming the flag."""
-    for field in dataclasses.fields(config_cls):
-        allowed, value = field.metadata.get("range"), values.get(field.name)
+    """Refuse a numeric value outside its setting's ``range``, naming the flag; ``values`` by flat name."""
+    for leaf in leaves(config_cls):
+        allowed, value = leaf.field.metadata.get("range"), values.get(leaf.name)
         if allowed is not None and value is not None and value not in allowed:
-            raise UserError(f"{flag_name(field.name)} must be {allowed}, got {value}")
+            raise UserError(f"{flag_name(leaf.name)} must be {allowed}, got {value}")

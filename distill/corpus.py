@@ -23,25 +23,54 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from bytestream.errors import UserError
+from bytestream.ranges import COUNT, FRACTION
 from distill.corpus_files import RECORD_SUFFIXES, TEXT_SUFFIXES, CorpusListing, file_suffix, list_corpus, zstd_lines
 
 
 @dataclass
 class CorpusSpec:
-    source: str
-    text_field: str = "text"
-    separator: str | None = None
-    split: str = "train"  # for datasets.load_dataset
-    config: str | None = None  # dataset configuration name
-    streaming: bool = False
-    subset: str = "all"  # all | train | heldout: the deterministic held-out split
-    heldout_fraction: float = 0.0
-    max_docs: int | None = None
-    max_bytes: int | None = None
+    """Which documents to read: a source and a selection on top of it. As ``dump`` flags and config
+    keys: ``source`` is ``corpus``, ``split`` is ``dataset_split``, ``config`` is ``dataset_config``;
+    a store's manifest records the fields by their names here."""
+
+    source: str = field(
+        metadata={
+            "flag": "corpus",
+            "help": ".txt/.jsonl/.jsonl.zst/.parquet file or folder, a save_to_disk folder, or a dataset name",
+        }
+    )
+    text_field: str = field(
+        default="text", metadata={"help": "record field holding the text (jsonl, parquet, datasets)"}
+    )
+    separator: str | None = field(
+        default=None,
+        metadata={"help": "split .txt files into documents on this exact string (default: one document per file)"},
+    )
+    split: str = field(default="train", metadata={"flag": "dataset_split", "help": "split of a datasets source"})
+    config: str | None = field(
+        default=None, metadata={"flag": "dataset_config", "help": "configuration name of a datasets source"}
+    )
+    streaming: bool = field(default=False, metadata={"help": "stream a datasets source instead of downloading it"})
+    subset: str = field(
+        default="all",
+        metadata={
+            "help": "which side of the deterministic held-out split to distil",
+            "choices": ["all", "train", "heldout"],
+        },
+    )
+    heldout_fraction: float = field(
+        default=0.0,
+        metadata={"help": "fraction of documents (by a hash of their key) in the held-out side", "range": FRACTION},
+    )
+    max_docs: int | None = field(
+        default=None,
+        metadata={"help": "stop after this many documents (before the split across workers)", "range": COUNT},
+    )
+    max_bytes: int | None = field(default=None, metadata={"help": "stop after this many bytes of text", "range": COUNT})
 
 
 @dataclass

@@ -31,7 +31,7 @@ import torch
 from tqdm.auto import tqdm
 
 from bytestream.errors import UserError
-from bytestream.ranges import COUNT, FRACTION, NON_NEGATIVE, at_least
+from bytestream.ranges import COUNT, NON_NEGATIVE, at_least
 from bytestream.stream import StreamLayout
 from distill import dump_memory
 from distill.convert import Converter, DocumentDistributions
@@ -53,9 +53,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 @dataclass
 class DumpConfig:
     teacher: str = field(metadata={"help": "teacher: a model folder, a Hub id, or a .gguf file"})
-    corpus: str = field(
-        metadata={"help": ".txt/.jsonl/.jsonl.zst/.parquet file or folder, a save_to_disk folder, or a dataset name"}
-    )
+    corpus: CorpusSpec  # the flags --corpus, --text-field … --max-bytes
     output: str = field(metadata={"help": "store directory to write (rerun the same command to resume)"})
     tokenizer: str | None = field(
         default=None, metadata={"help": "tokenizer source if not the teacher's own (folder, tokenizer.json, .gguf)"}
@@ -67,32 +65,6 @@ class DumpConfig:
             "help": "end-of-text token(s) whose mass becomes <eos> (default: the usual names + the tokenizer's eos)"
         },
     )
-    text_field: str = field(
-        default="text", metadata={"help": "record field holding the text (jsonl, parquet, datasets)"}
-    )
-    separator: str | None = field(
-        default=None,
-        metadata={"help": "split .txt files into documents on this exact string (default: one document per file)"},
-    )
-    dataset_split: str = field(default="train", metadata={"help": "split of a datasets source"})
-    dataset_config: str | None = field(default=None, metadata={"help": "configuration name of a datasets source"})
-    streaming: bool = field(default=False, metadata={"help": "stream a datasets source instead of downloading it"})
-    subset: str = field(
-        default="all",
-        metadata={
-            "help": "which side of the deterministic held-out split to distil",
-            "choices": ["all", "train", "heldout"],
-        },
-    )
-    heldout_fraction: float = field(
-        default=0.0,
-        metadata={"help": "fraction of documents (by a hash of their key) in the held-out side", "range": FRACTION},
-    )
-    max_docs: int | None = field(
-        default=None,
-        metadata={"help": "stop after this many documents (before the split across workers)", "range": COUNT},
-    )
-    max_bytes: int | None = field(default=None, metadata={"help": "stop after this many bytes of text", "range": COUNT})
     max_length: int = field(
         default=2048, metadata={"help": "teacher window length in tokens, its BOS included", "range": at_least(2)}
     )
@@ -301,21 +273,6 @@ class PendingDocument:
         return slice(int(self.layout.offsets[p0]), int(self.layout.offsets[p1]))
 
 
-def corpus_spec(config: DumpConfig) -> CorpusSpec:
-    return CorpusSpec(
-        source=config.corpus,
-        text_field=config.text_field,
-        separator=config.separator,
-        split=config.dataset_split,
-        config=config.dataset_config,
-        streaming=config.streaming,
-        subset=config.subset,
-        heldout_fraction=config.heldout_fraction,
-        max_docs=config.max_docs,
-        max_bytes=config.max_bytes,
-    )
-
-
 def store_settings(config: DumpConfig, teacher: Teacher, writers: int) -> dict:
     """What determines the store's values and which writer holds which document: recorded in
     the manifest, compared on resume."""
@@ -325,7 +282,7 @@ def store_settings(config: DumpConfig, teacher: Teacher, writers: int) -> dict:
         "context_prefix": teacher.context_prefix,
         "teacher_dtype": str(teacher.dtype).removeprefix("torch."),
         "end_of_text_ids": list(teacher.vocab.end_of_text_ids),
-        "corpus": {k: v for k, v in asdict(corpus_spec(config)).items() if k != "source"},
+        "corpus": {k: v for k, v in asdict(config.corpus).items() if k != "source"},
         "writers": writers,
         "corpus_pieces": pieces_settings(),
     } | ({"max_document_bytes": config.max_document_bytes} if config.max_document_bytes is not None else {})
@@ -381,7 +338,7 @@ def run_dump(config: DumpConfig) -> DumpSummary:
     from accelerate import PartialState
 
     _validate(config)
-    check_source(corpus_spec(config))
+    check_source(config.corpus)
     check_store_files(Path(config.output))  # before the teacher loads: a refusal is quick
     started = time.perf_counter()
     state = PartialState(cpu=config.device == "cpu" or not torch.cuda.is_available())
@@ -406,7 +363,7 @@ def dump_with_teacher(
     build random teachers in memory); ``started`` is when the setup began."""
     _validate(config)
     dump_memory.return_freed_blocks()
-    spec = corpus_spec(config)
+    spec = config.corpus
     started = time.perf_counter() if started is None else started
     num_writers = _store_writers(config, workers)
     mine = writers_of(worker, workers, num_writers)

@@ -1,8 +1,10 @@
 """The two student architectures, chosen at training time (``train --architecture``): ``flat``, a
 stock Llama over symbols (:mod:`students.model`, no remote code), and ``patched``, the
 ``<eot>``-patched hierarchical student (:mod:`students.patched_model`). Both take the same size
-presets by name; this module builds either from the training config, tells a checkpoint's
-architecture from its ``config.json`` (``model_type``) and refuses to mix them.
+presets by name; this module declares the student's shape as training sets it
+(:class:`StudentShape`, the ``train`` flags ``--architecture`` … ``--local-window``), builds
+either from it, tells a checkpoint's architecture from its ``config.json`` (``model_type``) and
+refuses to mix them.
 
 Importing it registers the patched student with ``AutoConfig`` / ``AutoModelForCausalLM``, so the
 library loads exported patched folders with its own class and no remote code.
@@ -10,13 +12,14 @@ library loads exported patched folders with its own class and no remote code.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from bytestream.alphabet import BOS
 from bytestream.errors import UserError, first_line
+from bytestream.ranges import COUNT, POSITIVE
 from students.checkpoints import STATE_ERRORS, read_json
 from students.model import PRESETS, build_student, student_config
 from students.patched_model import PatchedStudent, PatchedStudentConfig
@@ -27,6 +30,49 @@ MODELING_FILE = "modeling_bytedistill_patched.py"
 
 AutoConfig.register(PatchedStudentConfig.model_type, PatchedStudentConfig, exist_ok=True)
 AutoModelForCausalLM.register(PatchedStudentConfig, PatchedStudent, exist_ok=True)
+
+
+@dataclass
+class StudentShape:
+    """The student to train: its architecture, a size preset and any sizes that override it."""
+
+    architecture: str = field(
+        default="flat",
+        metadata={
+            "help": "flat: a Llama over symbols; patched: a global model over the teacher's tokens with a local "
+            "byte encoder and decoder",
+            "choices": list(ARCHITECTURES),
+        },
+    )
+    preset: str = field(default="small", metadata={"help": "student size preset", "choices": list(PRESETS)})
+    hidden_size: int | None = field(
+        default=None, metadata={"help": "override the preset's hidden size", "range": COUNT}
+    )
+    num_layers: int | None = field(
+        default=None, metadata={"help": "override the preset's number of layers", "range": COUNT}
+    )
+    num_heads: int | None = field(
+        default=None, metadata={"help": "override the preset's attention heads", "range": COUNT}
+    )
+    num_kv_heads: int | None = field(
+        default=None, metadata={"help": "key/value heads (grouped-query attention)", "range": COUNT}
+    )
+    intermediate_size: int | None = field(
+        default=None, metadata={"help": "override the preset's MLP width", "range": COUNT}
+    )
+    max_positions: int | None = field(
+        default=None, metadata={"help": "model's maximum positions (default: seq_len)", "range": COUNT}
+    )
+    rope_theta: float = field(default=10000.0, metadata={"help": "rotary embedding base", "range": POSITIVE})
+    local_hidden_size: int | None = field(
+        default=None, metadata={"help": "patched: the local layers' width", "range": COUNT}
+    )
+    local_layers: int | None = field(
+        default=None, metadata={"help": "patched: local encoder (= decoder) layers", "range": COUNT}
+    )
+    local_window: int | None = field(
+        default=None, metadata={"help": "patched: symbols a local layer attends to", "range": COUNT}
+    )
 
 
 @dataclass(frozen=True)
@@ -88,31 +134,32 @@ def patched_config(
         raise UserError(f"patched student: {exc}") from exc
 
 
-def build_from_train_config(config) -> object:
-    """A freshly initialised student of ``config.architecture`` (seeded by ``config.seed``)."""
+def build_student_of_shape(shape: StudentShape, *, seq_len: int, seed: int) -> object:
+    """A freshly initialised student of ``shape``, seeded by ``seed``; its positions are
+    ``shape.max_positions``, else ``seq_len``."""
     sizes = {
-        "hidden_size": config.hidden_size,
-        "num_layers": config.num_layers,
-        "num_heads": config.num_heads,
-        "intermediate_size": config.intermediate_size,
-        "max_positions": config.max_positions or config.seq_len,
-        "rope_theta": config.rope_theta,
+        "hidden_size": shape.hidden_size,
+        "num_layers": shape.num_layers,
+        "num_heads": shape.num_heads,
+        "intermediate_size": shape.intermediate_size,
+        "max_positions": shape.max_positions or seq_len,
+        "rope_theta": shape.rope_theta,
     }
-    if config.architecture == "flat":
-        model_config = student_config(config.preset, num_kv_heads=config.num_kv_heads, **sizes)
-        return build_student(model_config, seed=config.seed)
-    if config.num_kv_heads is not None:
+    if shape.architecture == "flat":
+        model_config = student_config(shape.preset, num_kv_heads=shape.num_kv_heads, **sizes)
+        return build_student(model_config, seed=seed)
+    if shape.num_kv_heads is not None:
         raise UserError("--num-kv-heads applies to the flat student only")
     model_config = patched_config(
-        config.preset,
-        local_hidden_size=config.local_hidden_size,
-        local_layers=config.local_layers,
-        local_window=config.local_window,
+        shape.preset,
+        local_hidden_size=shape.local_hidden_size,
+        local_layers=shape.local_layers,
+        local_window=shape.local_window,
         **sizes,
     )
     import torch
 
-    torch.manual_seed(config.seed)
+    torch.manual_seed(seed)
     return PatchedStudent(model_config)
 
 

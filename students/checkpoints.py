@@ -6,7 +6,8 @@ when), ``data_position_rank<r>.json`` (each rank's epoch and batches consumed in
 trainer_state.json, written last: it marks the checkpoint complete. A checkpoint is written as
 ``step-00001000.partial`` and renamed when complete, so a save that fails (a full disk) leaves the
 newest complete checkpoint as it was and removes its partial files. A file of a checkpoint that
-does not read (truncated, not JSON) is refused in one line naming it.
+does not read (truncated, not JSON) is refused in one line naming it. :class:`CheckpointConfig`
+says how often training saves one and how many it keeps (``--checkpoint-every``, ``--keep-checkpoints``).
 """
 
 from __future__ import annotations
@@ -17,13 +18,14 @@ import json
 import logging
 import pickle
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from safetensors import SafetensorError
 
 from bytestream.errors import UserError, first_line
+from bytestream.ranges import NON_NEGATIVE
 
 CHECKPOINTS = "checkpoints"
 METRICS = "metrics.jsonl"
@@ -34,6 +36,28 @@ MODEL_CONFIG = "config.json"
 STEP_GLOB = "step-*[0-9]"  # a checkpoint's folder; not step-….partial, one being written
 # what torch, safetensors and pickle raise for a file that is truncated or not theirs, or a full disk
 STATE_ERRORS = (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError, SafetensorError)
+
+
+@dataclass
+class CheckpointConfig:
+    """How often training saves a checkpoint and how many of the newest it keeps."""
+
+    every: int = field(
+        default=1000,
+        metadata={
+            "flag": "checkpoint_every",
+            "help": "save a checkpoint every N steps (0: only at the end)",
+            "range": NON_NEGATIVE,
+        },
+    )
+    keep: int = field(
+        default=3,
+        metadata={
+            "flag": "keep_checkpoints",
+            "help": "keep only the newest N checkpoints (0: keep all)",
+            "range": NON_NEGATIVE,
+        },
+    )
 
 
 @dataclass

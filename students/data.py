@@ -1,6 +1,7 @@
-"""Where the trainer's batches come from, and where in them it stands.
+"""Where the trainer's batches come from, how large they are, and where in them it stands.
 
-A :class:`DataSource` builds a :class:`students.dataset.SplitBatches` (the logit stores by
+:class:`BatchConfig` sizes the batches (the ``train`` flags ``--seq-len`` … ``--num-workers``). A
+:class:`DataSource` builds a :class:`students.dataset.SplitBatches` (the logit stores by
 default, tests plug in :mod:`students.synthetic`); :class:`BatchStream` turns it into endless
 micro-batches over epochs and remembers the position (epoch, batches consumed in the epoch) that
 a checkpoint saves and a resumed run seeks to.
@@ -9,7 +10,7 @@ a checkpoint saves and a resumed run seeks to.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,25 @@ import torch
 
 from bytestream.alphabet import NUM_BYTES
 from bytestream.errors import UserError
+from bytestream.ranges import COUNT, NON_NEGATIVE, at_least
 from students.dataset import SplitBatches
+
+
+@dataclass
+class BatchConfig:
+    """The training batches: sequences of ``seq_len`` symbols, ``batch_size`` of them per micro-batch
+    and process, ``grad_accum`` micro-batches per optimizer step."""
+
+    seq_len: int = field(default=512, metadata={"help": "symbols per training sequence", "range": at_least(2)})
+    batch_size: int = field(default=16, metadata={"help": "sequences per micro-batch per process", "range": COUNT})
+    grad_accum: int = field(default=1, metadata={"help": "micro-batches per optimizer step", "range": COUNT})
+    num_workers: int = field(
+        default=0,
+        metadata={
+            "help": "data loader worker processes per process (decode the store in parallel)",
+            "range": NON_NEGATIVE,
+        },
+    )
 
 
 @dataclass

@@ -7,21 +7,46 @@ the stored distributions; the KL is KL(teacher ‖ student) summed over the stre
 
 Exact for any number of processes: each rank reads its own splits of the held-out store (each
 position in exactly one), ranks with fewer batches run fully masked ones so that all run the same
-number of forward passes, and the sums are added once at the end.
+number of forward passes, and the sums are added once at the end. :class:`EvalConfig` says when
+training evaluates and on how much of the held-out store (``--eval-every``, ``--eval-bytes``).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from bytestream.alphabet import ALPHABET_SIZE, PAD
 from bytestream.errors import UserError
+from bytestream.ranges import NON_NEGATIVE
 from students.data import to_device, utf8_bytes
 from students.dataset import SplitBatches
 from students.loss import kl_per_position
+
+
+@dataclass
+class EvalConfig:
+    """When training evaluates (every ``every`` steps) and on how many held-out symbols."""
+
+    every: int = field(
+        default=500,
+        metadata={
+            "flag": "eval_every",
+            "help": "evaluate every N steps (0: only at start and end)",
+            "range": NON_NEGATIVE,
+        },
+    )
+    max_symbols: int = field(
+        default=1_000_000,
+        metadata={
+            "flag": "eval_bytes",
+            "help": "evaluate on the held-out documents, in store order, "
+            "until their streams reach about this many symbols (0: all)",
+            "range": NON_NEGATIVE,
+        },
+    )
 
 
 @dataclass

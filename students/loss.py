@@ -7,17 +7,33 @@ Per target position::
 over the full 260-way distribution (never top-k). With temperature T the student is
 ``log_softmax(logits / T)`` and the teacher is ``p^(1/T)`` renormalised; positions where the
 teacher gives a symbol probability 0 contribute 0 to the KL. Only positions in ``loss_mask``
-count, and the sums are divided once by the number of those positions.
+count, and the sums are divided once by the number of those positions. :class:`LossConfig` holds
+α and T as training sets them (``--alpha``, ``--temperature``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
 from bytestream.errors import UserError
+from bytestream.ranges import FRACTION, POSITIVE
+
+
+@dataclass
+class LossConfig:
+    """α and T of the loss (the formula above)."""
+
+    alpha: float = field(
+        default=1.0,
+        metadata={
+            "help": "weight of KL(teacher||student); 1-alpha weighs cross-entropy; 0 = baseline",
+            "range": FRACTION,
+        },
+    )
+    temperature: float = field(default=1.0, metadata={"help": "distillation temperature", "range": POSITIVE})
 
 
 @dataclass

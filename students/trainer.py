@@ -3,11 +3,16 @@
 One loop for one CPU, one GPU or many (``accelerate launch``: DDP, or FSDP via an accelerate
 config); ``train`` reads top to bottom: start (or resume) a run, then train steps, evaluations
 and checkpoints until a limit, then finish. Each rank reads its own splits of the stores
-(:mod:`students.dataset`; the loader is not re-sharded by accelerate). Optimiser: AdamW;
-learning rate: linear warm-up times a cosine decay to ``min_lr`` over the run's progress (steps or
-training bytes, whichever limit is nearer), computed from the step and byte counters so that a
-resumed run needs no scheduler state. With ``mixed_precision`` the forward runs under autocast;
-the loss is computed in float32.
+(:mod:`students.dataset`; the loader is not re-sharded by accelerate). Optimiser and schedule:
+:mod:`students.optim`, the run's progress being the nearer of the step and training-byte limits,
+computed from the step and byte counters so that a resumed run needs no scheduler state. With
+``mixed_precision`` the forward runs under autocast; the loss is computed in float32.
+
+:class:`TrainConfig` is composed of the settings of the modules that read them: the student's
+shape (:mod:`students.architectures`), the batches (:mod:`students.data`), the optimiser
+(:mod:`students.optim`), the loss (:mod:`students.loss`), evaluation (:mod:`students.evaluation`),
+checkpoints (:mod:`students.checkpoints`) and logging (here); run_info.json records its flat
+settings (:func:`bytestream.config_fields.flat_values`), as the flags name them.
 
 Output directory::
 
@@ -31,7 +36,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -40,12 +44,14 @@ from typing import Any
 
 import torch
 
+from bytestream.config_fields import flat_values
 from bytestream.errors import UserError
-from bytestream.ranges import COUNT, FRACTION, NON_NEGATIVE, POSITIVE, SEED, at_least, check_ranges
-from students.architectures import ARCHITECTURES, build_from_train_config, require_architecture
+from bytestream.ranges import COUNT, SEED, check_ranges
+from students.architectures import StudentShape, build_student_of_shape, require_architecture
 from students.checkpoints import (
     METRICS,
     RUN_INFO,
+    CheckpointConfig,
     TrainerState,
     checkpoint_dir,
     keep_metrics_until,
@@ -57,80 +63,41 @@ from students.checkpoints import (
     write_json,
 )
 from students.cost import StreamRates, student_cost, summary_line
-from students.data import STORE_SOURCE, BatchStream, DataSource, to_device, utf8_bytes
+from students.data import STORE_SOURCE, BatchConfig, BatchStream, DataSource, to_device, utf8_bytes
 from students.dataset import SplitBatches
-from students.evaluation import EvalMetrics, evaluate
-from students.loss import distill_loss
-from students.model import PRESETS, count_parameters
+from students.evaluation import EvalConfig, EvalMetrics, evaluate
+from students.loss import LossConfig, distill_loss
+from students.model import count_parameters
+from students.optim import OptimConfig, adamw, learning_rate
 from students.run_directory import TRACKER, claim, refuse_foreign, run_lock
 
 
 @dataclass
+class LogConfig:
+    """What training logs, how often, and where."""
+
+    every: int = field(
+        default=10, metadata={"flag": "log_every", "help": "log training loss every N steps", "range": COUNT}
+    )
+    dir: str | None = field(
+        default=None, metadata={"flag": "log_dir", "help": "TensorBoard directory (default: OUTPUT_DIR/logs)"}
+    )
+    wandb_project: str | None = field(default=None, metadata={"help": "also log to this wandb project (needs wandb)"})
+    progress: bool = field(default=True, metadata={"help": "show a progress bar"})
+
+
+@dataclass
 class TrainConfig:
+    """A training run, composed of the settings of the modules that read them; its flags and
+    config-file keys are the flat names of :mod:`bytestream.config_fields` (``--lr``, not ``--optim.lr``)."""
+
     train_stores: list[str] = field(metadata={"help": "logit store directories to train on"})
     output_dir: str = field(metadata={"help": "directory for checkpoints, metrics.jsonl, run_info.json and logs"})
     eval_store: str | None = field(default=None, metadata={"help": "held-out logit store for periodic evaluation"})
-    # student
-    architecture: str = field(
-        default="flat",
-        metadata={
-            "help": "flat: a Llama over symbols; patched: a global model over the teacher's tokens with a local "
-            "byte encoder and decoder",
-            "choices": list(ARCHITECTURES),
-        },
-    )
-    preset: str = field(default="small", metadata={"help": "student size preset", "choices": list(PRESETS)})
-    hidden_size: int | None = field(
-        default=None, metadata={"help": "override the preset's hidden size", "range": COUNT}
-    )
-    num_layers: int | None = field(
-        default=None, metadata={"help": "override the preset's number of layers", "range": COUNT}
-    )
-    num_heads: int | None = field(
-        default=None, metadata={"help": "override the preset's attention heads", "range": COUNT}
-    )
-    num_kv_heads: int | None = field(
-        default=None, metadata={"help": "key/value heads (grouped-query attention)", "range": COUNT}
-    )
-    intermediate_size: int | None = field(
-        default=None, metadata={"help": "override the preset's MLP width", "range": COUNT}
-    )
-    max_positions: int | None = field(
-        default=None, metadata={"help": "model's maximum positions (default: seq_len)", "range": COUNT}
-    )
-    rope_theta: float = field(default=10000.0, metadata={"help": "rotary embedding base", "range": POSITIVE})
-    local_hidden_size: int | None = field(
-        default=None, metadata={"help": "patched: the local layers' width", "range": COUNT}
-    )
-    local_layers: int | None = field(
-        default=None, metadata={"help": "patched: local encoder (= decoder) layers", "range": COUNT}
-    )
-    local_window: int | None = field(
-        default=None, metadata={"help": "patched: symbols a local layer attends to", "range": COUNT}
-    )
-    # data and batch
-    seq_len: int = field(default=512, metadata={"help": "symbols per training sequence", "range": at_least(2)})
-    batch_size: int = field(default=16, metadata={"help": "sequences per micro-batch per process", "range": COUNT})
-    grad_accum: int = field(default=1, metadata={"help": "micro-batches per optimizer step", "range": COUNT})
-    num_workers: int = field(
-        default=0,
-        metadata={
-            "help": "data loader worker processes per process (decode the store in parallel)",
-            "range": NON_NEGATIVE,
-        },
-    )
-    # optimisation
-    lr: float = field(default=1e-3, metadata={"help": "peak learning rate", "range": POSITIVE})
-    min_lr: float = field(
-        default=1e-4, metadata={"help": "learning rate at the end of the cosine decay", "range": NON_NEGATIVE}
-    )
-    warmup_steps: int = field(default=100, metadata={"help": "linear warm-up steps", "range": NON_NEGATIVE})
-    weight_decay: float = field(
-        default=0.1, metadata={"help": "AdamW weight decay (matrices only)", "range": NON_NEGATIVE}
-    )
-    grad_clip: float = field(
-        default=1.0, metadata={"help": "clip the gradient norm to this (0: off)", "range": NON_NEGATIVE}
-    )
+    student: StudentShape = field(default_factory=StudentShape)
+    batches: BatchConfig = field(default_factory=BatchConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    # the run's length: the schedule runs to the nearer of the two limits
     max_steps: int | None = field(
         default=None, metadata={"help": "stop after this many optimizer steps", "range": COUNT}
     )
@@ -144,38 +111,11 @@ class TrainConfig:
             "range": COUNT,
         },
     )
-    # loss
-    alpha: float = field(
-        default=1.0,
-        metadata={
-            "help": "weight of KL(teacher||student); 1-alpha weighs cross-entropy; 0 = baseline",
-            "range": FRACTION,
-        },
-    )
-    temperature: float = field(default=1.0, metadata={"help": "distillation temperature", "range": POSITIVE})
-    # evaluation, checkpoints, logs
-    eval_every: int = field(
-        default=500, metadata={"help": "evaluate every N steps (0: only at start and end)", "range": NON_NEGATIVE}
-    )
-    eval_bytes: int = field(
-        default=1_000_000,
-        metadata={
-            "help": "evaluate on the held-out documents, in store order, "
-            "until their streams reach about this many symbols (0: all)",
-            "range": NON_NEGATIVE,
-        },
-    )
-    checkpoint_every: int = field(
-        default=1000, metadata={"help": "save a checkpoint every N steps (0: only at the end)", "range": NON_NEGATIVE}
-    )
-    keep_checkpoints: int = field(
-        default=3, metadata={"help": "keep only the newest N checkpoints (0: keep all)", "range": NON_NEGATIVE}
-    )
-    log_every: int = field(default=10, metadata={"help": "log training loss every N steps", "range": COUNT})
-    log_dir: str | None = field(default=None, metadata={"help": "TensorBoard directory (default: OUTPUT_DIR/logs)"})
-    wandb_project: str | None = field(default=None, metadata={"help": "also log to this wandb project (needs wandb)"})
-    progress: bool = field(default=True, metadata={"help": "show a progress bar"})
-    # run
+    loss: LossConfig = field(default_factory=LossConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    checkpoints: CheckpointConfig = field(default_factory=CheckpointConfig)
+    logging: LogConfig = field(default_factory=LogConfig)
+    # the run
     seed: int = field(default=0, metadata={"help": "seed for initialisation and data order", "range": SEED})
     mixed_precision: str = field(default="no", metadata={"help": "mixed precision", "choices": ["no", "fp16", "bf16"]})
     resume: str | None = field(
@@ -193,24 +133,18 @@ class TrainConfig:
             raise UserError("give at least one --train-stores directory")
         if self.max_steps is None and self.max_train_bytes is None:
             raise UserError("give --max-steps or --max-train-bytes")
-        check_ranges(type(self), vars(self))  # a library caller gets the parser's checks too
-        if self.max_positions is not None and self.seq_len > self.max_positions:
-            raise UserError(f"--seq-len {self.seq_len} is more than the model's --max-positions {self.max_positions}")
-        if self.min_lr > self.lr:
-            raise UserError(f"--min-lr {self.min_lr:g} is more than the peak --lr {self.lr:g}")
+        check_ranges(type(self), flat_values(self))  # a library caller gets the parser's checks too
+        seq_len, max_positions = self.batches.seq_len, self.student.max_positions
+        if max_positions is not None and seq_len > max_positions:
+            raise UserError(f"--seq-len {seq_len} is more than the model's --max-positions {max_positions}")
+        if self.optim.min_lr > self.optim.lr:
+            raise UserError(f"--min-lr {self.optim.min_lr:g} is more than the peak --lr {self.optim.lr:g}")
         if self.eval_store is not None and Path(self.eval_store).resolve() in {
             Path(s).resolve() for s in self.train_stores
         }:
             raise UserError(f"--eval-store {self.eval_store} is also a --train-stores store: hold out another store")
         if self.overwrite and self.resume is not None:
             raise UserError("give --resume to continue the run in --output-dir or --overwrite to replace it, not both")
-
-
-def learning_rate(config: TrainConfig, step: int, progress: float) -> float:
-    """Linear warm-up over ``warmup_steps`` times a cosine from ``lr`` to ``min_lr`` over progress 0..1."""
-    warmup = min(1.0, step / config.warmup_steps) if config.warmup_steps > 0 else 1.0
-    cosine = 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
-    return warmup * (config.min_lr + (config.lr - config.min_lr) * cosine)
 
 
 def progress(config: TrainConfig, step: int, train_bytes: int) -> float:
@@ -265,7 +199,7 @@ class TrainResult:
 def train(config: TrainConfig, source: DataSource = STORE_SOURCE) -> TrainResult:
     """Train (or resume) a student as ``config`` says; returns where it ended."""
     output_dir = Path(config.output_dir)
-    accelerator = _accelerator(config, Path(config.log_dir) if config.log_dir else output_dir / "logs")
+    accelerator = _accelerator(config, Path(config.logging.dir) if config.logging.dir else output_dir / "logs")
     with ExitStack() as held:
         run_id = None
         if accelerator.is_main_process:
@@ -287,11 +221,11 @@ def train_session(config: TrainConfig, source: DataSource, accelerator: Any, run
     while not _done(config, run.state):
         stats = train_step(run)
         step = run.state.step
-        if step % config.log_every == 0:
+        if step % config.logging.every == 0:
             log_training(run, stats)
-        if config.eval_every and step % config.eval_every == 0:
+        if config.eval.every and step % config.eval.every == 0:
             evaluate_and_record(run)
-        if config.checkpoint_every and step % config.checkpoint_every == 0:
+        if config.checkpoints.every and step % config.checkpoints.every == 0:
             last_checkpoint = save(run)
         if config.stop_at_step is not None and step >= config.stop_at_step and not _done(config, run.state):
             break
@@ -325,13 +259,13 @@ def start_run(config: TrainConfig, source: DataSource, accelerator: Any) -> tupl
     common = {
         "rank": accelerator.process_index,
         "world_size": accelerator.num_processes,
-        "num_workers": config.num_workers,
+        "num_workers": config.batches.num_workers,
     }
     train_set = source.build(
         config.train_stores,
-        config.seq_len,
-        config.batch_size,
-        with_teacher=config.alpha > 0,
+        config.batches.seq_len,
+        config.batches.batch_size,
+        with_teacher=config.loss.alpha > 0,
         teacher_dtype="float16",
         shuffle=True,
         seed=config.seed,
@@ -342,30 +276,30 @@ def start_run(config: TrainConfig, source: DataSource, accelerator: Any) -> tupl
     if config.eval_store is not None:
         eval_set = source.build(
             [config.eval_store],
-            config.seq_len,
-            config.batch_size,
+            config.batches.seq_len,
+            config.batches.batch_size,
             with_teacher=True,
             teacher_dtype="float32",
             shuffle=False,
             seed=0,
-            max_symbols=config.eval_bytes,
+            max_symbols=config.eval.max_symbols,
             **common,
         )
         require_one_teacher(train_set, eval_set, config.eval_store)
     state, position = TrainerState(), {"epoch": 0, "batches": 0}
     resume_from = resolve_resume(config.resume, output_dir)
     if resume_from is not None:
-        require_architecture(resume_from, config.architecture)
+        require_architecture(resume_from, config.student.architecture)
         state, position = load_checkpoint(accelerator, model, resume_from, train_set.order_settings())
         if accelerator.is_main_process:
             keep_metrics_until(output_dir / METRICS, state.step)
     accelerator.init_trackers(TRACKER, config=_hparams(config))
     data = source.describe(config.train_stores)
-    accelerator.print(summary_line(student_cost(accelerator.unwrap_model(model)), _rates(data), config.seq_len))
+    accelerator.print(summary_line(student_cost(accelerator.unwrap_model(model)), _rates(data), config.batches.seq_len))
     bar = tqdm(
         total=config.max_steps,
         initial=state.step,
-        disable=not (config.progress and accelerator.is_main_process),
+        disable=not (config.logging.progress and accelerator.is_main_process),
         unit="step",
         dynamic_ncols=True,
     )
@@ -388,12 +322,12 @@ def start_run(config: TrainConfig, source: DataSource, accelerator: Any) -> tupl
 def train_step(run: Run) -> StepStats:
     """One optimizer step over ``grad_accum`` micro-batches; advances the step and byte counters."""
     config, accelerator, model, optimizer, state = run.config, run.accelerator, run.model, run.optimizer, run.state
-    lr = learning_rate(config, state.step + 1, progress(config, state.step, state.train_bytes))
+    lr = learning_rate(config.optim, state.step + 1, progress(config, state.step, state.train_bytes))
     for group in optimizer.param_groups:
         group["lr"] = lr
     sums = {name: torch.zeros((), device=accelerator.device) for name in ("total", "kl", "ce")}
     step_bytes = torch.zeros((), dtype=torch.int64, device=accelerator.device)
-    for _ in range(config.grad_accum):
+    for _ in range(config.batches.grad_accum):
         batch = to_device(next(run.stream), accelerator.device)
         with accelerator.accumulate(model):
             logits = model(input_ids=batch["input_ids"], use_cache=False).logits
@@ -402,12 +336,12 @@ def train_step(run: Run) -> StepStats:
                 batch["target_ids"],
                 batch["loss_mask"],
                 batch.get("target_probs"),
-                alpha=config.alpha,
-                temperature=config.temperature,
+                alpha=config.loss.alpha,
+                temperature=config.loss.temperature,
             )
             accelerator.backward(out.total)
-            if accelerator.sync_gradients and config.grad_clip > 0:
-                accelerator.clip_grad_norm_(model.parameters(), config.grad_clip)
+            if accelerator.sync_gradients and config.optim.grad_clip > 0:
+                accelerator.clip_grad_norm_(model.parameters(), config.optim.grad_clip)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
         for name in sums:
@@ -420,7 +354,7 @@ def train_step(run: Run) -> StepStats:
     state.step += 1
     state.train_bytes += added
     run.window = (run.window[0], run.window[1] + added)
-    losses = {name: value / config.grad_accum for name, value in sums.items()}
+    losses = {name: value / config.batches.grad_accum for name, value in sums.items()}
     run.losses[state.step] = float(losses["total"])
     run.bar.update(1)
     return StepStats(lr, losses)
@@ -439,7 +373,7 @@ def log_training(run: Run, stats: StepStats) -> None:
         "train/bytes": run.state.train_bytes,
         "train/bytes_per_s": rate,
     }
-    if run.config.alpha > 0:
+    if run.config.loss.alpha > 0:
         values["train/kl"] = float(mean["kl"])
     run.accelerator.log(values, step=run.state.step)
     run.bar.set_postfix(loss=f"{float(mean['total']):.4f}", bytes_s=f"{rate:,.0f}")
@@ -449,7 +383,7 @@ def evaluate_and_record(run: Run) -> EvalMetrics | None:
     """Evaluate on the held-out store (if any); log, append to metrics.jsonl, remember as last_eval."""
     if run.eval_set is None:
         return None
-    metrics = evaluate(run.model, run.accelerator, run.eval_set, run.config.seq_len)
+    metrics = evaluate(run.model, run.accelerator, run.eval_set, run.config.batches.seq_len)
     state = run.state
     state.last_eval = {"step": state.step, "train_bytes": state.train_bytes, **dataclasses.asdict(metrics)}
     run.accelerator.log({f"eval/{k}": v for k, v in dataclasses.asdict(metrics).items()}, step=state.step)
@@ -491,7 +425,7 @@ def save(run: Run) -> Path:
         run_info(run),
     )
     if run.accelerator.is_main_process:
-        prune_checkpoints(run.output_dir, run.config.keep_checkpoints)
+        prune_checkpoints(run.output_dir, run.config.checkpoints.keep)
     return path
 
 
@@ -508,7 +442,7 @@ def run_info(run: Run) -> dict[str, Any]:
     model = run.accelerator.unwrap_model(run.model)
     return {
         "run_id": run.run_id,
-        "config": dataclasses.asdict(run.config),
+        "config": flat_values(run.config),
         "data": run.data,
         "parameters": count_parameters(model),
         "student": dataclasses.asdict(student_cost(model)),
@@ -527,31 +461,26 @@ def _accelerator(config: TrainConfig, log_dir: Path):
     from accelerate.utils import ProjectConfiguration, is_wandb_available
 
     trackers = ["tensorboard"]
-    if config.wandb_project:
+    if config.logging.wandb_project:
         if not is_wandb_available():
             raise UserError("--wandb-project needs wandb installed (pip install wandb)")
         trackers.append("wandb")
     return Accelerator(
         mixed_precision=config.mixed_precision,
-        gradient_accumulation_steps=config.grad_accum,
+        gradient_accumulation_steps=config.batches.grad_accum,
         log_with=trackers,
         project_config=ProjectConfiguration(project_dir=str(config.output_dir), logging_dir=str(log_dir)),
     )
 
 
 def _hparams(config: TrainConfig) -> dict[str, Any]:
-    """The config in the scalar types TensorBoard's hparams accept."""
-    return {
-        k: v if isinstance(v, (int, float, str, bool)) else json.dumps(v) for k, v in dataclasses.asdict(config).items()
-    }
+    """The config's settings in the scalar types TensorBoard's hparams accept."""
+    return {k: v if isinstance(v, (int, float, str, bool)) else json.dumps(v) for k, v in flat_values(config).items()}
 
 
 def _model_and_optimizer(config: TrainConfig) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-    model = build_from_train_config(config)
-    decay = [p for p in model.parameters() if p.ndim >= 2]
-    no_decay = [p for p in model.parameters() if p.ndim < 2]
-    groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return model, torch.optim.AdamW(groups, lr=config.lr, betas=(0.9, 0.95), eps=1e-8)
+    model = build_student_of_shape(config.student, seq_len=config.batches.seq_len, seed=config.seed)
+    return model, adamw(model, config.optim)
 
 
 def _done(config: TrainConfig, state: TrainerState) -> bool:

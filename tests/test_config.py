@@ -13,6 +13,7 @@ import pytest
 
 from bytedistill.cli import COMMANDS, config_class
 from bytedistill.cli import main as cli_main
+from bytestream.config_fields import leaves
 from bytestream.errors import UserError
 from distill.dump import DumpConfig
 from students.trainer import TrainConfig
@@ -26,8 +27,8 @@ def test_yaml_values_arrive_with_their_field_types(tmp_path):
     path = tmp_path / "train.yaml"
     path.write_text("lr: 3e-4\nmin-lr: 1e-5\nmax_steps: 7\ntrain_stores: [a, b]\noutput_dir: o\nprogress: false\n")
     config = parse_config(TrainConfig, ["--config", str(path)])
-    assert config.lr == 3e-4 and isinstance(config.lr, float) and config.min_lr == 1e-5
-    assert (config.max_steps, config.train_stores, config.progress) == (7, ["a", "b"], False)
+    assert config.optim.lr == 3e-4 and isinstance(config.optim.lr, float) and config.optim.min_lr == 1e-5
+    assert (config.max_steps, config.train_stores, config.logging.progress) == (7, ["a", "b"], False)
     path.write_text("max_steps: many\n")
     with pytest.raises(UserError, match="max_steps"):
         parse_config(TrainConfig, [*TRAIN, "--config", str(path)])
@@ -37,8 +38,13 @@ def test_json_file_and_flags_win_wherever_they_stand(tmp_path):
     path = tmp_path / "dump.json"
     path.write_text(json.dumps({"teacher": "t", "corpus": "c", "output": "o", "max-length": 128, "streaming": True}))
     config = parse_config(DumpConfig, ["--max-length", "256", "--config", str(path), "--end-of-text", "a", "b"])
-    assert (config.teacher, config.max_length, config.streaming, config.end_of_text) == ("t", 256, True, ["a", "b"])
-    assert parse_config(DumpConfig, ["--config", str(path), "--streaming", "false"]).streaming is False
+    assert (config.teacher, config.max_length, config.corpus.streaming, config.end_of_text) == (
+        "t",
+        256,
+        True,
+        ["a", "b"],
+    )
+    assert parse_config(DumpConfig, ["--config", str(path), "--streaming", "false"]).corpus.streaming is False
     assert parse_config(DumpConfig, ["--config", str(path), "--stride", "3"]).max_length == 128
 
 
@@ -110,7 +116,7 @@ def test_print_config_round_trips(tmp_path, capsys):
     printed.write_text(capsys.readouterr().out)
     expected = parse_config(TrainConfig, argv)
     assert parse_config(TrainConfig, ["--config", str(printed)]) == expected
-    assert (expected.lr, expected.train_stores, expected.alpha) == (3e-4, ["a", "b"], 0.5)
+    assert (expected.optim.lr, expected.train_stores, expected.loss.alpha) == (3e-4, ["a", "b"], 0.5)
 
 
 @pytest.mark.parametrize("name", list(COMMANDS))
@@ -119,10 +125,10 @@ def test_every_subcommand_has_help_for_every_flag(name, capsys):
         cli_main([name, "--help"])
     assert exit_info.value.code == 0
     text = "".join(capsys.readouterr().out.split())  # help wraps lines, at spaces and hyphens
-    for field in dataclasses.fields(config_class(COMMANDS[name])):
-        assert field.metadata.get("help"), f"{name} {field.name} has no help"
-        flag = field.name if field.metadata.get("positional") else "--" + field.name.replace("_", "-")
-        assert flag in text and "".join(field.metadata["help"].split()) in text, (name, field.name)
+    for leaf in leaves(config_class(COMMANDS[name])):
+        assert leaf.field.metadata.get("help"), f"{name} {leaf.name} has no help"
+        flag = leaf.name if leaf.field.metadata.get("positional") else "--" + leaf.name.replace("_", "-")
+        assert flag in text and "".join(leaf.field.metadata["help"].split()) in text, (name, leaf.name)
     assert "<function" not in text, f"{name} --help names a type wrapper instead of the choices"
 
 
@@ -148,7 +154,7 @@ def test_example_configs_parse(path, config_cls):
     config = parse_config(config_cls, ["--config", str(EXAMPLES / path)])
     assert isinstance(config, config_cls)
     if config_cls is TrainConfig:
-        assert isinstance(config.lr, float) and isinstance(config.min_lr, float)
+        assert isinstance(config.optim.lr, float) and isinstance(config.optim.min_lr, float)
 
 
 @dataclasses.dataclass

@@ -7,7 +7,6 @@ own folder, so "every file unchanged" covers the store, the run and its checkpoi
 
 from __future__ import annotations
 
-import dataclasses
 import fcntl
 import json
 import os
@@ -19,6 +18,7 @@ import pytest
 
 from bytedistill.cli import COMMANDS, config_class
 from bytedistill.cli import main as bytedistill
+from bytestream.config_fields import leaves
 from students.checkpoints import latest_checkpoint
 from students.run_directory import LOCK_FILE, RUN_RECORD
 from tests.edges import Edge, check_edge
@@ -322,11 +322,9 @@ def _numeric(annotation) -> bool:
 
 @pytest.mark.parametrize("name", list(COMMANDS))
 def test_every_numeric_flag_has_a_range(name):
-    config_cls = config_class(COMMANDS[name])
-    hints = typing.get_type_hints(config_cls)
-    for field in dataclasses.fields(config_cls):
-        if _numeric(hints[field.name]):
-            assert "range" in field.metadata, f"{name} --{field.name.replace('_', '-')} has no range"
+    for leaf in leaves(config_class(COMMANDS[name])):
+        if _numeric(leaf.annotation):
+            assert "range" in leaf.field.metadata, f"{name} --{leaf.name.replace('_', '-')} has no range"
 
 
 def test_overwrite_removes_only_the_recorded_runs_files(tmp_path, capsys):

@@ -12,10 +12,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from bytestream.config_fields import flat_values
 from bytestream.errors import UserError
 from students.checkpoints import checkpoint_dir, latest_checkpoint
+from students.optim import OptimConfig, learning_rate
 from students.synthetic import SYNTHETIC_SOURCE
-from students.trainer import TrainConfig, learning_rate, train
+from students.trainer import TrainConfig, train
 from tests.configs import parse_config
 from tests.launch import cpu_launch, run_on_two_machines
 from tests.stores import random_texts, write_random_store
@@ -73,7 +75,7 @@ def test_baseline_trains_without_teacher_probabilities(tmp_path):
 
 
 def test_schedule_warms_up_then_decays_to_min_lr():
-    config = TrainConfig(train_stores=["x"], output_dir="o", max_steps=100, lr=1.0, min_lr=0.1, warmup_steps=10)
+    config = OptimConfig(lr=1.0, min_lr=0.1, warmup_steps=10)
     assert learning_rate(config, 5, 0.05) == pytest.approx(
         0.5 * (0.1 + 0.9 * 0.5 * (1 + torch.cos(torch.tensor(0.05 * torch.pi)).item()))
     )
@@ -84,7 +86,7 @@ def test_schedule_warms_up_then_decays_to_min_lr():
 def test_config_from_flags_and_file(tmp_path):
     (tmp_path / "c.yaml").write_text("train_stores: [a, b]\nmax-steps: 7\nalpha: 0.5\n")
     config = parse_config(TrainConfig, ["--config", str(tmp_path / "c.yaml"), "--output-dir", "o", "--alpha", "0.25"])
-    assert config.train_stores == ["a", "b"] and config.max_steps == 7 and config.alpha == 0.25
+    assert config.train_stores == ["a", "b"] and config.max_steps == 7 and config.loss.alpha == 0.25
     with pytest.raises(UserError, match="max-steps or --max-train-bytes"):
         TrainConfig(train_stores=["a"], output_dir="o")
     with pytest.raises(UserError, match="--max-steps must be at least 1, got -3"):  # not 0 steps and exit 0
@@ -97,9 +99,10 @@ def test_two_process_cpu_accelerate_launch(tmp_path):
     script.write_text(
         textwrap.dedent(f"""
         from students.synthetic import SYNTHETIC_SOURCE
+        from bytestream.config_fields import from_flat
         from students.trainer import TrainConfig, train
-        config = TrainConfig(**{dict(TINY, **FAST)!r}, train_stores=["train"], eval_store="eval",
-                             output_dir={str(tmp_path / "out")!r}, max_steps=4, eval_every=2, checkpoint_every=2)
+        config = from_flat(TrainConfig, dict(**{dict(TINY, **FAST)!r}, train_stores=["train"], eval_store="eval",
+                           output_dir={str(tmp_path / "out")!r}, max_steps=4, eval_every=2, checkpoint_every=2))
         train(config, SYNTHETIC_SOURCE)
     """)
     )
@@ -211,7 +214,7 @@ def test_bf16_autocast_trains_with_float32_loss(tmp_path, stores, reset_accelera
 
 
 def _train_cli_args(config: TrainConfig) -> list[str]:
-    flags = [f"--{k.replace('_', '-')}={v}" for k, v in dataclasses.asdict(config).items() if v is not None]
+    flags = [f"--{k.replace('_', '-')}={v}" for k, v in flat_values(config).items() if v is not None]
     stores = [a for k in config.train_stores for a in ("--train-stores", k)]
     return ["-m", "bytedistill", "train", *stores, *(f for f in flags if not f.startswith("--train-stores="))]
 

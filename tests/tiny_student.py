@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from bytestream.config_fields import from_flat
 from students.trainer import TrainConfig
 
 TINY = {
@@ -23,4 +24,4 @@ def tiny_config(out: Path, **overrides) -> TrainConfig:
     """TINY trained into ``out`` on the stores ``["train"]``, with no evaluation and no
     checkpoints unless ``overrides`` say otherwise."""
     values = {**TINY, "train_stores": ["train"], "output_dir": str(out), "checkpoint_every": 0, "eval_every": 0}
-    return TrainConfig(**{**values, **overrides})
+    return from_flat(TrainConfig, {**values, **overrides})
