@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bytestream.alphabet import BOS, EOS, EOT
+from distill.column_order import ColumnOrder
 from tests.conftest import SAMPLE_DOCUMENTS, random_logits
 
 
@@ -250,12 +251,12 @@ def test_sorted_columns_equal_teacher_columns(llama3_encoder, llama3_converter, 
     """Rows from a teacher whose output layer is permuted to byte-string order convert the same."""
     ids = llama3_encoder.encode(SAMPLE_DOCUMENTS["code"])
     logits = random_logits(len(ids) + 1, llama3_vocab.size, seed=13).astype(np.float32)
-    permuted = np.ascontiguousarray(logits[:, llama3_converter.column_order])
-    assert sorted(llama3_converter.column_order.tolist()) == list(range(llama3_vocab.size))
+    permuted = np.ascontiguousarray(logits[:, llama3_converter.sorted_columns])
+    assert sorted(llama3_converter.sorted_columns.tolist()) == list(range(llama3_vocab.size))
     teacher = llama3_converter.convert_numba(ids, logits)
     for dist in (
-        llama3_converter.convert_numba(ids, permuted, columns="sorted"),
-        llama3_converter.convert_torch(ids, torch.from_numpy(permuted), columns="sorted"),
+        llama3_converter.convert_numba(ids, permuted, columns=ColumnOrder.SORTED),
+        llama3_converter.convert_torch(ids, torch.from_numpy(permuted), columns=ColumnOrder.SORTED),
     ):
         np.testing.assert_allclose(dist.values, teacher.values, rtol=1e-12, atol=1e-300)
         np.testing.assert_allclose(dist.dropped_mass, teacher.dropped_mass, rtol=1e-12, atol=1e-300)
