@@ -314,16 +314,13 @@ def dump_with_teacher(
         for w in mine:
             locks.enter_context(WriterLock(Path(config.output), w))
         stores = _open_stores(config, spec, teacher, converter, mine, num_writers)
-        existing = {
-            "skipped_existing": sum(s.num_existing_documents for s in stores.values()),
-            "existing_text_bytes": sum(s.existing_text_bytes for s in stores.values()),
-            "not_read": _report_not_read(spec, config.verbose),
-            "setup_seconds": time.perf_counter() - started,
-        }
+        stored = {w: s.num_existing_documents for w, s in stores.items()}
+        existing_text_bytes = sum(s.existing_text_bytes for s in stores.values())
+        not_read = _report_not_read(spec, config.verbose)
+        setup_seconds = time.perf_counter() - started
         started = time.perf_counter()
         counts = CorpusCounts()
         skipper = Skipper(config.output, mine, strict=config.strict, max_document_bytes=config.max_document_bytes)
-        stored = {w: s.num_existing_documents for w, s in stores.items()}
         documents = skipper.remaining(writer_documents(spec, num_writers, mine, counts), stored)
         grouping = Grouping(len(teacher.context_prefix), config.max_length, config.stride, config.group_tokens)
         bar = tqdm(
@@ -335,16 +332,16 @@ def dump_with_teacher(
             dynamic_ncols=True,
         )
         sink = ConversionSink(stores, converter, bar)
-        teacher_pass = TeacherPass(
-            teacher,
-            converter,
-            sink,
-            batch_tokens=config.batch_tokens,
-            head_rows=config.head_rows,
-            on_device=on_device,
-            bar=bar,
-        )
         try:
+            teacher_pass = TeacherPass(
+                teacher,
+                converter,
+                sink,
+                batch_tokens=config.batch_tokens,
+                head_rows=config.head_rows,
+                on_device=on_device,
+                bar=bar,
+            )
             for group in plan_groups(documents, skipper, encoder, converter, grouping):
                 sink.send(DocumentsPlanned(group))
                 teacher_pass.run(group)
@@ -363,7 +360,10 @@ def dump_with_teacher(
     times = teacher_pass.times()
     return DumpSummary(
         **asdict(written),
-        **existing,
+        skipped_existing=sum(stored.values()),
+        existing_text_bytes=existing_text_bytes,
+        not_read=not_read,
+        setup_seconds=setup_seconds,
         empty_skipped=counts.empty_skipped,
         skips=skipper.skips(),
         skipped_now=skipper.skipped_now,
