@@ -6,7 +6,7 @@ torch conversion path on the CPU. Rows are random float32 logits; tokens come fr
 
 Two column orders are timed: rows in the teacher's id order (the conversion gathers each row into
 byte-string order), and rows from a teacher whose output layer ``dump`` has permuted into that
-order (``Converter.column_order``), which the conversion reads contiguously. ``dump`` uses the
+order (``Converter.sorted_columns``), which the conversion reads contiguously. ``dump`` uses the
 second; the ``ratio`` line is for it.
 
     python -m benchmarks.convert [--tokens 512] [--repeats 3]
@@ -23,6 +23,7 @@ import torch
 from benchmarks.common import kjv_chapters, llama3_tokenizer_json
 from bytestream.trie import build_trie
 from bytestream.vocab import load_teacher_tokenizer, vocab_from_tokenizer
+from distill.column_order import ColumnOrder
 from distill.convert import Converter
 from distill.encode import DocumentEncoder
 
@@ -56,13 +57,13 @@ def main() -> None:
     rows = len(ids) + 1
     logits = (np.random.default_rng(0).standard_normal((rows, vocab.size)) * 3).astype(np.float32)
     logits_t = torch.from_numpy(logits)
-    permuted = np.ascontiguousarray(logits[:, converter.column_order])
+    permuted = np.ascontiguousarray(logits[:, converter.sorted_columns])
     converter.convert_numba(ids[:4], logits[:5])  # compile / load the Numba cache
     converter.convert_torch(ids[:4], logits_t[:5])
 
     t_floor = best_of(lambda: torch.softmax(logits_t, dim=-1), args.repeats)
     t_teacher = best_of(lambda: converter.convert_numba(ids, logits), args.repeats)
-    t_numba = best_of(lambda: converter.convert_numba(ids, permuted, columns="sorted"), args.repeats)
+    t_numba = best_of(lambda: converter.convert_numba(ids, permuted, columns=ColumnOrder.SORTED), args.repeats)
     t_torch = best_of(lambda: converter.convert_torch(ids, logits_t), args.repeats)
     t_floor = min(t_floor, best_of(lambda: torch.softmax(logits_t, dim=-1), args.repeats))
     bytes_per_token = len(vocab.bytes_of(ids)) / len(ids)

@@ -92,12 +92,14 @@ def conversion_difference(teacher: Teacher, text: bytes, max_length: int) -> tup
     from distill.convert import Converter
 
     converter = Converter(teacher.vocab)
+    teacher = teacher.with_sorted_head(converter.sorted_columns)  # as the dump runs it
     ids = DocumentEncoder(teacher.tokenizer, teacher.vocab).encode(text)[: max_length - 1]
     inputs = torch.tensor([teacher.context_prefix + ids.tolist()], device=teacher.device)
-    logits = teacher.logits(inputs, torch.ones_like(inputs), [np.arange(len(ids) + 1)])
-    on_device = converter.convert_torch(ids, logits, columns="sorted")
-    again = converter.convert_torch(ids, logits, columns="sorted")
-    on_host = converter.convert_numba(ids, logits.cpu().numpy(), columns="sorted")
+    rows = teacher.logits(inputs, torch.ones_like(inputs), [np.arange(len(ids) + 1)])
+    logits, columns = rows.tensor, rows.columns
+    on_device = converter.convert_torch(ids, logits, columns=columns)
+    again = converter.convert_torch(ids, logits, columns=columns)
+    on_host = converter.convert_numba(ids, logits.cpu().numpy(), columns=columns)
     return float(np.abs(on_device.values - on_host.values).max()), bool(np.array_equal(on_device.values, again.values))
 
 

@@ -25,6 +25,7 @@ from bytestream.alphabet import ALPHABET_SIZE
 from bytestream.stream import StreamLayout, path_to_node, stream_layout, target_values
 from bytestream.trie import VocabTrie, build_trie
 from bytestream.vocab import TeacherVocab
+from distill.column_order import ColumnOrder
 from distill.fastexp import exp_shifted
 
 
@@ -64,25 +65,26 @@ class Converter:
         self.trie = trie if trie is not None else build_trie(vocab)
         self.end_of_text_ids = np.asarray(vocab.end_of_text_ids, dtype=np.int64)
         self.dropped_ids = vocab.dropped_ids
-        # The "sorted" column order: regular ids by byte string, then end-of-text, then the rest.
-        # A teacher whose output layer is permuted this way (see :func:`sorted_column_order`)
+        # ColumnOrder.SORTED: regular ids by byte string, then end-of-text, then the rest. A
+        # teacher whose output layer is permuted this way (:meth:`Teacher.with_sorted_head`)
         # emits rows that the conversion reads contiguously, with no gather.
-        self.column_order = np.concatenate([self.trie.order, self.end_of_text_ids, self.dropped_ids])
+        self.sorted_columns = np.concatenate([self.trie.order, self.end_of_text_ids, self.dropped_ids])
         regular, n_eot = len(self.trie.order), len(self.end_of_text_ids)
-        self._sorted_tables = (
-            np.arange(regular, dtype=np.int64),
-            np.arange(regular, regular + n_eot, dtype=np.int64),
-            np.arange(regular + n_eot, self.vocab.size, dtype=np.int64),
-        )
+        self._tables = {
+            ColumnOrder.TEACHER: (self.trie.order, self.end_of_text_ids, self.dropped_ids),
+            ColumnOrder.SORTED: (
+                np.arange(regular, dtype=np.int64),
+                np.arange(regular, regular + n_eot, dtype=np.int64),
+                np.arange(regular + n_eot, self.vocab.size, dtype=np.int64),
+            ),
+        }
 
-    def column_tables(self, columns: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def column_tables(self, columns: ColumnOrder) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Where the regular ids (in byte-string order), the end-of-text ids and the dropped
-        specials sit among the columns of a row, for ``columns`` "teacher" or "sorted"."""
-        if columns == "teacher":
-            return self.trie.order, self.end_of_text_ids, self.dropped_ids
-        if columns == "sorted":
-            return self._sorted_tables
-        raise ValueError(f"columns must be 'teacher' or 'sorted', not {columns!r}")
+        specials sit among the columns of a row whose columns are in ``columns`` order."""
+        if not isinstance(columns, ColumnOrder):
+            raise TypeError(f"columns must be a ColumnOrder, not {columns!r}")
+        return self._tables[columns]
 
     def layout(self, token_ids) -> StreamLayout:
         return stream_layout(self.trie, np.asarray(token_ids))
@@ -94,9 +96,11 @@ class Converter:
         if width != self.vocab.size:
             raise ValueError(f"logits have {width} columns but the vocabulary has {self.vocab.size} ids")
 
-    def convert_numba(self, token_ids, logits: np.ndarray, columns: str = "teacher") -> DocumentDistributions:
+    def convert_numba(
+        self, token_ids, logits: np.ndarray, columns: ColumnOrder = ColumnOrder.TEACHER
+    ) -> DocumentDistributions:
         """CPU path: ``logits`` is a (m+1, V) float32/float64 NumPy array whose columns are in
-        the teacher's id order (``columns="teacher"``) or in :attr:`column_order` ("sorted")."""
+        ``columns`` order (the teacher's ids, or :attr:`sorted_columns`)."""
         token_ids = np.asarray(token_ids, dtype=np.int64)
         logits = np.ascontiguousarray(logits)
         if logits.dtype not in (np.float32, np.float64):
@@ -108,7 +112,9 @@ class Converter:
         context = self.convert_rows_numba(layout, token_ids, logits, 0, values, dropped, columns)
         return DocumentDistributions(layout, values, dropped, context)
 
-    def convert_rows_numba(self, layout, token_ids, logits, first_row, values, dropped, columns="teacher") -> float:
+    def convert_rows_numba(
+        self, layout, token_ids, logits, first_row, values, dropped, columns: ColumnOrder = ColumnOrder.TEACHER
+    ) -> float:
         """Fill the document's ``values`` and ``dropped`` for teacher rows ``first_row ..
         first_row + len(logits)`` (a row's positions depend on that row alone, so a document
         can be converted in row chunks as its logits arrive). Returns the context log mass of
@@ -137,7 +143,7 @@ class Converter:
             np.empty(t.max_depth + 1, np.int64),
         )
 
-    def convert_torch(self, token_ids, logits, columns: str = "teacher") -> DocumentDistributions:
+    def convert_torch(self, token_ids, logits, columns: ColumnOrder = ColumnOrder.TEACHER) -> DocumentDistributions:
         """Device path: ``logits`` is a (m+1, V) torch tensor on any device; only the support
         values (not vocabulary-wide rows) are copied to the host."""
         from distill.convert_torch import torch_conversion
@@ -148,7 +154,7 @@ class Converter:
         values, dropped = torch_conversion(self, logits.device, columns).convert_rows(layout, logits)
         return DocumentDistributions(layout, values, dropped, self._context_log_mass_torch(layout, logits, columns))
 
-    def _context_log_mass_torch(self, layout: StreamLayout, logits, columns: str) -> float:
+    def _context_log_mass_torch(self, layout: StreamLayout, logits, columns: ColumnOrder) -> float:
         """log M(start node) at the first row (0 when the stream starts at the root)."""
         node = int(layout.position_node[0])
         if node == 0:

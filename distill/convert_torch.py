@@ -21,6 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from distill.column_order import ColumnOrder
+
 ROW_CHUNKS = {"cuda": 512}  # rows whose float64 copies are exponentiated at once, by device type (else 32)
 MAX_ELEMENTS = 1 << 23  # in-token range elements gathered at once (bounds device memory)
 LARGEST = torch.finfo(torch.float64).max  # +inf logits are clamped here (−inf stays: probability 0)
@@ -65,7 +67,7 @@ def _ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
 class TorchConversion:
     """The conversion tables of one converter on one device, for one column order."""
 
-    def __init__(self, converter, device: torch.device, columns: str):
+    def __init__(self, converter, device: torch.device, columns: ColumnOrder):
         trie = converter.trie
         order, end_of_text, dropped = converter.column_tables(columns)
         self.trie, self.device = trie, device
@@ -178,7 +180,7 @@ def _normalise(masses: torch.Tensor, z: torch.Tensor, count) -> torch.Tensor:
 _CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def torch_conversion(converter, device: torch.device, columns: str = "teacher") -> TorchConversion:
+def torch_conversion(converter, device: torch.device, columns: ColumnOrder = ColumnOrder.TEACHER) -> TorchConversion:
     """The converter's tables on ``device`` (built once per converter, device and column order)."""
     tables = _CACHE.setdefault(converter, {})
     key = (str(device), columns)

@@ -3,50 +3,51 @@
 The corpus's pieces are dealt to the store's writers (a fixed number, recorded in the store:
 :mod:`distill.sharding`, :mod:`distill.corpus_shares`), which are dealt to the workers
 (``accelerate`` ranks × ``num_shards`` independent jobs); a worker reads only its writers' pieces
-and each writer writes its own shards, so the result opens as one store. A worker reads documents in groups; each group is tokenised, cut into teacher windows
-(:mod:`distill.windows`), batched by length and run through the teacher trunk. The LM head (in
-float32, permuted into the conversion's column order) and the conversion run in chunks of
-``head_rows`` rows, so logits never pile up (:mod:`distill.dump_memory`): on CUDA the torch
-conversion runs on the device right after the head; on a CPU the Numba conversion runs in a
-background thread while the teacher computes on. Only converted values wait for a document to be
-complete; complete documents are written in order by that thread. Rerunning the same command
-resumes, with any number of processes.
+and each writer writes its own shards, so the result opens as one store. Rerunning the same
+command resumes, with any number of processes.
+
+This module holds the settings (:class:`DumpConfig`), the store they open, and the orchestration
+of the stages, each a module with one owner of its state:
+
+- the plan (:mod:`distill.dump_plan`): which documents are left, encoded or skipped, cut into
+  teacher windows and read in groups;
+- the teacher pass (:mod:`distill.teacher_pass`): a group's windows batched by length through the
+  trunk, then the LM head (in float32, permuted into the conversion's column order) in chunks of
+  ``head_rows`` rows, so logits never pile up (:mod:`distill.dump_memory`); on CUDA each chunk is
+  converted on the device right after the head;
+- the conversion sink (:mod:`distill.conversion_sink`): a background thread that, on a CPU,
+  converts the chunks with Numba while the teacher computes on, and writes complete documents in
+  corpus order; only converted values wait for a document to be complete;
+- the summary (:mod:`distill.dump_summary`), built once from what the stages hand back.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import math
 import sys
 import time
-from collections import deque
-from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import numpy as np
 import torch
 from tqdm.auto import tqdm
 
 from bytestream.errors import UserError
 from bytestream.ranges import COUNT, NON_NEGATIVE, at_least
-from bytestream.stream import StreamLayout
 from distill import dump_memory
-from distill.convert import Converter, DocumentDistributions
-from distill.convert_torch import TorchConversion, torch_conversion
+from distill.conversion_sink import ConversionSink, DocumentsPlanned, store_errors
+from distill.convert import Converter
 from distill.corpus import CorpusCounts, CorpusSpec, check_source, corpus_fingerprint, corpus_listing
 from distill.corpus_shares import pieces_settings, share_fingerprints, writer_documents
-from distill.encode import DocumentEncoder, UnencodableDocument
+from distill.dump_plan import Grouping, Skipper, plan_groups
+from distill.dump_summary import DumpSummary
+from distill.encode import DocumentEncoder
 from distill.sharding import WriterLock, writers_of
 from distill.teacher import Teacher, load_teacher
-from distill.windows import Window, plan_windows
+from distill.teacher_pass import TeacherPass
 from logit_store.encodings import DEFAULT_ENCODING, ENCODINGS, get_encoding
 from logit_store.ownership import check_store_files
-from logit_store.skips import Skip, SkipList
 
-SHOWN_SKIPS = 5  # skipped documents named in the summary (all are in the store's skip lists)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -166,113 +167,6 @@ class DumpConfig:
     verbose: bool = field(default=False, metadata={"help": "name every corpus entry that is not read, and why"})
 
 
-@dataclass
-class DumpSummary:
-    documents: int = 0
-    skipped_existing: int = 0  # documents earlier runs stored
-    existing_text_bytes: int = 0  # and their text
-    text_bytes: int = 0
-    tokens: int = 0
-    positions: int = 0
-    teacher_nll_nats: float = 0.0  # of the stored (decoded) values: what train and score read
-    exact_teacher_nll_nats: float = 0.0  # of the exact values, before the encoding's quantisation
-    dropped_mass_sum: float = 0.0
-    teacher_rows: int = 0
-    empty_skipped: int = 0
-    skips: list[Skip] = field(default_factory=list)  # this worker's writers' skip lists, this run's and earlier
-    skipped_now: int = 0  # of them, met by this run
-    not_read: str | None = None  # corpus entries not read, counted by reason
-    store: str = ""  # the store directory
-    store_bytes: int = 0  # this writer's shards, documents of earlier runs included
-    setup_seconds: float = 0.0  # loading the teacher, tokenizer and trie
-    seconds: float = 0.0  # the pass itself, after setup
-    forward_seconds: float = 0.0  # the teacher's trunk and head
-    device_convert_seconds: float = 0.0  # the device path's conversion, between head chunks
-    outside_forward_seconds: float = 0.0
-    convert_write_seconds: float = 0.0  # conversion + encoding + writing, overlapped with the forward on CPU
-
-    @property
-    def teacher_bpb(self) -> float:
-        return self.teacher_nll_nats / (math.log(2) * self.text_bytes) if self.text_bytes else float("nan")
-
-    @property
-    def bytes_per_text_byte(self) -> float:
-        stored_text = self.existing_text_bytes + self.text_bytes
-        return self.store_bytes / stored_text if stored_text else float("nan")
-
-    def document_counts(self) -> str:
-        return (
-            f"{self.documents:,} (+{self.skipped_existing:,} already stored, {self.empty_skipped:,} empty skipped, "
-            f"{len(self.skips):,} unencodable skipped)"
-        )
-
-    def skip_lines(self) -> list[str]:
-        """The skipped documents, the first few by key and reason, and where the list is."""
-        if not self.skips:
-            return []
-        earlier = len(self.skips) - self.skipped_now
-        head = f"skipped             {len(self.skips):,} documents the teacher cannot encode" + (
-            f" ({earlier:,} listed by an earlier run)" if earlier else ""
-        )
-        shown = [f"  {s.key}: {s.reason}" for s in self.skips[:SHOWN_SKIPS]]
-        more = len(self.skips) - len(shown)
-        return [
-            head,
-            *shown,
-            f"  {'… ' + format(more, ',') + ' more; ' if more else ''}all in {Path(self.store) / 'skipped-*.jsonl'}",
-        ]
-
-    def lines(self) -> list[str]:
-        store = f"{self.store_bytes:,} bytes in shards ({self.bytes_per_text_byte:.2f} per text byte)"
-        notes = self.skip_lines() + ([f"not read            {self.not_read}"] if self.not_read else [])
-        if not self.documents:
-            return [
-                f"documents           {self.document_counts()}: nothing left to dump",
-                *notes,
-                f"store size          {store}",
-            ]
-        mean_dropped = self.dropped_mass_sum / max(self.teacher_rows, 1)
-        return [
-            f"documents           {self.document_counts()}",
-            *notes,
-            f"text bytes          {self.text_bytes:,}",
-            f"teacher tokens      {self.tokens:,}",
-            f"stream positions    {self.positions:,}",
-            f"store size          {store}",
-            (
-                f"teacher BPB         {self.teacher_bpb:.4f} as stored (what train and score report; "
-                f"{self.exact_teacher_nll_nats / (math.log(2) * self.text_bytes):.4f} before the encoding's rounding)"
-            ),
-            f"dropped special mass {mean_dropped:.3g} per teacher row (mean)",
-            (
-                f"time                {self.seconds:.1f} s after {self.setup_seconds:.1f} s of setup "
-                f"({self.tokens / max(self.seconds, 1e-9):,.0f} tokens/s); "
-                f"{self.outside_forward_seconds / max(self.seconds, 1e-9):.1%} of it outside the teacher forward"
-            ),
-        ]
-
-
-@dataclass
-class PendingDocument:
-    """A document whose rows are being computed: its converted values fill in as they come."""
-
-    index: int  # its number among its writer's documents
-    key: str
-    data: bytes
-    token_ids: np.ndarray
-    windows: list[Window]
-    writer_id: int
-    layout: StreamLayout
-    values: np.ndarray  # (S,) float64, filled row chunk by row chunk
-    dropped: np.ndarray  # (m+1,)
-    rows_left: int
-
-    def positions_of(self, first_row: int, rows: int) -> slice:
-        """Where rows ``first_row .. first_row + rows`` put their values."""
-        p0, p1 = np.searchsorted(self.layout.position_row, [first_row, first_row + rows])
-        return slice(int(self.layout.offsets[p0]), int(self.layout.offsets[p1]))
-
-
 def store_settings(config: DumpConfig, teacher: Teacher, writers: int) -> dict:
     """What determines the store's values and which writer holds which document: recorded in
     the manifest, compared on resume."""
@@ -367,10 +261,9 @@ def dump_with_teacher(
     started = time.perf_counter() if started is None else started
     num_writers = _store_writers(config, workers)
     mine = writers_of(worker, workers, num_writers)
-    device = teacher.device
-    on_device = config.conversion == "torch" or (config.conversion == "auto" and device.type == "cuda")
+    on_device = config.conversion == "torch" or (config.conversion == "auto" and teacher.device.type == "cuda")
     converter = Converter(teacher.vocab)
-    teacher.permute_output(converter.column_order)
+    teacher = teacher.with_sorted_head(converter.sorted_columns)
     _check_memory(config, teacher, on_device, len(mine))
     encoder = DocumentEncoder(teacher.tokenizer, teacher.vocab)
     check_store_files(Path(config.output))  # before the locks are created in it
@@ -378,21 +271,15 @@ def dump_with_teacher(
         for w in mine:
             locks.enter_context(WriterLock(Path(config.output), w))
         stores = _open_stores(config, spec, teacher, converter, mine, num_writers)
-        summary = DumpSummary(
-            store=config.output,
-            skipped_existing=sum(s.num_existing_documents for s in stores.values()),
-            existing_text_bytes=sum(s.existing_text_bytes for s in stores.values()),
-        )
-        summary.not_read = _report_not_read(spec, config.verbose)
-        summary.setup_seconds = time.perf_counter() - started
+        stored = {w: s.num_existing_documents for w, s in stores.items()}
+        existing_text_bytes = sum(s.existing_text_bytes for s in stores.values())
+        not_read = _report_not_read(spec, config.verbose)
+        setup_seconds = time.perf_counter() - started
         started = time.perf_counter()
         counts = CorpusCounts()
-        skip_lists = {w: SkipList(Path(config.output), w) for w in mine}
-        _check_strict(config, skip_lists)
-        resume = {w: skip_lists[w].resume_ordinal(s.num_existing_documents) for w, s in stores.items()}
-        known = {w: skips.indices for w, skips in skip_lists.items()}
-        documents = _worker_documents(writer_documents(spec, num_writers, mine, counts), resume, known)
-        skipper = _Skipper(config, skip_lists)
+        skipper = Skipper(config.output, mine, strict=config.strict, max_document_bytes=config.max_document_bytes)
+        documents = skipper.remaining(writer_documents(spec, num_writers, mine, counts), stored)
+        grouping = Grouping(len(teacher.context_prefix), config.max_length, config.stride, config.group_tokens)
         bar = tqdm(
             desc=f"dump[{worker}]",
             unit="tok",
@@ -401,34 +288,49 @@ def dump_with_teacher(
             position=worker,
             dynamic_ncols=True,
         )
-        conversion = torch_conversion(converter, device, "sorted") if on_device else None
-        sink = _Sink(stores, converter, conversion, summary, bar)
+        sink = ConversionSink(stores, converter, bar)
         try:
-            for group in _groups(documents, encoder, converter, teacher, config, skipper):
-                sink.add(group)
-                forward_start, converted = time.perf_counter(), summary.device_convert_seconds
-                _run_teacher(teacher, group, config, sink, bar)
-                summary.forward_seconds += (
-                    time.perf_counter() - forward_start - (summary.device_convert_seconds - converted)
-                )
-            sink.close()
+            teacher_pass = TeacherPass(
+                teacher,
+                converter,
+                sink,
+                batch_tokens=config.batch_tokens,
+                head_rows=config.head_rows,
+                on_device=on_device,
+                bar=bar,
+            )
+            for group in plan_groups(documents, skipper, encoder, converter, grouping):
+                sink.send(DocumentsPlanned(group))
+                teacher_pass.run(group)
+            written = sink.close()
             for store in stores.values():
-                with _store_errors(store):
+                with store_errors(store):
                     store.close()
         except BaseException:
             sink.abort()
             raise
         finally:
             bar.close()
-            for skips in skip_lists.values():
-                skips.close()
-    summary.empty_skipped = counts.empty_skipped
-    summary.skips = [s for _, skips in sorted(skip_lists.items()) for s in sorted(skips.skips, key=lambda s: s.index)]
-    summary.skipped_now = skipper.count
-    summary.store_bytes = sum(p.stat().st_size for w in mine for p in Path(config.output).glob(f"shard-{w:05d}-*.bds"))
-    summary.seconds = time.perf_counter() - started
-    summary.outside_forward_seconds = summary.seconds - summary.forward_seconds
-    return summary
+            skipper.close()
+    store_bytes = sum(p.stat().st_size for w in mine for p in Path(config.output).glob(f"shard-{w:05d}-*.bds"))
+    seconds = time.perf_counter() - started
+    times = teacher_pass.times()
+    return DumpSummary(
+        **asdict(written),
+        skipped_existing=sum(stored.values()),
+        existing_text_bytes=existing_text_bytes,
+        not_read=not_read,
+        setup_seconds=setup_seconds,
+        empty_skipped=counts.empty_skipped,
+        skips=skipper.skips(),
+        skipped_now=skipper.skipped_now,
+        store=config.output,
+        store_bytes=store_bytes,
+        seconds=seconds,
+        forward_seconds=times.forward_seconds,
+        device_convert_seconds=times.device_convert_seconds,
+        outside_forward_seconds=seconds - times.forward_seconds,
+    )
 
 
 def _open_stores(
@@ -522,48 +424,6 @@ def _check_memory(config: DumpConfig, teacher: Teacher, on_device: bool, writers
         raise UserError(problem)
 
 
-def _worker_documents(
-    documents, skip: dict[int, int], known_skips: dict[int, frozenset[int]]
-) -> Iterator[tuple[int, str, bytes, int]]:
-    """This worker's ``(key, data, writer)`` documents minus the first ``skip[w]`` of each writer
-    ``w``, which it already stored or skipped, and minus those its skip lists name (``known_skips[w]``,
-    by number in the writer): ``(number in its writer, key, data, writer)``."""
-    seen = dict.fromkeys(skip, 0)
-    for key, data, writer in documents:
-        seen[writer] += 1
-        number = seen[writer] - 1
-        if number >= skip[writer] and number not in known_skips[writer]:
-            yield number, key, data, writer
-
-
-def _groups(
-    documents, encoder: DocumentEncoder, converter: Converter, teacher: Teacher, config: DumpConfig, skipper: _Skipper
-) -> Iterator[list[PendingDocument]]:
-    prefix = len(teacher.context_prefix)
-    group: list[PendingDocument] = []
-    tokens = 0
-    for index, key, data, writer in documents:
-        ids = skipper.encode(encoder, index, key, data, writer)
-        if ids is None:
-            continue
-        if len(ids) > config.group_tokens:
-            extra = dump_memory.long_document_bytes(len(ids), config.group_tokens)
-            print(
-                f"dump memory: {key} has {len(ids):,} tokens, {extra / 1e9:.2f} GB more until written", file=sys.stderr
-            )
-        windows = plan_windows(len(ids), prefix, config.max_length, config.stride)
-        layout = converter.layout(ids)
-        values = np.empty(layout.num_values, dtype=np.float64)
-        dropped = np.empty(len(ids) + 1, dtype=np.float64)
-        group.append(PendingDocument(index, key, data, ids, windows, writer, layout, values, dropped, len(ids) + 1))
-        tokens += len(ids) + prefix
-        if tokens >= config.group_tokens:
-            yield group
-            group, tokens = [], 0
-    if group:
-        yield group
-
-
 def _report_not_read(spec: CorpusSpec, verbose: bool) -> str | None:
     """The count of corpus entries not read (by reason); with ``verbose`` each is named on stderr."""
     listing = corpus_listing(spec)
@@ -575,180 +435,3 @@ def _report_not_read(spec: CorpusSpec, verbose: bool) -> str | None:
             print(f"not read: {entry} ({reason})", file=sys.stderr)
         return note
     return note + "; --verbose names them"
-
-
-def _check_strict(config: DumpConfig, skip_lists: dict[int, SkipList]) -> None:
-    listed = sum(len(skips.skips) for skips in skip_lists.values())
-    if config.strict and listed:
-        raise UserError(
-            f"--strict: the store {config.output} already lists {listed} skipped documents (skipped-*.jsonl); "
-            "resume it without --strict"
-        )
-
-
-class _Skipper:
-    """Encodes a document, or skips it: a document the teacher cannot encode (or longer than
-    --max-document-bytes) is recorded in its writer's skip list, or, with --strict, refused."""
-
-    def __init__(self, config: DumpConfig, skip_lists: dict[int, SkipList]):
-        self.strict, self.limit, self.skip_lists = config.strict, config.max_document_bytes, skip_lists
-        self.count = 0
-
-    def encode(self, encoder: DocumentEncoder, index: int, key: str, data: bytes, writer: int) -> np.ndarray | None:
-        try:
-            if self.limit is not None and len(data) > self.limit:
-                raise UnencodableDocument(f"{len(data):,} bytes, more than --max-document-bytes {self.limit:,}")
-            return encoder.encode(data)
-        except UnencodableDocument as exc:
-            if self.strict:
-                raise UserError(f"document {key}: {exc} (without --strict it is skipped and listed)") from None
-            self.skip_lists[writer].add(Skip(index, key, str(exc)))
-            self.count += 1
-            return None
-
-
-def _run_teacher(teacher: Teacher, group: list[PendingDocument], config: DumpConfig, sink: _Sink, bar) -> None:
-    """Forward every window of the group, longest first, in padded batches."""
-    prefix = teacher.context_prefix
-    jobs = [(doc, k) for doc in group for k in range(len(doc.windows))]
-    jobs.sort(key=lambda job: -job[0].windows[job[1]].input_length(len(prefix)))
-    batch: list = []
-    for doc, k in jobs:
-        if batch and (len(batch) + 1) * _length(batch[0], prefix) > config.batch_tokens:
-            bar.update(_forward_batch(teacher, batch, prefix, sink, config.head_rows))
-            batch = []
-        batch.append((doc, k))
-    if batch:
-        bar.update(_forward_batch(teacher, batch, prefix, sink, config.head_rows))
-
-
-def _length(job, prefix: list[int]) -> int:
-    doc, k = job
-    return doc.windows[k].input_length(len(prefix))
-
-
-def _forward_batch(teacher: Teacher, batch, prefix: list[int], sink: _Sink, head_rows: int) -> int:
-    """Run one padded batch of windows through the trunk, then the head and the conversion in
-    chunks of ``head_rows`` rows; return the rows computed."""
-    width = max(_length(job, prefix) for job in batch)
-    input_ids = np.zeros((len(batch), width), dtype=np.int64)
-    mask = np.zeros((len(batch), width), dtype=np.int64)
-    rows, pieces, start = [], [], 0
-    for b, (doc, k) in enumerate(batch):
-        w = doc.windows[k]
-        seq = np.concatenate([np.asarray(prefix, dtype=np.int64), doc.token_ids[w.token_start : w.token_stop]])
-        input_ids[b, : len(seq)] = seq
-        mask[b, : len(seq)] = 1
-        rows.append(w.output_positions(len(prefix)))
-        pieces.append((doc, w.row_start, start, start + len(rows[-1])))
-        start += len(rows[-1])
-    device = teacher.device
-    hidden = teacher.hidden_rows(torch.from_numpy(input_ids).to(device), torch.from_numpy(mask).to(device), rows)
-    for c0 in range(0, start, head_rows):
-        c1 = min(start, c0 + head_rows)
-        sink.convert(teacher.head_logits(hidden[c0:c1]), _pieces_within(pieces, c0, c1))
-    return start
-
-
-def _pieces_within(pieces, c0: int, c1: int) -> list[tuple[PendingDocument, int, int, int]]:
-    """The parts of ``(doc, first row, start, stop)`` pieces inside rows ``c0..c1``, relative to ``c0``."""
-    out = []
-    for doc, first_row, a, b in pieces:
-        lo, hi = max(a, c0), min(b, c1)
-        if lo < hi:
-            out.append((doc, first_row + lo - a, lo - c0, hi - c0))
-    return out
-
-
-@contextmanager
-def _store_errors(store):
-    """A failing disk (full, read-only, over quota) is one line, not a traceback."""
-    try:
-        yield
-    except OSError as exc:
-        raise UserError(f"writing the store {store.directory} failed: {exc}") from None
-
-
-MAX_IN_FLIGHT = 2  # row chunks queued for the background thread
-
-
-class _Sink:
-    """Converts row chunks and writes complete documents in corpus order. One background thread
-    (an executor, at most MAX_IN_FLIGHT tasks queued) runs the Numba conversion (it releases the
-    GIL) and all store writing; on the device path the main thread converts on the device right
-    after the head. A failure in the thread surfaces at the main thread's next hand-over."""
-
-    def __init__(
-        self, stores: dict, converter: Converter, conversion: TorchConversion | None, summary: DumpSummary, bar
-    ):
-        self.stores, self.converter, self.conversion = stores, converter, conversion
-        self.summary, self.bar = summary, bar
-        self.pending: deque[PendingDocument] = deque()  # corpus order, not yet written
-        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dump-writer")
-        self.in_flight: deque[Future] = deque()
-
-    def add(self, group: list[PendingDocument]) -> None:
-        self.pending.extend(group)
-
-    def convert(self, logits: torch.Tensor, pieces) -> None:
-        if self.conversion is None:
-            self._submit(self._convert_numba, logits.numpy(), pieces)
-            return
-        if logits.is_cuda:  # the forward's kernels are asynchronous: time the conversion alone
-            torch.cuda.synchronize(logits.device)
-        start = time.perf_counter()
-        for doc, first_row, a, b in pieces:
-            values, dropped = self.conversion.convert_rows(doc.layout, logits[a:b], first_row)
-            doc.values[doc.positions_of(first_row, b - a)] = values
-            doc.dropped[first_row : first_row + b - a] = dropped
-            doc.rows_left -= b - a
-        self.summary.device_convert_seconds += time.perf_counter() - start
-        self._submit(self._write_complete)
-
-    def _submit(self, task, *args) -> None:
-        while self.in_flight and (self.in_flight[0].done() or len(self.in_flight) >= MAX_IN_FLIGHT):
-            self.in_flight.popleft().result()
-        self.in_flight.append(self.executor.submit(task, *args))
-
-    def _convert_numba(self, logits: np.ndarray, pieces) -> None:
-        start = time.perf_counter()
-        for doc, first_row, a, b in pieces:
-            self.converter.convert_rows_numba(
-                doc.layout, doc.token_ids, logits[a:b], first_row, doc.values, doc.dropped, "sorted"
-            )
-            doc.rows_left -= b - a
-        self.summary.convert_write_seconds += time.perf_counter() - start
-        self._write_complete()
-
-    def _write_complete(self) -> None:
-        start = time.perf_counter()
-        while self.pending and self.pending[0].rows_left == 0:
-            self._write(self.pending.popleft())
-        self.summary.convert_write_seconds += time.perf_counter() - start
-
-    def _write(self, doc: PendingDocument) -> None:
-        dist = DocumentDistributions(doc.layout, doc.values, doc.dropped)
-        store = self.stores[doc.writer_id]
-        with _store_errors(store):
-            stored = store.add_distributions(dist, key=doc.key, token_ids=doc.token_ids)
-        s = self.summary
-        s.documents += 1
-        s.text_bytes += len(doc.data)
-        s.tokens += len(doc.token_ids)
-        s.positions += dist.layout.num_positions
-        s.teacher_nll_nats -= dataclasses.replace(dist, values=stored.astype(np.float64)).log_likelihood()
-        s.exact_teacher_nll_nats -= dist.log_likelihood()
-        s.dropped_mass_sum += float(dist.dropped_mass.sum())
-        s.teacher_rows += len(dist.dropped_mass)
-        elapsed = max(self.bar.format_dict.get("elapsed", 0.0), 1e-9)
-        self.bar.set_postfix(docs=s.documents, bytes_s=f"{s.text_bytes / elapsed:,.0f}")
-
-    def close(self) -> None:
-        while self.in_flight:
-            self.in_flight.popleft().result()
-        self.executor.shutdown()
-        if self.pending:
-            raise RuntimeError(f"{len(self.pending)} documents were never completed")
-
-    def abort(self) -> None:
-        self.executor.shutdown(wait=True, cancel_futures=True)

@@ -1,14 +1,17 @@
 """The teacher: any causal LM that ``transformers`` loads, run for the rows the conversion needs.
 
-The teacher's output layer is permuted into the conversion's column order (regular ids by byte
-string, then end-of-text, then the other specials: :attr:`Converter.column_order`), so its logits
-arrive ready for a contiguous conversion; logits are computed only for the rows that are kept.
+A teacher is immutable. :meth:`Teacher.with_sorted_head` returns a new teacher whose output layer
+is permuted into the conversion's sorted column order (regular ids by byte string, then
+end-of-text, then the other specials: :attr:`Converter.sorted_columns`), so its logits arrive
+ready for a contiguous conversion; the logits it returns say their column order
+(:class:`TeacherLogits`). Logits are computed only for the rows that are kept.
 An output layer padded past the tokenizer's ids (Qwen2.5) is accepted: the padding ids join the
 dropped specials (:func:`fit_output_layer`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,20 +21,30 @@ import torch
 
 from bytestream.errors import UserError
 from bytestream.vocab import TeacherVocab, load_teacher_tokenizer, split_gguf_path, vocab_from_tokenizer
+from distill.column_order import ColumnOrder
 from distill.teacher_weights import check_weights, refuse_missing
 
 logger = logging.getLogger(__name__)
 
 
-@dataclass
+@dataclass(frozen=True)
+class TeacherLogits:
+    """Float32 logits of teacher rows, and the order of their columns."""
+
+    tensor: torch.Tensor  # (rows, V) float32
+    columns: ColumnOrder
+
+
+@dataclass(frozen=True, eq=False)
 class Teacher:
     model: torch.nn.Module
-    head: torch.nn.Linear  # the output layer, or a copy permuted by :meth:`permute_output`
+    head: torch.nn.Linear  # the output layer, or a float32 copy of it permuted into ``columns``
     tokenizer: object
     vocab: TeacherVocab
     name: str
     device: torch.device
     dtype: torch.dtype
+    columns: ColumnOrder = ColumnOrder.TEACHER  # the column order of ``head``'s logits
 
     @property
     def context_prefix(self) -> list[int]:
@@ -39,11 +52,13 @@ class Teacher:
         boundary, as in GPT-2-style pretraining), so that the first token has a prediction."""
         return list(self.vocab.prefix_ids) or [self.vocab.end_of_text_ids[0]]
 
-    def permute_output(self, column_order: np.ndarray) -> None:
-        """Make :meth:`head_logits` emit columns in ``column_order`` (the conversion's sorted
-        order), from a float32 copy of the output layer (the trunk may run in bfloat16: logits
-        rounded to bf16 would be off by ~0.06 nats at |logit| ≈ 25)."""
-        self.head = permuted_head(self.model.get_output_embeddings(), column_order, dtype=torch.float32)
+    def with_sorted_head(self, sorted_columns: np.ndarray) -> Teacher:
+        """This teacher with a float32 copy of its output layer whose row i is the output layer's
+        row ``sorted_columns[i]`` (:attr:`Converter.sorted_columns` of its vocabulary), so that its
+        logits are in :attr:`ColumnOrder.SORTED`. Float32 because the trunk may run in bfloat16:
+        logits rounded to bf16 would be off by ~0.06 nats at |logit| ≈ 25."""
+        head = permuted_head(self.model.get_output_embeddings(), sorted_columns, dtype=torch.float32)
+        return dataclasses.replace(self, head=head, columns=ColumnOrder.SORTED)
 
     @torch.no_grad()
     def hidden_rows(
@@ -58,15 +73,15 @@ class Teacher:
         ]
 
     @torch.no_grad()
-    def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Float32 logits (in the head's column order) of hidden-state rows."""
+    def head_logits(self, hidden: torch.Tensor) -> TeacherLogits:
+        """Float32 logits of hidden-state rows, in :attr:`columns` order."""
         logits = self.head(hidden.to(self.head.weight.dtype)).float()
         softcap = getattr(self.model.config, "final_logit_softcapping", None)
         if softcap:
             logits = torch.tanh(logits / softcap) * softcap
-        return logits
+        return TeacherLogits(logits, self.columns)
 
-    def logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, rows: list[np.ndarray]) -> torch.Tensor:
+    def logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, rows: list[np.ndarray]) -> TeacherLogits:
         """Float32 logits at positions ``rows[b]`` of each sequence ``b`` (all rows at once)."""
         return self.head_logits(self.hidden_rows(input_ids, attention_mask, rows))
 

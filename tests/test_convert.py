@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bytestream.alphabet import BOS, EOS, EOT
+from distill.column_order import ColumnOrder
 from tests.conftest import SAMPLE_DOCUMENTS, random_logits
 
 
@@ -250,12 +251,12 @@ def test_sorted_columns_equal_teacher_columns(llama3_encoder, llama3_converter, 
     """Rows from a teacher whose output layer is permuted to byte-string order convert the same."""
     ids = llama3_encoder.encode(SAMPLE_DOCUMENTS["code"])
     logits = random_logits(len(ids) + 1, llama3_vocab.size, seed=13).astype(np.float32)
-    permuted = np.ascontiguousarray(logits[:, llama3_converter.column_order])
-    assert sorted(llama3_converter.column_order.tolist()) == list(range(llama3_vocab.size))
+    permuted = np.ascontiguousarray(logits[:, llama3_converter.sorted_columns])
+    assert sorted(llama3_converter.sorted_columns.tolist()) == list(range(llama3_vocab.size))
     teacher = llama3_converter.convert_numba(ids, logits)
     for dist in (
-        llama3_converter.convert_numba(ids, permuted, columns="sorted"),
-        llama3_converter.convert_torch(ids, torch.from_numpy(permuted), columns="sorted"),
+        llama3_converter.convert_numba(ids, permuted, columns=ColumnOrder.SORTED),
+        llama3_converter.convert_torch(ids, torch.from_numpy(permuted), columns=ColumnOrder.SORTED),
     ):
         np.testing.assert_allclose(dist.values, teacher.values, rtol=1e-12, atol=1e-300)
         np.testing.assert_allclose(dist.dropped_mass, teacher.dropped_mass, rtol=1e-12, atol=1e-300)
@@ -284,3 +285,30 @@ def test_tokens_longer_than_any_fixed_buffer():
     assert dist.log_likelihood() == pytest.approx(teacher_log_likelihood(vocab, ids, logits), rel=1e-9)
     on_torch = converter.convert_torch(ids, torch.from_numpy(logits))
     np.testing.assert_allclose(on_torch.values, dist.values, rtol=1e-9, atol=1e-300)
+
+
+def test_a_sorted_head_is_a_new_teacher_whose_logits_say_their_order(tmp_path, llama3_tokenizer_path, llama3_encoder):
+    """``with_sorted_head`` leaves the teacher as it was; each teacher's logits carry their column
+    order, and converting them in that order gives the same distributions."""
+    from distill.convert import Converter
+    from distill.teacher import load_teacher
+    from tests.teachers import save_tiny_llama3_teacher
+
+    teacher = load_teacher(str(save_tiny_llama3_teacher(tmp_path / "teacher", llama3_tokenizer_path)))
+    converter = Converter(teacher.vocab)
+    head = teacher.head
+    sorted_teacher = teacher.with_sorted_head(converter.sorted_columns)
+    assert teacher.head is head and teacher.columns is ColumnOrder.TEACHER
+    assert sorted_teacher.columns is ColumnOrder.SORTED and sorted_teacher.head.weight.dtype == torch.float32
+
+    ids = llama3_encoder.encode(SAMPLE_DOCUMENTS["english"])
+    input_ids = torch.tensor([teacher.context_prefix + ids.tolist()])
+    rows = [np.arange(len(ids) + 1)]
+    mine, permuted = (t.logits(input_ids, torch.ones_like(input_ids), rows) for t in (teacher, sorted_teacher))
+    assert (mine.columns, permuted.columns) == (ColumnOrder.TEACHER, ColumnOrder.SORTED)
+    np.testing.assert_allclose(permuted.tensor.numpy(), mine.tensor.numpy()[:, converter.sorted_columns], rtol=1e-5)
+    expected = converter.convert_numba(ids, mine.tensor.numpy(), mine.columns)
+    got = converter.convert_numba(ids, permuted.tensor.numpy(), permuted.columns)
+    np.testing.assert_allclose(got.values, expected.values, rtol=1e-5, atol=1e-12)
+    with pytest.raises(TypeError):
+        converter.convert_numba(ids, permuted.tensor.numpy(), "sorted")

@@ -151,7 +151,7 @@ def test_tiny_phi3_teacher_with_padded_output_layer(tmp_path, families, caplog):
         prefix = teacher.context_prefix
         input_ids = torch.tensor([prefix + ids.tolist()])
         rows = np.arange(len(prefix) - 1, len(prefix) + len(ids))
-        logits = teacher.logits(input_ids, torch.ones_like(input_ids), [rows]).double().numpy()
+        logits = teacher.logits(input_ids, torch.ones_like(input_ids), [rows]).tensor.double().numpy()
         dist = converter.convert_numba(ids, logits)
         expected = teacher_log_likelihood(vocab, ids, logits) - reference_context_log_mass(vocab, ids, logits)
         assert dist.log_likelihood() == pytest.approx(expected, rel=1e-9), name
@@ -251,7 +251,7 @@ def test_dump_of_a_padded_sentencepiece_teacher(tmp_path, families):
         assert teacher.vocab.bytes_of(doc.token_ids) == teacher.vocab.bytes_of(ids)
         input_ids = torch.tensor([teacher.context_prefix + ids.tolist()])
         rows = np.arange(len(ids) + 1)
-        logits = teacher.logits(input_ids, torch.ones_like(input_ids), [rows]).double().numpy()
+        logits = teacher.logits(input_ids, torch.ones_like(input_ids), [rows]).tensor.double().numpy()
         expected = teacher_log_likelihood(teacher.vocab, ids, logits) - reference_context_log_mass(
             teacher.vocab, ids, logits
         )
