@@ -17,6 +17,7 @@ from transformers import AutoModelForCausalLM
 from bytedistill.cli import main as cli_main
 from distill.windows import plan_windows
 from logit_store.store import LogitStore, store_content_hash
+from tests.kill import kill_after_shards, start_bytedistill
 from tests.launch import cpu_launch, run_on_two_machines
 from tests.teachers import dump_args, save_tiny_llama3_teacher
 
@@ -125,32 +126,27 @@ def lorem_corpus(folder: Path, count: int) -> Path:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("conversion", ["numba", "torch"])
-def test_killed_dump_resumes_to_the_same_store(conversion, teacher_dir, tmp_path):
+def test_killed_dump_resumes_to_the_same_store(conversion, teacher_dir, tmp_path, capsys):
+    """A dump killed midway (its own process, SIGKILL after 3 of 12 shards) and resumed stores what
+    one uninterrupted run stores, and the resumed run passes over the documents already stored."""
     corpus = lorem_corpus(tmp_path / "corpus", 24)
     args = [*KILLABLE, "--docs-per-shard", "2", "--conversion", conversion]
-    command = [sys.executable, "-m", "bytedistill", "dump", "--teacher", str(teacher_dir), "--corpus", str(corpus)]
 
-    whole = tmp_path / "whole"
-    subprocess.run(command + ["--output", str(whole)] + args, check=True, capture_output=True)
+    def command(output: Path) -> list[str]:
+        return ["dump", "--teacher", str(teacher_dir), "--corpus", str(corpus), "--output", str(output), *args]
 
-    killed = tmp_path / "killed"
-    proc = subprocess.Popen(
-        command + ["--output", str(killed)] + args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    deadline = time.time() + 120
-    while len(list(killed.glob("shard-*.bds"))) < 3 and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.05)
-    assert proc.poll() is None, "the dump finished before it could be killed"
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    partial = len(list(killed.glob("shard-*.bds")))
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    assert cli_main(command(whole)) == 0
+    partial = kill_after_shards([start_bytedistill(command(killed))], killed, 3, timeout=120)
     assert 0 < partial < 12
-    result = subprocess.run(command + ["--output", str(killed)] + args, check=True, capture_output=True, text=True)
-    assert f"+{2 * partial} already stored" in result.stdout
+    capsys.readouterr()
+    assert cli_main(command(killed)) == 0
+    resumed = capsys.readouterr().out
+    assert f"+{2 * partial} already stored" in resumed
     assert store_content_hash(killed) == store_content_hash(whole)
     # the resumed run's size figure covers the whole store, not only the documents it added
     stats = LogitStore(killed).stats()
-    assert f"({stats['shard_bytes_per_text_byte']:.2f} per text byte)" in result.stdout
+    assert f"({stats['shard_bytes_per_text_byte']:.2f} per text byte)" in resumed
 
 
 @pytest.mark.slow
@@ -363,9 +359,9 @@ def _store_documents(directory) -> list[tuple[str, bytes]]:
 
 
 @pytest.mark.slow
-def test_killed_two_process_dump_resumes_with_one_or_three(teacher_dir, tmp_path):
+def test_killed_two_process_dump_resumes_with_one_or_three(teacher_dir, tmp_path, capsys):
     """Documents belong to fixed writers, not to processes: 2 jobs killed mid-run, resumed by 1
-    job or by 3, hold every document exactly once — the same store as one uninterrupted run."""
+    job or by 3 at once, hold every document exactly once — the same store as one uninterrupted run."""
     import shutil
 
     corpus = lorem_corpus(tmp_path / "corpus", 30)
@@ -373,9 +369,6 @@ def test_killed_two_process_dump_resumes_with_one_or_three(teacher_dir, tmp_path
 
     def command(output, jobs, index):
         return [
-            sys.executable,
-            "-m",
-            "bytedistill",
             "dump",
             "--teacher",
             str(teacher_dir),
@@ -390,36 +383,20 @@ def test_killed_two_process_dump_resumes_with_one_or_three(teacher_dir, tmp_path
             *args,
         ]
 
-    def run_jobs(output, jobs):
-        procs = [
-            subprocess.Popen(command(output, jobs, k), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-            for k in range(jobs)
-        ]
-        for proc in procs:
-            assert proc.wait(timeout=600) == 0, proc.stderr.read()[-2000:]
-
-    whole = tmp_path / "whole"
-    run_jobs(whole, 1)
-    killed = tmp_path / "killed"
-    procs = [
-        subprocess.Popen(command(killed, 2, k), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for k in range(2)
-    ]
-    deadline = time.time() + 300
-    while len(list(killed.glob("shard-*.bds"))) < 6 and time.time() < deadline and all(p.poll() is None for p in procs):
-        time.sleep(0.05)
-    assert all(p.poll() is None for p in procs), "a job finished before it could be killed"
-    for proc in procs:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-    assert 0 < len(list(killed.glob("shard-*.bds"))) < 30
-    again = tmp_path / "again"
+    whole, killed, again = tmp_path / "whole", tmp_path / "killed", tmp_path / "again"
+    assert cli_main(command(whole, 1, 0)) == 0
+    partial = kill_after_shards([start_bytedistill(command(killed, 2, k)) for k in range(2)], killed, 6)
+    assert 0 < partial < 30
     shutil.copytree(killed, again)
-    run_jobs(killed, 1)
-    run_jobs(again, 3)
+    assert cli_main(command(killed, 1, 0)) == 0
+    jobs = [start_bytedistill(command(again, 3, k), stderr=subprocess.PIPE) for k in range(3)]  # at once
+    for job in jobs:
+        assert job.wait(timeout=600) == 0, job.stderr.read()[-2000:]
     expected = _store_documents(whole)
     assert sorted(text for _, text in expected) == sorted((corpus / f"doc{i:02d}.txt").read_bytes() for i in range(30))
     for resumed in (killed, again):
         assert _store_documents(resumed) == expected
         assert store_content_hash(resumed) == store_content_hash(whole)
-    refused = subprocess.run(command(whole, 7, 0), check=False, capture_output=True, text=True)
-    assert refused.returncode == 2 and "6 writers but 7 workers" in refused.stderr.strip().splitlines()[-1]
+    capsys.readouterr()
+    code, err = run_cli(command(whole, 7, 0), capsys)
+    assert code == 2 and "6 writers but 7 workers" in err

@@ -1,0 +1,45 @@
+"""Kill running ``bytedistill dump`` processes midway, as a crash would: SIGKILL once their output
+holds some finished shards."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+REPOSITORY = str(Path(__file__).resolve().parent.parent)
+
+
+def start_bytedistill(argv: Sequence[str], stderr=subprocess.DEVNULL) -> subprocess.Popen:
+    """``python -m bytedistill ARGV`` in its own process (this checkout first on its path), its
+    standard output discarded, its standard error too unless ``stderr`` says otherwise."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([REPOSITORY, os.environ.get("PYTHONPATH", "")])}
+    return subprocess.Popen(
+        [sys.executable, "-m", "bytedistill", *map(str, argv)],
+        stdout=subprocess.DEVNULL,
+        stderr=stderr,
+        env=env,
+    )
+
+
+def kill_after_shards(procs: Sequence[subprocess.Popen], output: Path, shards: int, timeout: float = 300) -> int:
+    """Wait until ``output`` holds ``shards`` finished shards (``shard-*.bds``), then SIGKILL every
+    process of ``procs``. Asserts that none of them had ended by then (the kill came mid-run);
+    returns the finished shards left behind."""
+    deadline = time.monotonic() + timeout
+    while (
+        len(list(output.glob("shard-*.bds"))) < shards
+        and time.monotonic() < deadline
+        and all(proc.poll() is None for proc in procs)
+    ):
+        time.sleep(0.02)
+    assert all(proc.poll() is None for proc in procs), "a dump finished before it could be killed"
+    for proc in procs:
+        proc.send_signal(signal.SIGKILL)
+    for proc in procs:
+        proc.wait()
+    return len(list(output.glob("shard-*.bds")))
