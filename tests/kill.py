@@ -26,20 +26,29 @@ def start_bytedistill(argv: Sequence[str], stderr=subprocess.DEVNULL) -> subproc
     )
 
 
-def kill_after_shards(procs: Sequence[subprocess.Popen], output: Path, shards: int, timeout: float = 300) -> int:
-    """Wait until ``output`` holds ``shards`` finished shards (``shard-*.bds``), then SIGKILL every
-    process of ``procs``. Asserts that none of them had ended by then (the kill came mid-run);
-    returns the finished shards left behind."""
+def kill_after_shards(procs: Sequence[subprocess.Popen], output: Path, shards: int, timeout: float = 900) -> int:
+    """SIGKILL every process of ``procs`` once ``output`` holds ``shards`` finished shards
+    (``shard-*.bds``); returns the finished shards left behind. Asserts that none of them had
+    ended by then: the kill came mid-run.
+
+    The processes run in slices of 20 ms and are stopped (SIGSTOP) while the shards are counted
+    and when they are killed, so however fast a dump is, it cannot finish between the count and
+    the kill. ``timeout`` only bounds a dump that never writes the shards."""
     deadline = time.monotonic() + timeout
-    while (
-        len(list(output.glob("shard-*.bds"))) < shards
-        and time.monotonic() < deadline
-        and all(proc.poll() is None for proc in procs)
-    ):
+    while True:
+        _signal(procs, signal.SIGSTOP)
+        ended = any(proc.poll() is not None for proc in procs)
+        if ended or len(list(output.glob("shard-*.bds"))) >= shards or time.monotonic() > deadline:
+            break
+        _signal(procs, signal.SIGCONT)
         time.sleep(0.02)
     assert all(proc.poll() is None for proc in procs), "a dump finished before it could be killed"
-    for proc in procs:
-        proc.send_signal(signal.SIGKILL)
+    _signal(procs, signal.SIGKILL)
     for proc in procs:
         proc.wait()
     return len(list(output.glob("shard-*.bds")))
+
+
+def _signal(procs: Sequence[subprocess.Popen], signum: int) -> None:
+    for proc in procs:
+        proc.send_signal(signum)

@@ -1,4 +1,5 @@
-"""``dump`` end to end with a tiny random Llama over the real Llama-3 vocabulary."""
+"""``dump`` end to end with a tiny random Llama over the real Llama-3 vocabulary (and over a small
+vocabulary where a test runs many dumps in their own processes)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from transformers import AutoModelForCausalLM
 from bytedistill.cli import main as cli_main
 from distill.windows import plan_windows
 from logit_store.store import LogitStore, store_content_hash
+from tests.gguf_teachers import save_small_teacher, write_tiny_gguf
 from tests.kill import kill_after_shards, start_bytedistill
 from tests.launch import cpu_launch, run_on_two_machines
 from tests.teachers import dump_args, save_tiny_llama3_teacher
@@ -33,6 +35,15 @@ DOCUMENTS = {
 @pytest.fixture(scope="module")
 def teacher_dir(tmp_path_factory, llama3_tokenizer_path) -> Path:
     return save_tiny_llama3_teacher(tmp_path_factory.mktemp("teacher"), llama3_tokenizer_path)
+
+
+@pytest.fixture(scope="module")
+def small_teacher(tmp_path_factory) -> Path:
+    """A tiny random Llama over a 2,000-id byte-level BPE (tests/gguf_teachers.py), for the dumps
+    killed, resumed or run by several processes: what they check holds for any vocabulary, and
+    every process of theirs would build the Llama-3 tables anew."""
+    root = tmp_path_factory.mktemp("small-teacher")
+    return save_small_teacher(root / "teacher", write_tiny_gguf(root / "tiny.gguf"))
 
 
 @pytest.fixture(scope="module")
@@ -126,18 +137,18 @@ def lorem_corpus(folder: Path, count: int) -> Path:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("conversion", ["numba", "torch"])
-def test_killed_dump_resumes_to_the_same_store(conversion, teacher_dir, tmp_path, capsys):
+def test_killed_dump_resumes_to_the_same_store(conversion, small_teacher, tmp_path, capsys):
     """A dump killed midway (its own process, SIGKILL after 3 of 12 shards) and resumed stores what
     one uninterrupted run stores, and the resumed run passes over the documents already stored."""
     corpus = lorem_corpus(tmp_path / "corpus", 24)
     args = [*KILLABLE, "--docs-per-shard", "2", "--conversion", conversion]
 
     def command(output: Path) -> list[str]:
-        return ["dump", "--teacher", str(teacher_dir), "--corpus", str(corpus), "--output", str(output), *args]
+        return ["dump", "--teacher", str(small_teacher), "--corpus", str(corpus), "--output", str(output), *args]
 
     whole, killed = tmp_path / "whole", tmp_path / "killed"
     assert cli_main(command(whole)) == 0
-    partial = kill_after_shards([start_bytedistill(command(killed))], killed, 3, timeout=120)
+    partial = kill_after_shards([start_bytedistill(command(killed))], killed, 3)
     assert 0 < partial < 12
     capsys.readouterr()
     assert cli_main(command(killed)) == 0
@@ -150,14 +161,14 @@ def test_killed_dump_resumes_to_the_same_store(conversion, teacher_dir, tmp_path
 
 
 @pytest.mark.slow
-def test_two_process_accelerate_launch_matches_one_process(teacher_dir, corpus_dir, tmp_path):
+def test_two_process_accelerate_launch_matches_one_process(small_teacher, corpus_dir, tmp_path):
     """Two processes on one machine store what one process stores; two machines of one process
     each (``--num_machines 2``, machine ranks 0 and 1) store exactly what the two processes store."""
     single, double, machines = tmp_path / "single", tmp_path / "double", tmp_path / "machines"
-    assert cli_main(dump_args(teacher_dir, corpus_dir, single)) == 0
+    assert cli_main(dump_args(small_teacher, corpus_dir, single)) == 0
     launch, env = cpu_launch(2)
     proc = subprocess.run(
-        launch + ["-m", "bytedistill"] + dump_args(teacher_dir, corpus_dir, double),
+        launch + ["-m", "bytedistill"] + dump_args(small_teacher, corpus_dir, double),
         check=False,
         env=env,
         capture_output=True,
@@ -173,7 +184,7 @@ def test_two_process_accelerate_launch_matches_one_process(teacher_dir, corpus_d
         b = by_key[a.key]
         np.testing.assert_array_equal(a.token_ids, b.token_ids)
         np.testing.assert_allclose(a.values, b.values, atol=2e-2)
-    run_on_two_machines(["-m", "bytedistill"] + dump_args(teacher_dir, corpus_dir, machines))
+    run_on_two_machines(["-m", "bytedistill"] + dump_args(small_teacher, corpus_dir, machines))
     assert {p.name.split("-")[1] for p in machines.glob("shard-*.bds")} == {"00000", "00001"}
     assert store_content_hash(machines) == store_content_hash(double)
 
@@ -359,7 +370,7 @@ def _store_documents(directory) -> list[tuple[str, bytes]]:
 
 
 @pytest.mark.slow
-def test_killed_two_process_dump_resumes_with_one_or_three(teacher_dir, tmp_path, capsys):
+def test_killed_two_process_dump_resumes_with_one_or_three(small_teacher, tmp_path, capsys):
     """Documents belong to fixed writers, not to processes: 2 jobs killed mid-run, resumed by 1
     job or by 3 at once, hold every document exactly once — the same store as one uninterrupted run."""
     import shutil
@@ -371,7 +382,7 @@ def test_killed_two_process_dump_resumes_with_one_or_three(teacher_dir, tmp_path
         return [
             "dump",
             "--teacher",
-            str(teacher_dir),
+            str(small_teacher),
             "--corpus",
             str(corpus),
             "--output",
