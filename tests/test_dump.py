@@ -335,7 +335,7 @@ def test_split_follows_content_not_path_spelling(teacher_dir, tmp_path, monkeypa
     assert {**train, **held} == texts  # keys are the names inside the corpus, never absolute paths
 
 
-def test_writer_failure_ends_the_dump_in_one_line(teacher_dir, tmp_path):
+def test_writer_failure_ends_the_dump_in_one_line(small_teacher, tmp_path):
     """A full disk, simulated by a file-size limit the shard outgrows: exit 2, one line, promptly."""
     import resource
 
@@ -347,7 +347,7 @@ def test_writer_failure_ends_the_dump_in_one_line(teacher_dir, tmp_path):
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writes past the limit fail with EFBIG
         resource.setrlimit(resource.RLIMIT_FSIZE, (600_000, 600_000))
 
-    command = [sys.executable, "-m", "bytedistill", *dump_args(teacher_dir, corpus, tmp_path / "out")]
+    command = [sys.executable, "-m", "bytedistill", *dump_args(small_teacher, corpus, tmp_path / "out")]
     proc = subprocess.run(command, preexec_fn=limit_file_size, check=False, capture_output=True, text=True, timeout=300)
     last = proc.stderr.strip().splitlines()[-1]
     assert proc.returncode == 2 and last.startswith("bytedistill dump: error: writing the store"), proc.stderr[-2000:]
