@@ -1,5 +1,5 @@
-"""``dump`` end to end with a tiny random Llama over the real Llama-3 vocabulary (and over a small
-vocabulary where a test runs many dumps in their own processes)."""
+"""``dump`` end to end with a tiny random Llama over the real Llama-3 vocabulary, and over a small
+vocabulary where what a test checks does not depend on it."""
 
 from __future__ import annotations
 
@@ -39,9 +39,9 @@ def teacher_dir(tmp_path_factory, llama3_tokenizer_path) -> Path:
 
 @pytest.fixture(scope="module")
 def small_teacher(tmp_path_factory) -> Path:
-    """A tiny random Llama over a 2,000-id byte-level BPE (tests/gguf_teachers.py), for the dumps
-    killed, resumed or run by several processes: what they check holds for any vocabulary, and
-    every process of theirs would build the Llama-3 tables anew."""
+    """A tiny random Llama over a 2,000-id byte-level BPE (tests/gguf_teachers.py), for the tests
+    whose checks hold for any vocabulary (settings, corpora, refusals, killed, resumed and parallel
+    dumps): every dump, in-process or not, would build the Llama-3 tables anew (many seconds)."""
     root = tmp_path_factory.mktemp("small-teacher")
     return save_small_teacher(root / "teacher", write_tiny_gguf(root / "tiny.gguf"))
 
@@ -196,20 +196,20 @@ def run_cli(args, capsys) -> tuple[int, str]:
     return code, lines[-1] if lines else ""
 
 
-def test_bad_inputs_fail_in_one_line(teacher_dir, corpus_dir, tmp_path, capsys, llama3_tokenizer_path):
+def test_bad_inputs_fail_in_one_line(small_teacher, corpus_dir, tmp_path, capsys, llama3_tokenizer_path):
     out = tmp_path / "store"
     cases = {
-        "corpus not found": dump_args(teacher_dir, tmp_path / "missing.txt", out),
+        "corpus not found": dump_args(small_teacher, tmp_path / "missing.txt", out),
         "teacher not found": dump_args(tmp_path / "no-teacher", corpus_dir, out),
-        "--stride must be": dump_args(teacher_dir, corpus_dir, out, "--stride", "64"),
-        "lower --head-rows": dump_args(teacher_dir, corpus_dir, out, "--head-rows", "100000000"),
+        "--stride must be": dump_args(small_teacher, corpus_dir, out, "--stride", "64"),
+        "lower --head-rows": dump_args(small_teacher, corpus_dir, out, "--head-rows", "100000000"),
     }
     bad_json = tmp_path / "bad.jsonl"
     bad_json.write_text('{"text": "fine"}\n{"body": "no text field"}\n')
-    cases["no field 'text'"] = dump_args(teacher_dir, bad_json, out)
+    cases["no field 'text'"] = dump_args(small_teacher, bad_json, out)
     broken = tmp_path / "broken.jsonl"
     broken.write_text('{"text": "fine"}\n{not json\n')
-    cases["broken.jsonl:2: not valid JSON"] = dump_args(teacher_dir, broken, out)
+    cases["broken.jsonl:2: not valid JSON"] = dump_args(small_teacher, broken, out)
     for n, (expected, args) in enumerate(cases.items()):
         args[args.index("--output") + 1] = str(tmp_path / f"store{n}")
         code, err = run_cli(args, capsys)
@@ -222,22 +222,23 @@ def test_teacher_tokenizer_mismatch_is_refused(tmp_path, corpus_dir, capsys, lla
     assert code == 2 and "128256 ids" in err and "1000 rows" in err
 
 
-def test_rerun_with_other_settings_is_refused(teacher_dir, corpus_dir, tmp_path, capsys):
+def test_rerun_with_other_settings_is_refused(small_teacher, corpus_dir, tmp_path, capsys):
     out = tmp_path / "store"
-    assert cli_main(dump_args(teacher_dir, corpus_dir, out, "--max-docs", "1")) == 0
+    assert cli_main(dump_args(small_teacher, corpus_dir, out, "--max-docs", "1")) == 0
     code, err = run_cli(
-        dump_args(teacher_dir, corpus_dir, out, "--max-docs", "2", "--max-length", "32", "--encoding", "pow16"), capsys
+        dump_args(small_teacher, corpus_dir, out, "--max-docs", "2", "--max-length", "32", "--encoding", "pow16"),
+        capsys,
     )
     assert code == 2 and err.startswith("bytedistill dump: error: ")
     for field in ("settings.max_length: store has 64, this run has 32", "settings.corpus.max_docs", "encoding"):
         assert field in err, (field, err)  # every difference named, however long the line
     # the same command resumes (here: nothing left to do)
-    assert cli_main(dump_args(teacher_dir, corpus_dir, out, "--max-docs", "1")) == 0
+    assert cli_main(dump_args(small_teacher, corpus_dir, out, "--max-docs", "1")) == 0
     out = capsys.readouterr().out
     assert "+1 already stored" in out and "nan" not in out
 
 
-def test_jsonl_and_parquet_corpora(teacher_dir, tmp_path, capsys):
+def test_jsonl_and_parquet_corpora(small_teacher, tmp_path, capsys):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -246,7 +247,7 @@ def test_jsonl_and_parquet_corpora(teacher_dir, tmp_path, capsys):
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "c.parquet")
     for name in ("c.jsonl", "c.parquet"):
         out = tmp_path / f"store-{name}"
-        assert cli_main(dump_args(teacher_dir, tmp_path / name, out, "--text-field", "body")) == 0
+        assert cli_main(dump_args(small_teacher, tmp_path / name, out, "--text-field", "body")) == 0
         store = LogitStore(out)
         assert [store.document(i).layout.text_bytes() for i in range(len(store))] == [
             b"first document",
@@ -309,14 +310,14 @@ def test_utf8_runs_exact_and_linear():
     assert b"".join(run for _, run in runs) == big
 
 
-def test_lone_surrogate_in_jsonl_is_one_line(teacher_dir, tmp_path, capsys):
+def test_lone_surrogate_in_jsonl_is_one_line(small_teacher, tmp_path, capsys):
     corpus = tmp_path / "s.jsonl"
     corpus.write_text('{"text": "fine"}\n{"text": "a\\ud800b"}\n')
-    code, err = run_cli(dump_args(teacher_dir, corpus, tmp_path / "out"), capsys)
+    code, err = run_cli(dump_args(small_teacher, corpus, tmp_path / "out"), capsys)
     assert code == 2 and err.startswith("bytedistill dump: error: ") and "s.jsonl:2" in err and "surrogate" in err, err
 
 
-def test_split_follows_content_not_path_spelling(teacher_dir, tmp_path, monkeypatch):
+def test_split_follows_content_not_path_spelling(small_teacher, tmp_path, monkeypatch):
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     texts = {f"d{i}.txt": f"document number {i} says {'hello ' * i}".encode() for i in range(8)}
@@ -324,8 +325,8 @@ def test_split_follows_content_not_path_spelling(teacher_dir, tmp_path, monkeypa
         (corpus / name).write_bytes(data)
     monkeypatch.chdir(tmp_path)
     split = ["--heldout-fraction", "0.5"]
-    assert cli_main(dump_args(teacher_dir, "corpus", tmp_path / "train", "--subset", "train", *split)) == 0
-    assert cli_main(dump_args(teacher_dir, corpus.resolve(), tmp_path / "held", "--subset", "heldout", *split)) == 0
+    assert cli_main(dump_args(small_teacher, "corpus", tmp_path / "train", "--subset", "train", *split)) == 0
+    assert cli_main(dump_args(small_teacher, corpus.resolve(), tmp_path / "held", "--subset", "heldout", *split)) == 0
     sides = []
     for name in ("train", "held"):
         store = LogitStore(tmp_path / name)
@@ -354,14 +355,14 @@ def test_writer_failure_ends_the_dump_in_one_line(small_teacher, tmp_path):
     assert "Traceback" not in proc.stderr
 
 
-def test_second_dump_on_the_same_writer_is_refused(teacher_dir, corpus_dir, tmp_path, capsys):
+def test_second_dump_on_the_same_writer_is_refused(small_teacher, corpus_dir, tmp_path, capsys):
     from distill.sharding import WriterLock
 
     out = tmp_path / "store"
     with WriterLock(out, 0):
-        code, err = run_cli(dump_args(teacher_dir, corpus_dir, out), capsys)
+        code, err = run_cli(dump_args(small_teacher, corpus_dir, out), capsys)
     assert code == 2 and "another dump is writing writer 0" in err
-    assert cli_main(dump_args(teacher_dir, corpus_dir, out)) == 0  # released: the dump runs
+    assert cli_main(dump_args(small_teacher, corpus_dir, out)) == 0  # released: the dump runs
 
 
 def _store_documents(directory) -> list[tuple[str, bytes]]:
