@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import stat
 from pathlib import Path
 
 from bytestream.errors import UserError
@@ -49,12 +50,16 @@ def check_store_files(directory: Path) -> None:
         kind = store_file_kind(entry.name)
         if kind is None or kind == "manifest":
             continue
-        if entry.is_symlink() or not entry.is_file():
-            problem = "is a link or not a regular file"
-        elif not has_manifest and not (kind == "partial file" and entry.name.startswith(MANIFEST)):
-            problem = f"is not from a store (there is no {MANIFEST})"
-        else:
-            problem = _content_problem(entry, kind)
+        try:
+            regular = stat.S_ISREG(entry.lstat().st_mode)
+            if not regular:
+                problem = "is a link or not a regular file"
+            elif not has_manifest and not (kind == "partial file" and entry.name.startswith(MANIFEST)):
+                problem = f"is not from a store (there is no {MANIFEST})"
+            else:
+                problem = _content_problem(entry, kind)
+        except FileNotFoundError:  # renamed or removed since the listing, by another job writing this store
+            continue
         if problem:
             raise UserError(
                 f"{entry} {problem}: a dump would overwrite or delete it; move it away or choose another --output"

@@ -73,6 +73,17 @@ def write_tiny_gguf(path: Path, keep=lambda name: True, seed: int = 0) -> Path:
     return path
 
 
+def save_small_teacher(folder: Path, gguf: Path) -> Path:
+    """A saved transformers teacher (a 2-layer random Llama, tests.teachers.save_tiny_teacher)
+    over the tokenizer of the tiny GGUF at ``gguf`` (2,000 ids): its vocabulary tables build in
+    a blink, where the Llama-3 ones take every process many seconds."""
+    from bytestream.vocab import load_teacher_tokenizer
+    from tests.teachers import save_tiny_teacher
+
+    tokenizer = load_teacher_tokenizer(gguf)
+    return save_tiny_teacher(folder, tokenizer, tokenizer.vocab_size)
+
+
 @functools.cache
 def _smollm2_tokenizer() -> dict:
     """The ``tokenizer.ggml.*`` fields of the bundled SmolLM2 GGUF (read once: parsing them is slow)."""

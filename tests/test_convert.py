@@ -6,7 +6,8 @@ docs/DESIGN.md, "Exact conversion" and "Identity".
 from __future__ import annotations
 
 import math
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -19,27 +20,65 @@ from distill.column_order import ColumnOrder
 from tests.conftest import SAMPLE_DOCUMENTS, random_logits
 
 
+@dataclass(frozen=True)
+class BruteForceTables:
+    """A vocabulary's regular (non-special) ids grouped by plain Python byte-string tests, for the
+    brute-force references: by their first byte, by every prefix of their byte string (the
+    prefix → the (bytes, id) pairs that start with it), and by their whole byte string."""
+
+    kept: np.ndarray  # regular and end-of-text ids, ascending
+    by_first_byte: dict[int, np.ndarray]
+    by_prefix: dict[bytes, list[tuple[bytes, int]]]
+    twins: defaultdict[bytes, list[int]]  # a byte string no regular id has → []
+
+
+_TABLES: OrderedDict[int, tuple[object, BruteForceTables]] = OrderedDict()
+
+
+def brute_force_tables(vocab) -> BruteForceTables:
+    """The tables of ``vocab``, built once per vocabulary object (the last few kept)."""
+    if id(vocab) in _TABLES and _TABLES[id(vocab)][0] is vocab:
+        return _TABLES[id(vocab)][1]
+    special = set(vocab.special_ids)
+    regular = [(vocab.token_bytes[i], i) for i in range(vocab.size) if i not in special]
+    first, by_prefix, twins = defaultdict(list), defaultdict(list), defaultdict(list)
+    for b, i in regular:
+        if b:
+            first[b[0]].append(i)
+        twins[b].append(i)
+        for k in range(1, len(b) + 1):
+            by_prefix[b[:k]].append((b, i))
+    tables = BruteForceTables(
+        kept=np.array(sorted({i for _, i in regular} | set(vocab.end_of_text_ids))),
+        by_first_byte={byte: np.array(ids) for byte, ids in first.items()},
+        by_prefix=dict(by_prefix),
+        twins=twins,
+    )
+    _TABLES[id(vocab)] = (vocab, tables)
+    while len(_TABLES) > 4:
+        _TABLES.popitem(last=False)
+    return tables
+
+
 def reference_distributions(vocab, token_ids, logits):
     """Brute force over the whole vocabulary: one {symbol: probability} per stream position.
 
-    Written independently of the trie: prefix tests on Python byte strings, masses summed with
-    math.fsum, ids sharing a byte string summed together. With a dummy prefix space (a non-empty
-    document of a teacher that adds one) the first row is read given that space.
+    Written independently of the trie: prefix tests on Python byte strings (every prefix of
+    every token's byte string, as a dictionary), masses summed with math.fsum, ids sharing a
+    byte string summed together. With a dummy prefix space (a non-empty document of a teacher
+    that adds one) the first row is read given that space.
     """
     context = dummy_prefix(vocab, token_ids)
-    special = set(vocab.special_ids)
     end_of_text = set(vocab.end_of_text_ids)
-    regular = [(vocab.token_bytes[i], i) for i in range(vocab.size) if i not in special]
-    kept = np.array(sorted({i for _, i in regular} | end_of_text))
+    tables = brute_force_tables(vocab)
+    kept = tables.kept
     positions = []
     for j in range(len(token_ids) + 1):
         row = logits[j].astype(np.float64)
         log_z = np.logaddexp.reduce(row[kept])
         q = np.exp(row - log_z)
         if j > 0 or not context:
-            groups = defaultdict(list)
-            for b, i in regular:
-                groups[b[0]].append(q[i])
+            groups = {byte: q[ids].tolist() for byte, ids in tables.by_first_byte.items()}
             groups[EOS] = [q[i] for i in end_of_text]
             positions.append({s: math.fsum(v) for s, v in groups.items()})
         if j == len(token_ids):
@@ -48,9 +87,8 @@ def reference_distributions(vocab, token_ids, logits):
         for k in range(len(context) if j == 0 and context else 1, len(token) + 1):
             prefix = token[:k]
             groups = defaultdict(list)
-            for b, i in regular:
-                if b.startswith(prefix):
-                    groups[EOT if len(b) == k else b[k]].append(q[i])
+            for b, i in tables.by_prefix.get(prefix, []):
+                groups[EOT if len(b) == k else b[k]].append(q[i])
             sums = {s: math.fsum(v) for s, v in groups.items()}
             total = math.fsum(sums.values())
             positions.append({s: m / total for s, m in sums.items()})
@@ -79,9 +117,7 @@ def teacher_log_likelihood(vocab, token_ids, logits) -> float:
     end-of-text ids, and the mass of ids sharing a byte string (SentencePiece duplicates) summed."""
     keep = np.ones(vocab.size, dtype=bool)
     keep[list(vocab.special_ids)] = False
-    twins = defaultdict(list)
-    for i in np.flatnonzero(keep):
-        twins[vocab.token_bytes[i]].append(i)
+    twins = brute_force_tables(vocab).twins
     keep[list(vocab.end_of_text_ids)] = True
     logits = logits.astype(np.float64)
     log_z = np.logaddexp.reduce(np.where(keep, logits, -np.inf), axis=1)

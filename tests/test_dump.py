@@ -1,4 +1,5 @@
-"""``dump`` end to end with a tiny random Llama over the real Llama-3 vocabulary."""
+"""``dump`` end to end with a tiny random Llama over the real Llama-3 vocabulary, and over a small
+vocabulary where what a test checks does not depend on it."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from transformers import AutoModelForCausalLM
 from bytedistill.cli import main as cli_main
 from distill.windows import plan_windows
 from logit_store.store import LogitStore, store_content_hash
+from tests.gguf_teachers import save_small_teacher, write_tiny_gguf
+from tests.kill import kill_after_shards, start_bytedistill
 from tests.launch import cpu_launch, run_on_two_machines
 from tests.teachers import dump_args, save_tiny_llama3_teacher
 
@@ -32,6 +35,15 @@ DOCUMENTS = {
 @pytest.fixture(scope="module")
 def teacher_dir(tmp_path_factory, llama3_tokenizer_path) -> Path:
     return save_tiny_llama3_teacher(tmp_path_factory.mktemp("teacher"), llama3_tokenizer_path)
+
+
+@pytest.fixture(scope="module")
+def small_teacher(tmp_path_factory) -> Path:
+    """A tiny random Llama over a 2,000-id byte-level BPE (tests/gguf_teachers.py), for the tests
+    whose checks hold for any vocabulary (settings, corpora, refusals, killed, resumed and parallel
+    dumps): every dump, in-process or not, would build the Llama-3 tables anew (many seconds)."""
+    root = tmp_path_factory.mktemp("small-teacher")
+    return save_small_teacher(root / "teacher", write_tiny_gguf(root / "tiny.gguf"))
 
 
 @pytest.fixture(scope="module")
@@ -125,43 +137,38 @@ def lorem_corpus(folder: Path, count: int) -> Path:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("conversion", ["numba", "torch"])
-def test_killed_dump_resumes_to_the_same_store(conversion, teacher_dir, tmp_path):
+def test_killed_dump_resumes_to_the_same_store(conversion, small_teacher, tmp_path, capsys):
+    """A dump killed midway (its own process, SIGKILL after 3 of 12 shards) and resumed stores what
+    one uninterrupted run stores, and the resumed run passes over the documents already stored."""
     corpus = lorem_corpus(tmp_path / "corpus", 24)
     args = [*KILLABLE, "--docs-per-shard", "2", "--conversion", conversion]
-    command = [sys.executable, "-m", "bytedistill", "dump", "--teacher", str(teacher_dir), "--corpus", str(corpus)]
 
-    whole = tmp_path / "whole"
-    subprocess.run(command + ["--output", str(whole)] + args, check=True, capture_output=True)
+    def command(output: Path) -> list[str]:
+        return ["dump", "--teacher", str(small_teacher), "--corpus", str(corpus), "--output", str(output), *args]
 
-    killed = tmp_path / "killed"
-    proc = subprocess.Popen(
-        command + ["--output", str(killed)] + args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    deadline = time.time() + 120
-    while len(list(killed.glob("shard-*.bds"))) < 3 and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.05)
-    assert proc.poll() is None, "the dump finished before it could be killed"
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    partial = len(list(killed.glob("shard-*.bds")))
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    assert cli_main(command(whole)) == 0
+    partial = kill_after_shards([start_bytedistill(command(killed))], killed, 3)
     assert 0 < partial < 12
-    result = subprocess.run(command + ["--output", str(killed)] + args, check=True, capture_output=True, text=True)
-    assert f"+{2 * partial} already stored" in result.stdout
+    capsys.readouterr()
+    assert cli_main(command(killed)) == 0
+    resumed = capsys.readouterr().out
+    assert f"+{2 * partial} already stored" in resumed
     assert store_content_hash(killed) == store_content_hash(whole)
     # the resumed run's size figure covers the whole store, not only the documents it added
     stats = LogitStore(killed).stats()
-    assert f"({stats['shard_bytes_per_text_byte']:.2f} per text byte)" in result.stdout
+    assert f"({stats['shard_bytes_per_text_byte']:.2f} per text byte)" in resumed
 
 
 @pytest.mark.slow
-def test_two_process_accelerate_launch_matches_one_process(teacher_dir, corpus_dir, tmp_path):
+def test_two_process_accelerate_launch_matches_one_process(small_teacher, corpus_dir, tmp_path):
     """Two processes on one machine store what one process stores; two machines of one process
     each (``--num_machines 2``, machine ranks 0 and 1) store exactly what the two processes store."""
     single, double, machines = tmp_path / "single", tmp_path / "double", tmp_path / "machines"
-    assert cli_main(dump_args(teacher_dir, corpus_dir, single)) == 0
+    assert cli_main(dump_args(small_teacher, corpus_dir, single)) == 0
     launch, env = cpu_launch(2)
     proc = subprocess.run(
-        launch + ["-m", "bytedistill"] + dump_args(teacher_dir, corpus_dir, double),
+        launch + ["-m", "bytedistill"] + dump_args(small_teacher, corpus_dir, double),
         check=False,
         env=env,
         capture_output=True,
@@ -177,7 +184,7 @@ def test_two_process_accelerate_launch_matches_one_process(teacher_dir, corpus_d
         b = by_key[a.key]
         np.testing.assert_array_equal(a.token_ids, b.token_ids)
         np.testing.assert_allclose(a.values, b.values, atol=2e-2)
-    run_on_two_machines(["-m", "bytedistill"] + dump_args(teacher_dir, corpus_dir, machines))
+    run_on_two_machines(["-m", "bytedistill"] + dump_args(small_teacher, corpus_dir, machines))
     assert {p.name.split("-")[1] for p in machines.glob("shard-*.bds")} == {"00000", "00001"}
     assert store_content_hash(machines) == store_content_hash(double)
 
@@ -189,20 +196,20 @@ def run_cli(args, capsys) -> tuple[int, str]:
     return code, lines[-1] if lines else ""
 
 
-def test_bad_inputs_fail_in_one_line(teacher_dir, corpus_dir, tmp_path, capsys, llama3_tokenizer_path):
+def test_bad_inputs_fail_in_one_line(small_teacher, corpus_dir, tmp_path, capsys, llama3_tokenizer_path):
     out = tmp_path / "store"
     cases = {
-        "corpus not found": dump_args(teacher_dir, tmp_path / "missing.txt", out),
+        "corpus not found": dump_args(small_teacher, tmp_path / "missing.txt", out),
         "teacher not found": dump_args(tmp_path / "no-teacher", corpus_dir, out),
-        "--stride must be": dump_args(teacher_dir, corpus_dir, out, "--stride", "64"),
-        "lower --head-rows": dump_args(teacher_dir, corpus_dir, out, "--head-rows", "100000000"),
+        "--stride must be": dump_args(small_teacher, corpus_dir, out, "--stride", "64"),
+        "lower --head-rows": dump_args(small_teacher, corpus_dir, out, "--head-rows", "100000000"),
     }
     bad_json = tmp_path / "bad.jsonl"
     bad_json.write_text('{"text": "fine"}\n{"body": "no text field"}\n')
-    cases["no field 'text'"] = dump_args(teacher_dir, bad_json, out)
+    cases["no field 'text'"] = dump_args(small_teacher, bad_json, out)
     broken = tmp_path / "broken.jsonl"
     broken.write_text('{"text": "fine"}\n{not json\n')
-    cases["broken.jsonl:2: not valid JSON"] = dump_args(teacher_dir, broken, out)
+    cases["broken.jsonl:2: not valid JSON"] = dump_args(small_teacher, broken, out)
     for n, (expected, args) in enumerate(cases.items()):
         args[args.index("--output") + 1] = str(tmp_path / f"store{n}")
         code, err = run_cli(args, capsys)
@@ -215,22 +222,23 @@ def test_teacher_tokenizer_mismatch_is_refused(tmp_path, corpus_dir, capsys, lla
     assert code == 2 and "128256 ids" in err and "1000 rows" in err
 
 
-def test_rerun_with_other_settings_is_refused(teacher_dir, corpus_dir, tmp_path, capsys):
+def test_rerun_with_other_settings_is_refused(small_teacher, corpus_dir, tmp_path, capsys):
     out = tmp_path / "store"
-    assert cli_main(dump_args(teacher_dir, corpus_dir, out, "--max-docs", "1")) == 0
+    assert cli_main(dump_args(small_teacher, corpus_dir, out, "--max-docs", "1")) == 0
     code, err = run_cli(
-        dump_args(teacher_dir, corpus_dir, out, "--max-docs", "2", "--max-length", "32", "--encoding", "pow16"), capsys
+        dump_args(small_teacher, corpus_dir, out, "--max-docs", "2", "--max-length", "32", "--encoding", "pow16"),
+        capsys,
     )
     assert code == 2 and err.startswith("bytedistill dump: error: ")
     for field in ("settings.max_length: store has 64, this run has 32", "settings.corpus.max_docs", "encoding"):
         assert field in err, (field, err)  # every difference named, however long the line
     # the same command resumes (here: nothing left to do)
-    assert cli_main(dump_args(teacher_dir, corpus_dir, out, "--max-docs", "1")) == 0
+    assert cli_main(dump_args(small_teacher, corpus_dir, out, "--max-docs", "1")) == 0
     out = capsys.readouterr().out
     assert "+1 already stored" in out and "nan" not in out
 
 
-def test_jsonl_and_parquet_corpora(teacher_dir, tmp_path, capsys):
+def test_jsonl_and_parquet_corpora(small_teacher, tmp_path, capsys):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -239,7 +247,7 @@ def test_jsonl_and_parquet_corpora(teacher_dir, tmp_path, capsys):
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "c.parquet")
     for name in ("c.jsonl", "c.parquet"):
         out = tmp_path / f"store-{name}"
-        assert cli_main(dump_args(teacher_dir, tmp_path / name, out, "--text-field", "body")) == 0
+        assert cli_main(dump_args(small_teacher, tmp_path / name, out, "--text-field", "body")) == 0
         store = LogitStore(out)
         assert [store.document(i).layout.text_bytes() for i in range(len(store))] == [
             b"first document",
@@ -302,14 +310,14 @@ def test_utf8_runs_exact_and_linear():
     assert b"".join(run for _, run in runs) == big
 
 
-def test_lone_surrogate_in_jsonl_is_one_line(teacher_dir, tmp_path, capsys):
+def test_lone_surrogate_in_jsonl_is_one_line(small_teacher, tmp_path, capsys):
     corpus = tmp_path / "s.jsonl"
     corpus.write_text('{"text": "fine"}\n{"text": "a\\ud800b"}\n')
-    code, err = run_cli(dump_args(teacher_dir, corpus, tmp_path / "out"), capsys)
+    code, err = run_cli(dump_args(small_teacher, corpus, tmp_path / "out"), capsys)
     assert code == 2 and err.startswith("bytedistill dump: error: ") and "s.jsonl:2" in err and "surrogate" in err, err
 
 
-def test_split_follows_content_not_path_spelling(teacher_dir, tmp_path, monkeypatch):
+def test_split_follows_content_not_path_spelling(small_teacher, tmp_path, monkeypatch):
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     texts = {f"d{i}.txt": f"document number {i} says {'hello ' * i}".encode() for i in range(8)}
@@ -317,8 +325,8 @@ def test_split_follows_content_not_path_spelling(teacher_dir, tmp_path, monkeypa
         (corpus / name).write_bytes(data)
     monkeypatch.chdir(tmp_path)
     split = ["--heldout-fraction", "0.5"]
-    assert cli_main(dump_args(teacher_dir, "corpus", tmp_path / "train", "--subset", "train", *split)) == 0
-    assert cli_main(dump_args(teacher_dir, corpus.resolve(), tmp_path / "held", "--subset", "heldout", *split)) == 0
+    assert cli_main(dump_args(small_teacher, "corpus", tmp_path / "train", "--subset", "train", *split)) == 0
+    assert cli_main(dump_args(small_teacher, corpus.resolve(), tmp_path / "held", "--subset", "heldout", *split)) == 0
     sides = []
     for name in ("train", "held"):
         store = LogitStore(tmp_path / name)
@@ -328,7 +336,7 @@ def test_split_follows_content_not_path_spelling(teacher_dir, tmp_path, monkeypa
     assert {**train, **held} == texts  # keys are the names inside the corpus, never absolute paths
 
 
-def test_writer_failure_ends_the_dump_in_one_line(teacher_dir, tmp_path):
+def test_writer_failure_ends_the_dump_in_one_line(small_teacher, tmp_path):
     """A full disk, simulated by a file-size limit the shard outgrows: exit 2, one line, promptly."""
     import resource
 
@@ -340,21 +348,21 @@ def test_writer_failure_ends_the_dump_in_one_line(teacher_dir, tmp_path):
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writes past the limit fail with EFBIG
         resource.setrlimit(resource.RLIMIT_FSIZE, (600_000, 600_000))
 
-    command = [sys.executable, "-m", "bytedistill", *dump_args(teacher_dir, corpus, tmp_path / "out")]
+    command = [sys.executable, "-m", "bytedistill", *dump_args(small_teacher, corpus, tmp_path / "out")]
     proc = subprocess.run(command, preexec_fn=limit_file_size, check=False, capture_output=True, text=True, timeout=300)
     last = proc.stderr.strip().splitlines()[-1]
     assert proc.returncode == 2 and last.startswith("bytedistill dump: error: writing the store"), proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
 
 
-def test_second_dump_on_the_same_writer_is_refused(teacher_dir, corpus_dir, tmp_path, capsys):
+def test_second_dump_on_the_same_writer_is_refused(small_teacher, corpus_dir, tmp_path, capsys):
     from distill.sharding import WriterLock
 
     out = tmp_path / "store"
     with WriterLock(out, 0):
-        code, err = run_cli(dump_args(teacher_dir, corpus_dir, out), capsys)
+        code, err = run_cli(dump_args(small_teacher, corpus_dir, out), capsys)
     assert code == 2 and "another dump is writing writer 0" in err
-    assert cli_main(dump_args(teacher_dir, corpus_dir, out)) == 0  # released: the dump runs
+    assert cli_main(dump_args(small_teacher, corpus_dir, out)) == 0  # released: the dump runs
 
 
 def _store_documents(directory) -> list[tuple[str, bytes]]:
@@ -363,9 +371,9 @@ def _store_documents(directory) -> list[tuple[str, bytes]]:
 
 
 @pytest.mark.slow
-def test_killed_two_process_dump_resumes_with_one_or_three(teacher_dir, tmp_path):
+def test_killed_two_process_dump_resumes_with_one_or_three(small_teacher, tmp_path, capsys):
     """Documents belong to fixed writers, not to processes: 2 jobs killed mid-run, resumed by 1
-    job or by 3, hold every document exactly once — the same store as one uninterrupted run."""
+    job or by 3 at once, hold every document exactly once — the same store as one uninterrupted run."""
     import shutil
 
     corpus = lorem_corpus(tmp_path / "corpus", 30)
@@ -373,12 +381,9 @@ def test_killed_two_process_dump_resumes_with_one_or_three(teacher_dir, tmp_path
 
     def command(output, jobs, index):
         return [
-            sys.executable,
-            "-m",
-            "bytedistill",
             "dump",
             "--teacher",
-            str(teacher_dir),
+            str(small_teacher),
             "--corpus",
             str(corpus),
             "--output",
@@ -390,36 +395,20 @@ def test_killed_two_process_dump_resumes_with_one_or_three(teacher_dir, tmp_path
             *args,
         ]
 
-    def run_jobs(output, jobs):
-        procs = [
-            subprocess.Popen(command(output, jobs, k), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-            for k in range(jobs)
-        ]
-        for proc in procs:
-            assert proc.wait(timeout=600) == 0, proc.stderr.read()[-2000:]
-
-    whole = tmp_path / "whole"
-    run_jobs(whole, 1)
-    killed = tmp_path / "killed"
-    procs = [
-        subprocess.Popen(command(killed, 2, k), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for k in range(2)
-    ]
-    deadline = time.time() + 300
-    while len(list(killed.glob("shard-*.bds"))) < 6 and time.time() < deadline and all(p.poll() is None for p in procs):
-        time.sleep(0.05)
-    assert all(p.poll() is None for p in procs), "a job finished before it could be killed"
-    for proc in procs:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-    assert 0 < len(list(killed.glob("shard-*.bds"))) < 30
-    again = tmp_path / "again"
+    whole, killed, again = tmp_path / "whole", tmp_path / "killed", tmp_path / "again"
+    assert cli_main(command(whole, 1, 0)) == 0
+    partial = kill_after_shards([start_bytedistill(command(killed, 2, k)) for k in range(2)], killed, 6)
+    assert 0 < partial < 30
     shutil.copytree(killed, again)
-    run_jobs(killed, 1)
-    run_jobs(again, 3)
+    assert cli_main(command(killed, 1, 0)) == 0
+    jobs = [start_bytedistill(command(again, 3, k), stderr=subprocess.PIPE) for k in range(3)]  # at once
+    for job in jobs:
+        assert job.wait(timeout=600) == 0, job.stderr.read()[-2000:]
     expected = _store_documents(whole)
     assert sorted(text for _, text in expected) == sorted((corpus / f"doc{i:02d}.txt").read_bytes() for i in range(30))
     for resumed in (killed, again):
         assert _store_documents(resumed) == expected
         assert store_content_hash(resumed) == store_content_hash(whole)
-    refused = subprocess.run(command(whole, 7, 0), check=False, capture_output=True, text=True)
-    assert refused.returncode == 2 and "6 writers but 7 workers" in refused.stderr.strip().splitlines()[-1]
+    capsys.readouterr()
+    code, err = run_cli(command(whole, 7, 0), capsys)
+    assert code == 2 and "6 writers but 7 workers" in err

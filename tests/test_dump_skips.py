@@ -6,11 +6,6 @@ has no single-byte token for 21 byte values (0xFE among them)."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -20,6 +15,7 @@ from logit_store.skips import Skip, SkipList, read_skips
 from logit_store.store import LogitStore, store_content_hash
 from tests.edges import Edge, check_edge
 from tests.gguf_teachers import write_tiny_gguf
+from tests.kill import kill_after_shards, start_bytedistill
 
 KILLABLE = ["--max-length", "64", "--stride", "16", "--batch-tokens", "64", "--group-tokens", "64"]
 ARGS = [*KILLABLE, "--progress", "false", "--docs-per-shard", "2"]
@@ -69,15 +65,7 @@ def test_unencodable_documents_are_skipped_listed_and_resumed(teacher, tmp_path,
     assert [LogitStore(whole).document(i).key for i in range(3)] == ["doc00.txt", "doc01.txt", "doc03.txt"]
 
     killed = tmp_path / "killed"
-    command = [sys.executable, "-m", "bytedistill", *dump(teacher, corpus, killed)]
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
-    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-    deadline = time.time() + 180
-    while len(list(killed.glob("shard-*.bds"))) < 2 and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.02)
-    assert proc.poll() is None, "the dump finished before it could be killed"
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    kill_after_shards([start_bytedistill(dump(teacher, corpus, killed))], killed, 2, timeout=180)
     assert 0 < len(read_skips(killed)) < len(BAD)  # doc02 was skipped before the second shard
     assert read_skips(killed) == expected[: len(read_skips(killed))]
 

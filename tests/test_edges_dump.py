@@ -14,12 +14,11 @@ import torch
 import zstandard
 from safetensors.torch import load_file, save_file
 
-from bytestream.vocab import load_teacher_tokenizer
 from logit_store import StoreWriter
 from tests.edges import Edge, check_edge
-from tests.gguf_teachers import write_tiny_gguf
+from tests.gguf_teachers import save_small_teacher, write_tiny_gguf
 from tests.store_data import tiny_vocab
-from tests.teachers import dump_args, save_tiny_teacher
+from tests.teachers import dump_args
 
 TEACHERS: dict[str, Path] = {}  # filled once per module (the rows' setups link them into their folder)
 SMALL = ["--max-length", "64", "--stride", "16", "--batch-tokens", "256", "--progress", "false"]
@@ -32,8 +31,7 @@ def teachers(tmp_path_factory):
     root = tmp_path_factory.mktemp("edge-teachers")
     TEACHERS["gguf"] = write_tiny_gguf(root / "tiny.gguf")
     TEACHERS["embedding-only.gguf"] = write_tiny_gguf(root / "embedding-only.gguf", lambda n: n == "token_embd.weight")
-    tokenizer = load_teacher_tokenizer(TEACHERS["gguf"])
-    TEACHERS["small"] = save_tiny_teacher(root / "small", tokenizer, tokenizer.vocab_size)
+    TEACHERS["small"] = save_small_teacher(root / "small", TEACHERS["gguf"])
     TEACHERS["no-mlp"] = _without_tensors(TEACHERS["small"], root / "no-mlp", "mlp")
     yield TEACHERS
     TEACHERS.clear()

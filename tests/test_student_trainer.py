@@ -5,7 +5,6 @@ import dataclasses
 import json
 import shutil
 import subprocess
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -21,7 +20,7 @@ from students.trainer import TrainConfig, train
 from tests.configs import parse_config
 from tests.launch import cpu_launch, run_on_two_machines
 from tests.stores import random_texts, write_random_store
-from tests.tiny_student import TINY, tiny_config
+from tests.tiny_student import tiny_config
 
 FAST = {"warmup_steps": 2, "lr": 3e-3}  # short runs that still learn
 
@@ -91,34 +90,6 @@ def test_config_from_flags_and_file(tmp_path):
         TrainConfig(train_stores=["a"], output_dir="o")
     with pytest.raises(UserError, match="--max-steps must be at least 1, got -3"):  # not 0 steps and exit 0
         TrainConfig(train_stores=["a"], output_dir="o", max_steps=-3)
-
-
-@pytest.mark.slow
-def test_two_process_cpu_accelerate_launch(tmp_path):
-    script = tmp_path / "run.py"
-    script.write_text(
-        textwrap.dedent(f"""
-        from students.synthetic import SYNTHETIC_SOURCE
-        from bytestream.config_fields import from_flat
-        from students.trainer import TrainConfig, train
-        config = from_flat(TrainConfig, dict(**{dict(TINY, **FAST)!r}, train_stores=["train"], eval_store="eval",
-                           output_dir={str(tmp_path / "out")!r}, max_steps=4, eval_every=2, checkpoint_every=2))
-        train(config, SYNTHETIC_SOURCE)
-    """)
-    )
-    launch, env = cpu_launch(2)
-    cmd = launch + [str(script)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path, check=False)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = tmp_path / "out"
-    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [line["step"] for line in lines] == [0, 2, 4]
-    final = latest_checkpoint(out)
-    assert {"data_position_rank0.json", "data_position_rank1.json", "model.safetensors"} <= {
-        p.name for p in final.iterdir()
-    }
-    assert (final / "random_states_1.pkl").is_file()  # really two ranks
-    assert json.loads((final / "trainer_state.json").read_text())["train_bytes"] > 0
 
 
 # ------------------------------------------------------------------------------ on real stores
@@ -221,15 +192,23 @@ def _train_cli_args(config: TrainConfig) -> list[str]:
 
 @pytest.mark.slow
 def test_evaluation_is_the_same_with_one_and_two_processes(tmp_path, stores):
-    """Evaluation is the same with one process and two; two machines of one process each
-    (``--num_machines 2``, machine ranks 0 and 1) train the very weights of two processes on one."""
-    flags = {"max_steps": 1, "checkpoint_every": 0, "num_workers": 0, "batch_size": 3}
+    """Two processes (``accelerate launch``, gloo ranks on the CPU) train, evaluate and checkpoint
+    each rank's data position and random state, and evaluate as one process does; two machines of
+    one process each (``--num_machines 2``, machine ranks 0 and 1) train the very weights of two
+    processes on one."""
+    flags = {"max_steps": 4, "eval_every": 2, "checkpoint_every": 2, "num_workers": 0, "batch_size": 3}
     train(_store_config(tmp_path / "one", stores, **flags))
     launch, env = cpu_launch(2)
     cmd = launch + _train_cli_args(_store_config(tmp_path / "two", stores, **flags))
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert (latest_checkpoint(tmp_path / "two") / "data_position_rank1.json").is_file()  # really two ranks
+    assert [m["step"] for m in _metrics(tmp_path / "two")] == [0, 2, 4]
+    final = latest_checkpoint(tmp_path / "two")
+    assert {"data_position_rank0.json", "data_position_rank1.json", "model.safetensors"} <= {
+        p.name for p in final.iterdir()
+    }
+    assert (final / "random_states_1.pkl").is_file()  # really two ranks
+    assert json.loads((final / "trainer_state.json").read_text())["train_bytes"] > 0
     run_on_two_machines(_train_cli_args(_store_config(tmp_path / "machines", stores, **flags)), cwd=tmp_path)
     on_one, on_two = (load_file(latest_checkpoint(tmp_path / n) / "model.safetensors") for n in ("two", "machines"))
     assert on_one.keys() == on_two.keys() and all(torch.equal(on_one[k], on_two[k]) for k in on_one)
