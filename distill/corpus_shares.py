@@ -96,19 +96,15 @@ def _piece_digest(source: _Source, piece: Piece) -> str:
     elif piece.kind == "jsonl":
         ranges = [(piece.start, piece.stop)]
     else:
-        ranges = [(0, None)]
+        ranges = [(0, piece.file.stat().st_size)]
     digest = hashlib.sha256()
     try:
         with piece.file.open("rb") as f:
             for start, stop in ranges:
                 f.seek(start)
-                left = None if stop is None else stop - start
-                while left is None or left > 0:
-                    block = f.read(READ_BLOCK if left is None else min(READ_BLOCK, left))
-                    if not block:
-                        break
+                while start < stop and (block := f.read(min(READ_BLOCK, stop - start))):
                     digest.update(block)
-                    left = None if left is None else left - len(block)
+                    start += len(block)
     except OSError as exc:
         raise UserError(f"cannot read the corpus file {piece.file}: {exc.strerror or exc}") from None
     return digest.hexdigest()

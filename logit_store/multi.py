@@ -10,6 +10,7 @@ from bytestream.errors import UserError
 from bytestream.trie import VocabTrie
 from bytestream.vocab import TeacherVocab
 from logit_store.chunk import EncodedDocument
+from logit_store.manifest import read_manifest
 from logit_store.reader import LogitStore, StoreBase, StoredDocument
 
 
@@ -97,12 +98,18 @@ def open_stores(paths, expected_vocab_hash: str | None = None) -> MultiStore:
 
 
 def _open_sharing_trie(paths, expected_vocab_hash: str | None = None) -> list[LogitStore]:
-    """The stores at ``paths``; those after the first must have its vocabulary and share its trie."""
+    """The stores at ``paths``; those with the first one's vocabulary share its trie (the others are
+    refused by :class:`MultiStore`, naming both)."""
     first = LogitStore(paths[0], expected_vocab_hash=expected_vocab_hash)
-    if len(paths) == 1:
-        return [first]
-    rest = [LogitStore(p, expected_vocab_hash=first.vocab_hash, trie=first.trie) for p in paths[1:]]
+    rest = [
+        LogitStore(p, expected_vocab_hash, trie=first.trie if _vocab_hash(p) == first.vocab_hash else None)
+        for p in paths[1:]
+    ]
     return [first, *rest]
+
+
+def _vocab_hash(path) -> str:
+    return read_manifest(Path(path))["vocab_hash"]
 
 
 def as_store(stores) -> LogitStore | MultiStore:

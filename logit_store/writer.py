@@ -160,14 +160,13 @@ class StoreWriter:
             write_atomic(manifest_path, text.encode(), f"w{self.writer_id}")
             write_atomic(self.directory / VOCAB_FILE, vocab_to_bytes(self.vocab), f"w{self.writer_id}")
         fsync_directory(self.directory)
+        sequences = shard_sequences(self.directory).get(self.writer_id, [])  # finished shards
         if self.source_pieces is not None:  # before anything of this writer's is touched
-            finished = shard_sequences(self.directory).get(self.writer_id, [])
-            keep_source_record(self.directory, self.writer_id, self.source_pieces, len(finished))
+            keep_source_record(self.directory, self.writer_id, self.source_pieces, len(sequences))
 
         for tmp in self.directory.glob(f"shard-{self.writer_id:05d}-*.tmp"):
             tmp.unlink()
         completion_path(self.directory, self.writer_id).unlink(missing_ok=True)  # writing again: not finished
-        sequences = shard_sequences(self.directory).get(self.writer_id, [])
         check_sequence(self.directory, self.writer_id, sequences)
         existing = [ShardReader(self.directory / shard_name(self.writer_id, s), self.encoding) for s in sequences]
         check_writer(self.directory, self.writer_id, existing, self._identity)

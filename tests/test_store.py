@@ -268,6 +268,8 @@ def test_multistore_and_vocab_checks(tmp_path, llama3, documents):
         writer.add_distributions(documents[0][1], token_ids=documents[0][0])
     with pytest.raises(UserError, match="different vocabularies"):
         MultiStore([LogitStore(a), LogitStore(odd)])
+    with pytest.raises(UserError, match="different vocabularies"):  # opened by path, sharing the first's trie
+        open_stores([a, odd])
 
 
 def test_bad_store_directories(tmp_path, default_store):
