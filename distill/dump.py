@@ -350,6 +350,8 @@ def _open_stores(
             teacher.vocab,
             encoding=config.encoding,
             teacher=teacher.name,
+            teacher_hash=teacher.weights_hash,
+            tokenizer_source=teacher.tokenizer_source,
             settings=settings,
             corpus_hash=fingerprint,
             source_pieces=source[w],

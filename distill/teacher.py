@@ -22,6 +22,7 @@ import torch
 from bytestream.errors import UserError
 from bytestream.vocab import TeacherVocab, load_teacher_tokenizer, split_gguf_path, vocab_from_tokenizer
 from distill.column_order import ColumnOrder
+from distill.teacher_identity import teacher_name, weights_hash
 from distill.teacher_weights import check_weights, refuse_missing
 
 logger = logging.getLogger(__name__)
@@ -45,6 +46,8 @@ class Teacher:
     device: torch.device
     dtype: torch.dtype
     columns: ColumnOrder = ColumnOrder.TEACHER  # the column order of ``head``'s logits
+    weights_hash: str | None = None  # what its weights are (:mod:`distill.teacher_identity`)
+    tokenizer_source: str | None = None  # where its tokenizer was read (a local path or a Hub id)
 
     @property
     def context_prefix(self) -> list[int]:
@@ -108,7 +111,8 @@ def load_teacher(
         raise UserError(f"teacher not found: {model_source}")
     tokenizer_path = tokenizer_source or source
     tokenizer = load_teacher_tokenizer(tokenizer_path, None if tokenizer_source else gguf)
-    vocab = vocab_from_tokenizer(tokenizer, name=str(tokenizer_path), end_of_text=end_of_text)
+    tokenizer_gguf = None if tokenizer_source else gguf_file  # a GGUF file the flag names inside a folder
+    vocab = vocab_from_tokenizer(tokenizer, name=teacher_name(tokenizer_path, tokenizer_gguf), end_of_text=end_of_text)
 
     device = torch.device(device)
     dtype = dtype or default_dtype(device)
@@ -124,7 +128,22 @@ def load_teacher(
     model.to(device).eval()
     head = model.get_output_embeddings()
     vocab = fit_output_layer(vocab, head.weight.shape[0])
-    return Teacher(model, head, tokenizer, vocab, name=source, device=device, dtype=dtype)
+    revision = getattr(model.config, "_commit_hash", None)
+    return Teacher(
+        model,
+        head,
+        tokenizer,
+        vocab,
+        name=teacher_name(source, gguf_file),
+        device=device,
+        dtype=dtype,
+        weights_hash=weights_hash(model_source, gguf, revision),
+        tokenizer_source=_joined(tokenizer_path, tokenizer_gguf),
+    )
+
+
+def _joined(source: str, gguf_file: str | None) -> str:
+    return str(Path(source) / gguf_file) if gguf_file else str(source)
 
 
 def fit_output_layer(vocab: TeacherVocab, rows: int) -> TeacherVocab:

@@ -15,7 +15,19 @@ FORMAT_VERSION = 2  # what writers write
 READABLE_VERSIONS = (1, 2)
 # manifest fields that must agree for a writer to append to an existing store; in format 2 every
 # shard records a hash of them, so an edited manifest is caught (``identity_hash``)
-IDENTITY_FIELDS = ("format_version", "teacher", "vocab_hash", "tokenizer_hash", "corpus_hash", "settings", "encoding")
+IDENTITY_FIELDS = (
+    "format_version",
+    "teacher",
+    "teacher_hash",
+    "vocab_hash",
+    "tokenizer_hash",
+    "corpus_hash",
+    "settings",
+    "encoding",
+)
+# identity fields that stores written before them lack: left out of the identity hash when absent,
+# so that those stores' shards still match their manifest
+LATER_FIELDS = ("teacher_hash",)
 
 
 def settings_hash(settings: dict) -> str:
@@ -28,7 +40,7 @@ def canonical_json(value) -> bytes:
 
 def identity_hash(manifest: dict) -> bytes:
     """16-byte hash of the manifest's content-defining fields (recorded in every v2 shard)."""
-    fields = {k: manifest.get(k) for k in IDENTITY_FIELDS}
+    fields = {k: manifest.get(k) for k in IDENTITY_FIELDS if k in manifest or k not in LATER_FIELDS}
     return hashlib.blake2b(canonical_json(fields), digest_size=16).digest()
 
 
@@ -56,6 +68,17 @@ def read_manifest(directory: Path) -> dict:
     if not isinstance(encoding.get("params", {}), dict):
         raise UserError(f"{path}: corrupt manifest (encoding params must be an object)")
     return manifest
+
+
+def tokenizer_location(directory: Path, manifest: dict) -> str | None:
+    """Where the store's teacher tokenizer was read: its recorded place (a path relative to the
+    store, resolved here, or a Hub id), else (stores written before it was recorded) the teacher."""
+    recorded = manifest.get("tokenizer_source")
+    if isinstance(recorded, str) and recorded:
+        local = Path(directory) / recorded
+        return str(local) if not Path(recorded).is_absolute() and local.exists() else recorded
+    teacher = manifest.get("teacher")
+    return teacher if isinstance(teacher, str) and teacher else None
 
 
 def write_atomic(path: Path, data: bytes, unique: str) -> None:

@@ -4,6 +4,7 @@ resumable (FORMAT.md, "Directory")."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Self
 
@@ -87,6 +88,8 @@ class StoreWriter:
         encoding: str | Encoding = DEFAULT_ENCODING,
         encoding_params: dict | None = None,
         teacher: str = "",
+        teacher_hash: str | None = None,
+        tokenizer_source: str | None = None,
         settings: dict | None = None,
         corpus_hash: str | None = None,
         source_pieces: dict[str, str] | None = None,
@@ -119,6 +122,8 @@ class StoreWriter:
             "format": FORMAT_NAME,
             "format_version": FORMAT_VERSION,
             "teacher": teacher or vocab.name,
+            "teacher_hash": teacher_hash,
+            "tokenizer_source": _relative_to(tokenizer_source, self.directory),
             "vocab_hash": vocab.hash,
             "vocab_size": vocab.size,
             "tokenizer_hash": tokenizer_hash,
@@ -301,6 +306,14 @@ class StoreWriter:
             self.close()
         else:
             self.abandon()
+
+
+def _relative_to(source: str | None, directory: Path) -> str | None:
+    """A local path as seen from the store (so the manifest does not depend on where both sit);
+    a Hub id as it is."""
+    if not source or not Path(source).exists():
+        return source or None
+    return os.path.relpath(Path(source).resolve(), Path(directory).resolve())
 
 
 def _token_ids_of_layout(layout: StreamLayout, trie: VocabTrie) -> np.ndarray:

@@ -111,11 +111,12 @@ def teacher_tokenizer_json(source: str | None, info: dict[str, Any]) -> str:
     every added token the dump treats as special marked special (its literal text is text)."""
     from bytestream.vocab import load_teacher_tokenizer, vocab_from_tokenizer
     from distill.encode import with_specials_marked
+    from logit_store.manifest import tokenizer_location
     from logit_store.store import LogitStore, read_manifest
 
     stores = [Path(p) for p in info.get("config", {}).get("train_stores", [])]
     manifest = read_manifest(stores[0]) if stores and stores[0].is_dir() else {}
-    source = source or manifest.get("teacher")
+    source = source or (tokenizer_location(stores[0], manifest) if manifest else None)
     if not source:
         raise UserError("give --teacher-tokenizer: the training store that names the teacher is not found")
     tokenizer = load_teacher_tokenizer(source)

@@ -161,6 +161,39 @@ def test_killed_dump_resumes_to_the_same_store(conversion, small_teacher, tmp_pa
 
 
 @pytest.mark.slow
+def test_killed_dump_refuses_to_resume_with_other_teacher_weights(small_teacher, tmp_path, capsys):
+    """A dump killed midway, the teacher's weights then changed at the same path (same file names
+    and sizes): the resume is refused in one line naming both teachers' hashes, and the store is
+    left as the killed dump left it (a store never mixes two teachers). The original weights put
+    back, the same command resumes."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from tests.edges import snapshot
+
+    teacher, corpus, store = tmp_path / "teacher", lorem_corpus(tmp_path / "corpus", 24), tmp_path / "store"
+    shutil.copytree(small_teacher, teacher)
+    command = ["dump", "--teacher", str(teacher), "--corpus", str(corpus), "--output", str(store), *KILLABLE]
+    command += ["--docs-per-shard", "2"]
+    partial = kill_after_shards([start_bytedistill(command)], store, 3)
+    assert 0 < partial < 12
+    original = (teacher / "model.safetensors").read_bytes()
+    tensors = load_file(teacher / "model.safetensors")
+    name = min(tensors)
+    tensors[name] = tensors[name] + 1
+    save_file(tensors, teacher / "model.safetensors", {"format": "pt"})
+    before = snapshot(store)
+    code, err = run_cli(command, capsys)
+    assert code == 2 and err.startswith("bytedistill dump: error: ")
+    assert "teacher_hash: store has 'sha256:" in err and "this run has 'sha256:" in err, err
+    assert snapshot(store) == before
+    (teacher / "model.safetensors").write_bytes(original)
+    assert cli_main(command) == 0
+    assert f"+{2 * partial} already stored" in capsys.readouterr().out
+
+
+@pytest.mark.slow
 def test_two_process_accelerate_launch_matches_one_process(small_teacher, corpus_dir, tmp_path):
     """Two processes on one machine store what one process stores; two machines of one process
     each (``--num_machines 2``, machine ranks 0 and 1) store exactly what the two processes store."""
@@ -269,6 +302,27 @@ def test_corpus_fingerprint_follows_content_not_location(corpus_dir, tmp_path, m
     assert corpus_fingerprint(CorpusSpec("moved", max_docs=2)) != original
     (moved / "genesis.txt").write_bytes(b"another text")
     assert corpus_fingerprint(CorpusSpec("moved")) != original
+
+
+def test_store_names_its_teacher_by_content_not_location(small_teacher, corpus_dir, tmp_path):
+    """The same dump in two folders (teacher, corpus and store side by side in each) writes the
+    same bytes in every store file: the manifest names the teacher by its folder name and its
+    weights' hash, and where its tokenizer was read relative to the store, never by an absolute path."""
+    import shutil
+
+    for where in ("one", "two/deeper"):
+        shutil.copytree(small_teacher, tmp_path / where / "teacher")
+        shutil.copytree(corpus_dir, tmp_path / where / "corpus")
+        args = dump_args(tmp_path / where / "teacher", tmp_path / where / "corpus", tmp_path / where / "store")
+        assert cli_main(args) == 0
+    files = sorted(p.name for p in (tmp_path / "one" / "store").iterdir() if not p.name.startswith("."))
+    assert "manifest.json" in files and "vocab.bin" in files
+    for name in files:
+        assert (tmp_path / "one/store" / name).read_bytes() == (tmp_path / "two/deeper/store" / name).read_bytes(), name
+    manifest = json.loads((tmp_path / "one/store/manifest.json").read_text())
+    assert str(tmp_path) not in json.dumps(manifest)
+    assert (manifest["teacher"], manifest["tokenizer_source"]) == ("teacher", "../teacher")
+    assert manifest["teacher_hash"].startswith("sha256:") and len(manifest["teacher_hash"]) == 7 + 64
 
 
 def test_utf8_runs_exact_and_linear():

@@ -128,6 +128,31 @@ def dumped_without_source_record(tmp: Path) -> None:
     (tmp / "out" / "source-00000.json").unlink()
 
 
+def dumped_then_weights_changed(kind: str):
+    """Setup: a finished dump by a teacher copied into the folder (a saved folder, or a GGUF file),
+    then that teacher's weights changed at the same path (same names, same sizes)."""
+
+    def setup(tmp: Path) -> None:
+        corpus(tmp)
+        from bytedistill.cli import main
+
+        if kind == "gguf":
+            teacher = write_tiny_gguf(tmp / "teacher.gguf")
+        else:
+            teacher = tmp / "teacher"
+            shutil.copytree(TEACHERS["small"], teacher)
+        assert main(dump_args(teacher, tmp / "corpus", tmp / "out")) == 0
+        if kind == "gguf":
+            write_tiny_gguf(teacher, seed=1)
+        else:
+            tensors = load_file(teacher / "model.safetensors")
+            name = max(tensors)
+            tensors[name] = tensors[name] * 2
+            save_file(tensors, teacher / "model.safetensors", {"format": "pt"})
+
+    return setup
+
+
 def dump(teacher: str, *extra: str, corpus_arg: str = "{tmp}/corpus", output: str = "{tmp}/out") -> list[str]:
     return ["dump", "--teacher", f"{{teacher:{teacher}}}", "--corpus", corpus_arg, "--output", output, *SMALL, *extra]
 
@@ -189,6 +214,19 @@ EDGES = [
         dangling_links,
     ),
     Edge("--output is a file", dump("small"), "is a file, not a folder", output_is_a_file),
+    # a store never mixes two teachers: the teacher is its weights, not its path
+    Edge(
+        "resume after the teacher folder's weights changed",
+        ["dump", "--teacher", "{tmp}/teacher", "--corpus", "{tmp}/corpus", "--output", "{tmp}/out", *SMALL],
+        "teacher_hash: store has 'sha256:",
+        dumped_then_weights_changed("folder"),
+    ),
+    Edge(
+        "resume after the GGUF teacher was rewritten",
+        ["dump", "--teacher", "{tmp}/teacher.gguf", "--corpus", "{tmp}/corpus", "--output", "{tmp}/out", *SMALL],
+        "teacher_hash: store has 'sha256:",
+        dumped_then_weights_changed("gguf"),
+    ),
     # a teacher whose weights do not all load
     Edge(
         "checkpoint without its MLPs", dump("no-mlp"), "lacks 6 of its model's weights (model.layers.{0-1}.mlp", corpus
