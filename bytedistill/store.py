@@ -75,6 +75,11 @@ def inspect(config: InspectConfig) -> int:
             f"unfinished:      writers {stats['unfinished_writers']} have no completion record "
             "(still writing, or stopped)"
         )
+    if stats["missing_writers"]:
+        lines.append(
+            f"missing:         writers {stats['missing_writers']} of the {stats['settings']['writers']} the store "
+            "counts left no shard and no completion record (their dump never ran, or stopped early)"
+        )
     print("\n".join(lines))
     return 0
 
@@ -107,6 +112,7 @@ def verify_store(store: LogitStore, tolerance: float = 1e-3) -> dict:
         "chunks": chunks,
         "documents": len(store),
         "unfinished_writers": store.unfinished_writers,
+        "missing_writers": store.missing_writers,
         "positions": positions,
         "max_normalisation_error": worst,
         "seconds": round(time.time() - start, 3),
@@ -129,5 +135,6 @@ def verify(config: VerifyConfig) -> int:
             f"OK: {summary['shards']} shards, {summary['chunks']} chunks, {summary['documents']:,} documents, "
             f"{summary['positions']:,} positions verified (max |sum-1| = {summary['max_normalisation_error']:.2e})"
             + (f"; unfinished writers: {summary['unfinished_writers']}" if summary["unfinished_writers"] else "")
+            + (f"; missing writers: {summary['missing_writers']}" if summary["missing_writers"] else "")
         )
     return 0

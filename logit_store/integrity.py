@@ -112,3 +112,52 @@ def completed_writers(directory: Path) -> list[int]:
         if len(stem) == 5 and stem.isdigit():
             ids.append(int(stem))
     return sorted(ids)
+
+
+def recorded_writers(manifest: dict) -> int | None:
+    """How many writers the store's documents were dealt to, when its writer recorded it
+    (``settings.writers``; FORMAT.md, "Integrity")."""
+    settings = manifest.get("settings")
+    count = settings.get("writers") if isinstance(settings, dict) else None
+    return count if isinstance(count, int) and not isinstance(count, bool) and 0 < count <= 100_000 else None
+
+
+@dataclass(frozen=True)
+class WriterStates:
+    """The writers of a store that have not finished: ``unfinished`` hold shards but no completion
+    record (still writing, or stopped midway); ``missing`` are writers the manifest counts that
+    left neither (their dump never ran, or stopped before its first shard)."""
+
+    unfinished: list[int]
+    missing: list[int]
+
+    def __bool__(self) -> bool:
+        return bool(self.unfinished or self.missing)
+
+    def describe(self) -> str:
+        parts = []
+        if self.unfinished:
+            parts.append(f"{_writers(self.unfinished)} not finished (a dump still running or stopped midway)")
+        if self.missing:
+            parts.append(
+                f"{_writers(self.missing)} never wrote (a dump that never ran or stopped before its first shard)"
+            )
+        return " and ".join(parts)
+
+
+def _writers(ids: list[int]) -> str:
+    shown = ", ".join(map(str, ids[:8])) + (f" and {len(ids) - 8} more" if len(ids) > 8 else "")
+    return f"writer{'s' if len(ids) > 1 else ''} {shown}"
+
+
+def writer_states(directory: Path, manifest: dict) -> WriterStates:
+    """The store's unfinished and missing writers, from its file names alone (v2 stores; a v1
+    store records no completion)."""
+    if manifest.get("format_version", 2) < 2:
+        return WriterStates([], [])
+    finished = set(completed_writers(directory))
+    started = set(shard_sequences(directory))
+    count = recorded_writers(manifest) or 0
+    unfinished = sorted(started - finished)
+    missing = sorted(set(range(count)) - started - finished)
+    return WriterStates(unfinished, missing)

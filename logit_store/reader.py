@@ -19,10 +19,12 @@ from bytestream.vocab import TeacherVocab
 from logit_store.chunk import ChunkData, EncodedDocument
 from logit_store.encodings import get_encoding
 from logit_store.integrity import (
+    WriterStates,
     check_sequence,
     check_writer,
     completed_writers,
     shard_sequences,
+    writer_states,
 )
 from logit_store.manifest import MANIFEST, identity_hash, read_manifest
 from logit_store.shard import ShardReader, shard_name
@@ -127,6 +129,8 @@ class LogitStore(StoreBase):
         self.teacher = self.manifest.get("teacher", "")
         self.format_version = int(self.manifest["format_version"])
         self.shards, self.unfinished_writers = self._open_shards()
+        # writers the manifest counts that left no shard and no completion record
+        self.missing_writers = writer_states(self.directory, self.manifest).missing
         counts = np.array([s.num_docs for s in self.shards], dtype=np.int64)
         self._shard_start = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         self.num_documents = int(self._shard_start[-1])
@@ -156,6 +160,11 @@ class LogitStore(StoreBase):
                 unfinished.append(writer_id)
             shards += own
         return shards, unfinished
+
+    @property
+    def writer_states(self) -> WriterStates:
+        """The writers that have not finished (unfinished or missing): a partial store."""
+        return WriterStates(list(self.unfinished_writers), list(self.missing_writers))
 
     def __getstate__(self):
         state = self.__dict__.copy()
@@ -281,4 +290,5 @@ class LogitStore(StoreBase):
             "teacher": self.teacher,
             "vocab_hash": self.vocab_hash,
             "unfinished_writers": self.unfinished_writers,
+            "missing_writers": self.missing_writers,
         }

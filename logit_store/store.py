@@ -4,6 +4,7 @@
 (manifest.py) and ``vocab.bin`` (vocab_file.py)."""
 
 from logit_store.content_hash import store_content_hash
+from logit_store.integrity import WriterStates, writer_states
 from logit_store.manifest import FORMAT_VERSION, MANIFEST, read_manifest
 from logit_store.multi import MultiStore, as_store, open_stores
 from logit_store.reader import LogitStore, StoredDocument, densify
@@ -18,9 +19,11 @@ __all__ = [
     "MultiStore",
     "StoreWriter",
     "StoredDocument",
+    "WriterStates",
     "as_store",
     "densify",
     "open_stores",
     "read_manifest",
     "store_content_hash",
+    "writer_states",
 ]

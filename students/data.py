@@ -39,14 +39,20 @@ class BatchConfig:
     )
 
 
+def _no_check(paths: list[str], allow_partial: bool) -> None:
+    """A data source whose data is always whole."""
+
+
 @dataclass
 class DataSource:
     """``build(paths, seq_len, batch_size, *, with_teacher, teacher_dtype, shuffle, seed, rank,
     world_size, num_workers, max_symbols)`` returns a :class:`SplitBatches`; ``describe(paths)``
-    returns what the model card says about the teacher and data."""
+    returns what the model card says about the teacher and data; ``check(paths, allow_partial)``
+    refuses data that is not whole before a run touches anything."""
 
     build: Callable[..., SplitBatches]
     describe: Callable[[list[str]], dict[str, Any]]
+    check: Callable[[list[str], bool], None] = _no_check
 
 
 def _store_dataset(paths: list[str], seq_len: int, batch_size: int, **kwargs: Any) -> SplitBatches:
@@ -70,7 +76,25 @@ def _describe_stores(paths: list[str]) -> dict[str, Any]:
     }
 
 
-STORE_SOURCE = DataSource(build=_store_dataset, describe=_describe_stores)
+def refuse_partial_stores(paths: list[str], allow_partial: bool) -> None:
+    """Refuse a store whose dump is unfinished (a writer still running or stopped midway) or
+    incomplete (a writer that never wrote), naming its writers, unless ``allow_partial``: training
+    on it would use part of the corpus without a word. Paths that are not stores are left to the
+    reading to refuse."""
+    from logit_store.store import MANIFEST, read_manifest, writer_states
+
+    for path in paths:
+        if allow_partial or not (Path(path) / MANIFEST).is_file():
+            continue
+        states = writer_states(Path(path), read_manifest(Path(path)))
+        if states:
+            raise UserError(
+                f"the store {path} is partial: {states.describe()}; finish its dump (rerun it), "
+                "or give --allow-partial to train on the documents it holds"
+            )
+
+
+STORE_SOURCE = DataSource(build=_store_dataset, describe=_describe_stores, check=refuse_partial_stores)
 
 
 class BatchStream:

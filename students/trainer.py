@@ -94,6 +94,13 @@ class TrainConfig:
     train_stores: list[str] = field(metadata={"help": "logit store directories to train on"})
     output_dir: str = field(metadata={"help": "directory for checkpoints, metrics.jsonl, run_info.json and logs"})
     eval_store: str | None = field(default=None, metadata={"help": "held-out logit store for periodic evaluation"})
+    allow_partial: bool = field(
+        default=False,
+        metadata={
+            "help": "train on stores whose dump is unfinished or incomplete (a writer still running, stopped "
+            "or never run): on the documents they hold"
+        },
+    )
     student: StudentShape = field(default_factory=StudentShape)
     batches: BatchConfig = field(default_factory=BatchConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -198,6 +205,7 @@ class TrainResult:
 
 def train(config: TrainConfig, source: DataSource = STORE_SOURCE) -> TrainResult:
     """Train (or resume) a student as ``config`` says; returns where it ended."""
+    source.check([*config.train_stores, *([config.eval_store] if config.eval_store else [])], config.allow_partial)
     output_dir = Path(config.output_dir)
     accelerator = _accelerator(config, Path(config.logging.dir) if config.logging.dir else output_dir / "logs")
     with ExitStack() as held:
