@@ -22,6 +22,7 @@ from bytedistill import check_teacher, dump, export, generate, push, score, stor
 from bytedistill.config import check_config_files, config_files_first, config_from_namespace, config_parser, error_line
 from bytestream.config_fields import leaves
 from bytestream.errors import UserError
+from bytestream.ranges import check_ranges
 
 # subcommand -> function(config) -> exit status, in the order a user meets them
 COMMANDS: dict[str, Callable[[typing.Any], int]] = {
@@ -71,6 +72,11 @@ def _without_command_prefix(message: str, name: str | None) -> str:
     return re.sub(rf"\b{re.escape(name)}\.(?=({fields})\b)", "", message)
 
 
+def _printing_config(args: list[str]) -> list[str]:
+    """``args`` without ``--print-config``: what the run it prints would parse."""
+    return [arg for arg in args if arg != "--print-config" and not arg.startswith("--print-config=")]
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv:
@@ -80,7 +86,12 @@ def main(argv: list[str] | None = None) -> int:
     prefix = f"bytedistill {name}" if name else "bytedistill"
     try:
         check_config_files(argv[1:])
-        namespace = build_parser().parse_args([*argv[:1], *config_files_first(argv[1:])])
+        args = [*argv[:1], *config_files_first(argv[1:])]
+        if name is not None and _printing_config(args) != args:  # --print-config: the ranges a run checks
+            printed = build_parser().parse_args(_printing_config(args))
+            config_cls = config_class(COMMANDS[name])
+            check_ranges(config_cls, {leaf.name: printed[name][leaf.name] for leaf in leaves(config_cls)})
+        namespace = build_parser().parse_args(args)
     except (ArgumentError, UserError) as exc:
         print(f"{prefix}: error: {_without_command_prefix(error_line(exc), name)}", file=sys.stderr)
         return 2

@@ -7,6 +7,7 @@ config's ranges are its settings' (:mod:`bytestream.config_fields`).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,8 +60,14 @@ def flag_name(field_name: str) -> str:
 
 
 def check_ranges(config_cls: type, values: dict[str, Any]) -> None:
-    """Refuse a numeric value outside its setting's ``range``, naming the flag; ``values`` by flat name."""
+    """Refuse a numeric value outside its setting's ``range``, naming the flag; ``values`` by flat
+    name. NaN and infinities are refused whatever the range: a flag cannot give them, and a YAML
+    file's ``.nan`` compares false with every bound (``grad_clip: .nan`` would turn clipping off)."""
     for leaf in leaves(config_cls):
         allowed, value = leaf.field.metadata.get("range"), values.get(leaf.name)
-        if allowed is not None and value is not None and value not in allowed:
+        if allowed is None or value is None or isinstance(value, bool):
+            continue
+        if isinstance(value, float) and not math.isfinite(value):
+            raise UserError(f"{flag_name(leaf.name)} must be a finite number ({allowed}), got {value}")
+        if value not in allowed:
             raise UserError(f"{flag_name(leaf.name)} must be {allowed}, got {value}")

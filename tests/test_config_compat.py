@@ -135,7 +135,7 @@ CASES: dict[str, tuple[str, str]] = {
             "--weight-decay 0.01 --grad-clip 0.5 --max-steps 50 --max-train-bytes 100000 --stop-at-step 20 "
             "--alpha 0.5 --temperature 2 --eval-every 5 --eval-bytes 1000 --checkpoint-every 10 "
             "--keep-checkpoints 2 --log-every 2 --log-dir logs --wandb-project p --progress false --seed 9 "
-            "--mixed-precision bf16 --resume latest"
+            "--mixed-precision bf16 --resume latest --allow-partial"
         ),
     ),
     "all train overwrite": ("train", "--train-stores s --output-dir o --max-steps 5 --overwrite"),
@@ -180,6 +180,10 @@ ERRORS: dict[str, tuple[str, str]] = {
     "train resume and overwrite": (
         "train",
         "--train-stores s --output-dir o --max-steps 5 --resume latest --overwrite",
+    ),
+    "train print-config lr not positive": (
+        "train",
+        "--train-stores s --output-dir o --max-steps 5 --lr 0 --print-config",
     ),
     "train not a number": ("train", "--train-stores s --output-dir o --max-steps 5 --lr fast"),
     "train bad choice": ("train", "--train-stores s --output-dir o --max-steps 5 --architecture deep"),

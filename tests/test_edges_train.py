@@ -48,7 +48,11 @@ def built(tmp_path_factory, llama3_vocab, llama3_converter, llama3_encoder, llam
         bytedistill(["export", str(root / "run"), str(root / "model"), "--teacher-tokenizer", llama3_tokenizer_path])
         == 0
     )
-    BUILT.update(store=store, run=root / "run", model=root / "model")
+    # a store of writer 0 of 2: its dump's other job never ran
+    half = write_random_store(
+        root / "half", llama3_vocab, llama3_converter, llama3_encoder, random_texts(4, 2), settings={"writers": 2}
+    )
+    BUILT.update(store=store, run=root / "run", model=root / "model", half=half)
     yield BUILT
     BUILT.clear()
 
@@ -65,6 +69,17 @@ def release_held_locks():
 
 def with_store(tmp: Path) -> None:
     shutil.copytree(BUILT["store"], tmp / "train")
+
+
+def unfinished_store(tmp: Path) -> None:
+    """The store as its dump leaves it while running or once stopped midway: no completion record."""
+    with_store(tmp)
+    (tmp / "train" / "writer-00000.json").unlink()
+
+
+def half_store(tmp: Path) -> None:
+    """A store whose manifest counts 2 writers, of which only writer 0 wrote (and finished)."""
+    shutil.copytree(BUILT["half"], tmp / "train")
 
 
 def with_run(tmp: Path) -> None:
@@ -179,6 +194,44 @@ EDGES = [
         "--lr must be greater than 0, got -0.001",
         setup=written("c.yaml", b"lr: -1.0e-3\n"),
     ),
+    # YAML's NaN and infinity compare false with every bound: refused like the flags refuse them
+    *[
+        Edge(
+            f"train-{key}-{value}-in-file",
+            [*TRAIN, "--max-steps", "1", "--config", "{tmp}/c.yaml"],
+            expect,
+            setup=written("c.yaml", f"{key}: {value}\n".encode()),
+        )
+        for key, value, expect in [
+            ("grad_clip", ".nan", "--grad-clip must be a finite number (at least 0), got nan"),
+            ("lr", ".nan", "--lr must be a finite number (greater than 0), got nan"),
+            ("lr", ".inf", "--lr must be a finite number (greater than 0), got inf"),
+            ("temperature", "-.inf", "--temperature must be a finite number (greater than 0), got -inf"),
+        ]
+    ],
+    Edge(
+        "dump-heldout-fraction-nan-in-file",
+        ["dump", "--teacher", "t", "--corpus", "c", "--output", "o", "--config", "{tmp}/c.yaml"],
+        "--heldout-fraction must be a finite number",
+        setup=written("c.yaml", b"heldout_fraction: .nan\n"),
+    ),
+    # --print-config checks the ranges a run checks
+    Edge(
+        "train-print-config-lr-negative",
+        [*TRAIN, "--max-steps", "1", "--lr", "-1e-3", "--print-config"],
+        "--lr must be greater than 0, got -0.001",
+    ),
+    Edge(
+        "train-print-config-nan-in-file",
+        [*TRAIN, "--max-steps", "1", "--config", "{tmp}/c.yaml", "--print-config"],
+        "--grad-clip must be a finite number",
+        setup=written("c.yaml", b"grad_clip: .nan\n"),
+    ),
+    Edge(
+        "dump-print-config-stride-negative",
+        ["dump", "--teacher", "t", "--corpus", "c", "--output", "o", "--stride", "-1", "--print-config"],
+        "--stride must be at least 0, got -1",
+    ),
     Edge("train-min-lr-over-lr", [*TRAIN, "--max-steps", "1", "--min-lr", "0.1"], "--min-lr 0.1 is more than the peak"),
     Edge(
         "train-alpha-over-1", [*TRAIN, "--max-steps", "1", "--alpha", "1.5"], "--alpha must be at least 0 and at most 1"
@@ -189,6 +242,25 @@ EDGES = [
         [*TRAIN, "--max-steps", "1", "--eval-store", "{tmp}/./train"],
         "is also a --train-stores store",
         setup=with_store,
+    ),
+    # a partial store: training on it would use part of the corpus without a word
+    Edge(
+        "train-store-unfinished",
+        [*TRAIN, "--max-steps", "1"],
+        "train is partial: writer 0 not finished (a dump still running or stopped midway); finish its dump",
+        setup=unfinished_store,
+    ),
+    Edge(
+        "train-store-missing-writer",
+        [*TRAIN, "--max-steps", "1"],
+        "train is partial: writer 1 never wrote (a dump that never ran",
+        setup=half_store,
+    ),
+    Edge(
+        "train-eval-store-unfinished",
+        ["train", "--train-stores", "{tmp}/whole", *TRAIN[3:], "--max-steps", "1", "--eval-store", "{tmp}/train"],
+        "give --allow-partial",
+        setup=lambda tmp: (unfinished_store(tmp), shutil.copytree(BUILT["store"], tmp / "whole")),
     ),
     Edge("score-batch-size-0", ["score", "m", "a.txt", "--batch-size", "0"], "--batch-size must be at least 1, got 0"),
     Edge("score-stride-0", ["score", "m", "a.txt", "--stride", "0"], "--stride must be at least 1, got 0"),
@@ -352,3 +424,19 @@ def test_resume_before_the_first_checkpoint_restarts_the_recorded_run(tmp_path):
     assert bytedistill([*argv, "--max-steps", "1"]) == 0
     assert json.loads((run / RUN_RECORD).read_text())["run_id"] == recorded
     assert latest_checkpoint(run).name == "step-00000001"
+
+
+def test_allow_partial_trains_on_a_partial_store_and_inspect_and_verify_name_its_writers(tmp_path, capsys):
+    """--allow-partial trains on what a partial store holds; inspect and verify name the writers
+    that did not finish or never wrote."""
+    half_store(tmp_path)
+    assert bytedistill(["inspect", str(tmp_path / "train")]) == 0
+    assert "missing:         writers [1] of the 2 the store counts" in capsys.readouterr().out
+    assert bytedistill(["verify", str(tmp_path / "train")]) == 0
+    assert "; missing writers: [1]" in capsys.readouterr().out
+    (tmp_path / "train" / "writer-00000.json").unlink()
+    assert bytedistill(["inspect", str(tmp_path / "train"), "--json"]) == 0
+    stats = json.loads(capsys.readouterr().out)
+    assert (stats["unfinished_writers"], stats["missing_writers"]) == ([0], [1])
+    argv = [arg.replace("{tmp}", str(tmp_path)) for arg in TRAIN]
+    assert bytedistill([*argv, "--max-steps", "1", "--allow-partial"]) == 0
