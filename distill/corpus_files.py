@@ -1,10 +1,12 @@
 """The files of a local corpus: which entries are read, which are not and why, and reading a
 compressed file to its end.
 
-A folder is searched recursively in sorted order; an entry is read if it is a readable regular
-file (or a link to one) with a supported suffix. Every other entry is listed with the reason it
-is not read (a dangling link, an unreadable file, a suffix that is not supported, not a regular
-file), so that a corpus never loses a file without a word. A file name that is not UTF-8 cannot
+A folder is searched recursively in sorted order, links to folders followed like links to files;
+an entry is read if it is a readable regular file (or a link to one) with a supported suffix.
+Every other entry is listed with the reason it is not read (a dangling link, an unreadable file
+or folder, a suffix that is not supported, not a regular file, a link to a folder on its own path
+— a loop —, a logit store inside the corpus folder), so that a corpus never loses a file without
+a word. A file name that is not UTF-8 cannot
 become a document key and is refused. A ``.zst`` file must decompress to the end of its last
 frame: a truncated or corrupt file is an error naming it, never a shorter corpus.
 """
@@ -18,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bytestream.errors import UserError
+from logit_store.manifest import is_store_directory
 
 TEXT_SUFFIXES = (".txt", ".text", ".md")
 RECORD_SUFFIXES = (".jsonl", ".jsonl.zst", ".parquet")
@@ -51,15 +54,46 @@ def list_corpus(source: Path) -> CorpusListing:
     """The files to read under ``source`` (or ``source`` itself) and the entries left out."""
     if source.is_file():
         return CorpusListing([source])
+    entries, folders_not_read = _walk(source)
     files, not_read = [], []
-    for entry in sorted(source.rglob("*")):
-        reason = _why_not_read(entry)
+    for entry in sorted(entries):
+        reason = folders_not_read.get(entry) or _why_not_read(entry)
         if reason is None:
             _check_name(entry, source)
             files.append(entry)
         elif reason != "folder":
             not_read.append((entry, reason))
     return CorpusListing(files, not_read)
+
+
+def _walk(source: Path) -> tuple[list[Path], dict[Path, str]]:
+    """Every entry under ``source``, links to folders followed as folders are, and the folders not
+    entered with why: a link to a folder on its own path (a loop), a logit store (its files are a
+    dump's, never corpus files: a store inside its corpus folder resumes), an unreadable folder."""
+    entries: list[Path] = []
+    not_entered: dict[Path, str] = {}
+
+    def walk(folder: Path, chain: tuple[str, ...]) -> None:
+        try:
+            names = sorted(os.listdir(folder))
+        except OSError:
+            not_entered[folder] = "unreadable folder"
+            return
+        for name in names:
+            path = folder / name
+            entries.append(path)
+            if not path.is_dir():
+                continue
+            real = os.path.realpath(path)
+            if any(seen == real or seen.startswith(real.rstrip(os.sep) + os.sep) for seen in chain):
+                not_entered[path] = "link loop"
+            elif is_store_directory(path):
+                not_entered[path] = "a logit store"
+            else:
+                walk(path, (*chain, real))
+
+    walk(source, (os.path.realpath(source),))
+    return entries, not_entered
 
 
 def _why_not_read(entry: Path) -> str | None:

@@ -81,6 +81,17 @@ def tokenizer_location(directory: Path, manifest: dict) -> str | None:
     return teacher if isinstance(teacher, str) and teacher else None
 
 
+def is_store_directory(directory: Path) -> bool:
+    """Whether ``directory`` holds a logit store's manifest (a readable one, of this format)."""
+    if not (Path(directory) / MANIFEST).is_file():
+        return False
+    try:
+        read_manifest(Path(directory))
+    except UserError:
+        return False
+    return True
+
+
 def write_atomic(path: Path, data: bytes, unique: str) -> None:
     tmp = path.with_name(f"{path.name}.{unique}.tmp")
     with open(tmp, "wb") as handle:

@@ -158,3 +158,45 @@ def test_a_skip_line_cut_by_a_crash_is_dropped(tmp_path):
         f.write(b'{"index": 9, "ke')
     assert SkipList(tmp_path, 0).skips == [Skip(4, "a", "r")]
     assert skips.path.read_bytes().endswith(b"}\n")
+
+
+def test_linked_folders_are_read_and_a_link_loop_is_named(tmp_path):
+    """A link to a folder is followed as a link to a file is (its files keyed through the link); a
+    link back to a folder on its own path is a loop, named, not followed; neither is silent."""
+    from distill.corpus_files import list_corpus
+
+    outside = tmp_path / "outside"
+    (outside / "deeper").mkdir(parents=True)
+    (outside / "deeper" / "b.txt").write_text("b")
+    corpus = tmp_path / "corpus"
+    (corpus / "sub").mkdir(parents=True)
+    (corpus / "sub" / "a.txt").write_text("a")
+    (corpus / "linked").symlink_to(outside)
+    (corpus / "sub" / "back").symlink_to(corpus)  # a loop
+    (corpus / "sub" / "up").symlink_to(tmp_path)  # the corpus's own parent: a loop too
+    listing = list_corpus(corpus)
+    assert [p.relative_to(corpus).as_posix() for p in listing.files] == ["linked/deeper/b.txt", "sub/a.txt"]
+    assert [(p.relative_to(corpus).as_posix(), why) for p, why in listing.not_read] == [
+        ("sub/back", "link loop"),
+        ("sub/up", "link loop"),
+    ]
+    assert listing.not_read_note() == "2 corpus entries (link loop: 2)"
+
+
+@pytest.mark.slow
+def test_a_store_inside_its_corpus_folder_resumes(teacher, tmp_path, capsys):
+    """A store written inside the corpus folder it dumps (its skip list is a .jsonl) is never read
+    as corpus: the rerun resumes, and its linked folder of documents is read (and said)."""
+    corpus = mixed_corpus(tmp_path / "corpus", 8)
+    (tmp_path / "more").mkdir()
+    (tmp_path / "more" / "extra.txt").write_bytes(b"a document in a linked folder")
+    (corpus / "linked").symlink_to(tmp_path / "more")
+    store = corpus / "store"
+    assert bytedistill(dump(teacher, corpus, store)) == 0
+    first = capsys.readouterr().out
+    assert "7 (+0 already stored, 0 empty skipped, 2 unencodable skipped)" in first
+    assert (store / "skipped-00000.jsonl").is_file()
+    assert "linked/extra.txt" in [LogitStore(store).document(i).key for i in range(len(LogitStore(store)))]
+    assert bytedistill(dump(teacher, corpus, store)) == 0
+    again = capsys.readouterr().out
+    assert "nothing left to dump" in again and "a logit store: 1" in again
