@@ -99,13 +99,36 @@ def main(argv: list[str] | None = None) -> int:
     command = COMMANDS[name]
     threads.set_threads()
     try:
-        return int(command(config_from_namespace(config_class(command), namespace[name])) or 0)
+        status = int(command(config_from_namespace(config_class(command), namespace[name])) or 0)
+        sys.stdout.flush()  # here, so that a closed pipe is met while it can be handled
+        return status
     except UserError as exc:
         print(f"bytedistill {name}: error: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # `bytedistill inspect STORE | head -1`: the reader has what it wanted
+        _silence_stdout()
+        return 141  # as a process that SIGPIPE ended
+    except OSError as exc:  # a folder it may not write, a full disk, a file-size limit
+        print(f"bytedistill {name}: error: {os_error_line(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"bytedistill {name}: interrupted", file=sys.stderr)
         return 130
+
+
+def os_error_line(exc: OSError) -> str:
+    """An operating system's refusal as one line: what, where, and the system's words."""
+    where = exc.filename if exc.filename is not None else None
+    words = exc.strerror or str(exc)
+    return f"{where}: {words}" if where is not None else f"{words} (errno {exc.errno})"
+
+
+def _silence_stdout() -> None:
+    """Point standard output at /dev/null, so that flushing it at exit does not fail again."""
+    import os
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
 
 
 if __name__ == "__main__":

@@ -141,6 +141,8 @@ def jsonl_text(line: bytes, text_field: str, where: str) -> bytes:
         record = json.loads(line)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise UserError(f"{where}: not valid JSON ({exc.msg if hasattr(exc, 'msg') else exc})") from None
+    except RecursionError:
+        raise UserError(f"{where}: JSON nested too deeply to read") from None
     if not isinstance(record, dict):
         raise UserError(f"{where}: a JSON line must be an object with a {text_field!r} field")
     return record_text(record, text_field, where)

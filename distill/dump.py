@@ -264,7 +264,7 @@ def dump_with_teacher(
     on_device = config.conversion == "torch" or (config.conversion == "auto" and teacher.device.type == "cuda")
     converter = Converter(teacher.vocab)
     teacher = teacher.with_sorted_head(converter.sorted_columns)
-    _check_memory(config, teacher, on_device, len(mine))
+    budget = _check_memory(config, teacher, on_device, len(mine))
     encoder = DocumentEncoder(teacher.tokenizer, teacher.vocab)
     check_store_files(Path(config.output))  # before the locks are created in it
     with ExitStack() as locks:
@@ -277,7 +277,9 @@ def dump_with_teacher(
         setup_seconds = time.perf_counter() - started
         started = time.perf_counter()
         counts = CorpusCounts()
-        skipper = Skipper(config.output, mine, strict=config.strict, max_document_bytes=config.max_document_bytes)
+        skipper = Skipper(
+            config.output, mine, strict=config.strict, max_document_bytes=config.max_document_bytes, budget=budget
+        )
         documents = skipper.remaining(writer_documents(spec, num_writers, mine, counts), stored)
         grouping = Grouping(len(teacher.context_prefix), config.max_length, config.stride, config.group_tokens)
         bar = tqdm(
@@ -417,13 +419,15 @@ def memory_terms(
     )
 
 
-def _check_memory(config: DumpConfig, teacher: Teacher, on_device: bool, writers: int) -> None:
-    """Print the peak-memory formula's terms; refuse settings that cannot fit the device."""
+def _check_memory(config: DumpConfig, teacher: Teacher, on_device: bool, writers: int) -> dump_memory.DocumentBudget:
+    """Print the peak-memory formula's terms; refuse settings that cannot fit the device. Returns
+    what a document longer than a group may add."""
     terms = memory_terms(config, teacher, on_device, writers)
     print(dump_memory.describe(terms, teacher.device), file=sys.stderr)
     problem = dump_memory.over_budget(terms, teacher.device)
     if problem:
         raise UserError(problem)
+    return dump_memory.document_budget(terms, teacher.device, config.group_tokens)
 
 
 def _report_not_read(spec: CorpusSpec, verbose: bool) -> str | None:

@@ -95,6 +95,42 @@ def long_document_bytes(tokens: int, group_tokens: int) -> int:
     return max(0, tokens - group_tokens) * (PENDING_BYTES_PER_TOKEN + STORED_BYTES_PER_TOKEN)
 
 
+BYTES_PER_TOKEN = POSITIONS_PER_TOKEN - 1  # text bytes per token (the same measurement): a document's tokens, guessed
+
+
+@dataclass(frozen=True)
+class DocumentBudget:
+    """What one long document may add to the estimate: the host memory the estimate leaves free.
+    A document that would need more is refused before it is encoded (its tokens guessed from its
+    bytes) or, once encoded, from its tokens, in one line with the estimate and the flags."""
+
+    free_bytes: int
+    group_tokens: int
+
+    def refusal(self, key: str, data_bytes: int, tokens: int | None = None) -> str | None:
+        """Why document ``key`` cannot be dumped here, or None."""
+        guessed = tokens is None
+        tokens = int(data_bytes / BYTES_PER_TOKEN) if guessed else tokens
+        extra = long_document_bytes(tokens, self.group_tokens)
+        if extra <= self.free_bytes:
+            return None
+        fits = self.group_tokens + max(0, self.free_bytes) // (PENDING_BYTES_PER_TOKEN + STORED_BYTES_PER_TOKEN)
+        return (
+            f"document {key} ({data_bytes:,} bytes, {'about ' if guessed else ''}{tokens:,} tokens) would add "
+            f"about {_gb(extra)} to the dump's memory estimate (its values wait until it is written: "
+            f"{(PENDING_BYTES_PER_TOKEN + STORED_BYTES_PER_TOKEN) / 1e3:.1f} KB a token beyond --group-tokens), "
+            f"and {_gb(max(0, self.free_bytes))} are left: skip and list such documents with --max-document-bytes "
+            f"{int(fits * BYTES_PER_TOKEN * 0.9):,}, or split it into smaller documents (--separator for text files)"
+        )
+
+
+def document_budget(terms: list[MemoryTerm], device: torch.device, group_tokens: int) -> DocumentBudget:
+    """The host memory the estimate leaves for a document longer than a group."""
+    host = torch.device("cpu")
+    held = sum(t.bytes for t in terms if not (t.on_device and device.type == "cuda"))
+    return DocumentBudget(capacity(host) - held, group_tokens)
+
+
 def return_freed_blocks() -> None:
     """Have glibc map every block of ``MMAP_THRESHOLD`` bytes or more on its own, so that freeing
     it returns its pages. By default the threshold rises to the largest block freed so far (up to

@@ -67,9 +67,17 @@ class Skipper:
     recorded in its writer's skip list, or, with --strict, refused; with --strict a store whose
     lists already name documents is refused."""
 
-    def __init__(self, output: str, writers: list[int], *, strict: bool, max_document_bytes: int | None):
+    def __init__(
+        self,
+        output: str,
+        writers: list[int],
+        *,
+        strict: bool,
+        max_document_bytes: int | None,
+        budget: dump_memory.DocumentBudget | None = None,
+    ):
         self._lists = {w: SkipList(Path(output), w) for w in writers}
-        self._strict, self._limit = strict, max_document_bytes
+        self._strict, self._limit, self._budget = strict, max_document_bytes, budget
         self.skipped_now = 0  # documents this run skipped
         listed = sum(len(skips.skips) for skips in self._lists.values())
         if strict and listed:
@@ -93,13 +101,23 @@ class Skipper:
         try:
             if self._limit is not None and len(data) > self._limit:
                 raise UnencodableDocument(f"{len(data):,} bytes, more than --max-document-bytes {self._limit:,}")
-            return encoder.encode(data)
+            self._refuse_too_long(key, len(data))  # before encoding it: its tokens guessed from its bytes
+            ids = encoder.encode(data)
+            self._refuse_too_long(key, len(data), len(ids))
+            return ids
         except UnencodableDocument as exc:
             if self._strict:
                 raise UserError(f"document {key}: {exc} (without --strict it is skipped and listed)") from None
             self._lists[writer].add(Skip(index, key, str(exc)))
             self.skipped_now += 1
             return None
+
+    def _refuse_too_long(self, key: str, data_bytes: int, tokens: int | None = None) -> None:
+        """A document whose values could not wait in the memory left is refused (not skipped:
+        the user chooses --max-document-bytes, which skips and lists it)."""
+        problem = self._budget.refusal(key, data_bytes, tokens) if self._budget is not None else None
+        if problem:
+            raise UserError(problem)
 
     def skips(self) -> list[Skip]:
         """Every skip of these writers, this run's and earlier: writer by writer, by number."""

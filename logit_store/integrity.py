@@ -43,7 +43,7 @@ def read_completion(directory: Path, writer_id: int) -> Completion | None:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
         completion = Completion(int(data["writer_id"]), int(data["shards"]), int(data["documents"]))
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
         raise UserError(f"{path} is corrupt ({exc})") from None
     if completion.writer_id != writer_id:
         raise UserError(f"{path} is corrupt (it names writer {completion.writer_id})")

@@ -54,6 +54,8 @@ def read_manifest(directory: Path) -> dict:
         manifest = json.loads(path.read_text(encoding="utf-8"))
     except (ValueError, OSError) as exc:
         raise UserError(f"cannot read {path}: {exc}") from None
+    except RecursionError:
+        raise UserError(f"cannot read {path}: JSON nested too deeply") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_NAME:
         raise UserError(f"{path} is not a bytedistill logit-store manifest")
     version = manifest.get("format_version")
@@ -94,8 +96,12 @@ def is_store_directory(directory: Path) -> bool:
 
 def write_atomic(path: Path, data: bytes, unique: str) -> None:
     tmp = path.with_name(f"{path.name}.{unique}.tmp")
-    with open(tmp, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:  # a full disk, a file-size limit: no partial file is left
+        tmp.unlink(missing_ok=True)
+        raise UserError(f"cannot write {path}: {exc.strerror or exc}") from None

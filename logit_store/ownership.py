@@ -93,7 +93,7 @@ def _content_problem(path: Path, kind: str) -> str | None:
 def _json_object_with(text: bytes, key: str) -> bool:
     try:
         value = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return False
     return isinstance(value, dict) and key in value
 
@@ -101,7 +101,7 @@ def _json_object_with(text: bytes, key: str) -> bool:
 def _is_manifest(path: Path) -> bool:
     try:
         value = json.loads(path.read_bytes())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return False
     return isinstance(value, dict) and value.get("format") == FORMAT_NAME
 

@@ -84,7 +84,7 @@ def _read(path: Path, keep_partial: bool) -> list[Skip]:
         try:
             record = json.loads(line)
             skips.append(Skip(int(record["index"]), str(record["key"]), str(record["reason"])))
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, RecursionError):
             raise UserError(f"{path}:{number} is corrupt (not a skip record)") from None
     return skips
 

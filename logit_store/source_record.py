@@ -34,7 +34,7 @@ def read_source_record(directory: Path, writer_id: int) -> dict[str, str] | None
         data = json.loads(path.read_bytes())
         pieces = data["pieces"]
         valid = data["writer_id"] == writer_id and all(isinstance(v, str) for v in pieces.values())
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
         raise UserError(f"{path} is corrupt ({exc})") from None
     if not valid:
         raise UserError(f"{path} is corrupt (not writer {writer_id}'s record of its source)")

@@ -67,7 +67,7 @@ def vocab_from_bytes(data: bytes, where: str) -> TeacherVocab:
         raise UserError(f"{where} is corrupt (checksum mismatch)")
     try:
         return _parse_body(body)
-    except (ValueError, KeyError, TypeError, struct.error) as exc:
+    except (ValueError, KeyError, TypeError, struct.error, RecursionError) as exc:
         raise UserError(f"{where} is corrupt ({exc})") from None
 
 

@@ -157,6 +157,39 @@ def dump(teacher: str, *extra: str, corpus_arg: str = "{tmp}/corpus", output: st
     return ["dump", "--teacher", f"{{teacher:{teacher}}}", "--corpus", corpus_arg, "--output", output, *SMALL, *extra]
 
 
+DEEP = "[" * 100_000 + "]" * 100_000  # deeper than Python's recursion limit
+
+
+def deep_jsonl(tmp: Path) -> None:
+    (tmp / "deep.jsonl").write_text('{"text": "fine"}\n{"text": "x", "more": ' + DEEP + "}\n")
+
+
+def store_with_deep_manifest(tmp: Path) -> None:
+    StoreWriter(tmp / "out", tiny_vocab()).close()
+    (tmp / "out" / "manifest.json").write_text(DEEP)
+
+
+def one_line_too_long(tmp: Path) -> None:
+    """A .jsonl of one document whose values could not wait in this machine's memory (its size
+    follows the machine: the dump's own estimate, 4.7 KB a token, is over the memory it has)."""
+    from distill import dump_memory
+
+    per_token = dump_memory.PENDING_BYTES_PER_TOKEN + dump_memory.STORED_BYTES_PER_TOKEN
+    size = int(dump_memory.capacity(torch.device("cpu")) / per_token * dump_memory.BYTES_PER_TOKEN * 1.2)
+    words = b"lorem ipsum dolor sit amet "
+    (tmp / "long.jsonl").write_bytes(b'{"text": "' + words * (size // len(words)) + b'"}\n')
+
+
+def no_partial_vocab(tmp: Path) -> None:
+    assert not list((tmp / "out").glob("*.tmp")) and not (tmp / "out" / "vocab.bin").exists()
+
+
+def read_only_output(tmp: Path) -> None:
+    corpus(tmp)
+    (tmp / "locked").mkdir()
+    (tmp / "locked").chmod(0o555)
+
+
 def cuda_row():
     row = Edge("dump --device cuda without CUDA", dump("small", "--device", "cuda"), "CUDA is not available", corpus)
     return pytest.param(row, marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA"))
@@ -267,6 +300,58 @@ EDGES = [
     ),
     Edge("--separator ''", dump("small", "--separator", ""), "--separator must not be empty", corpus),
     cuda_row(),
+    # no traceback: JSON nested too deeply, a document too long for the memory, a folder it may not write
+    Edge(
+        "corpus .jsonl record nested too deeply",
+        dump("small", corpus_arg="{tmp}/deep.jsonl"),
+        "deep.jsonl:2: JSON nested too deeply to read",
+        deep_jsonl,
+        creates_ok=True,
+    ),
+    Edge(
+        "inspect: manifest nested too deeply",
+        ["inspect", "{tmp}/out"],
+        "JSON nested too deeply",
+        store_with_deep_manifest,
+    ),
+    Edge(
+        "verify: manifest nested too deeply",
+        ["verify", "{tmp}/out"],
+        "JSON nested too deeply",
+        store_with_deep_manifest,
+    ),
+    Edge(
+        "one-line document beyond the memory, default flags",
+        dump("small", corpus_arg="{tmp}/long.jsonl"),
+        "to the dump's memory estimate (its values wait until it is written: 4.7 KB a token beyond --group-tokens)",
+        one_line_too_long,
+        creates_ok=True,  # refused when read, once the store was started: a rerun replaces it
+    ),
+    Edge(
+        "--output where nothing may be written (/sys)",
+        dump("small", output="/sys/bytedistill-edge-out"),
+        "/sys/bytedistill-edge-out: ",
+        corpus,
+    ),
+    pytest.param(
+        Edge(
+            "--output in a read-only folder",
+            dump("small", output="{tmp}/locked/out"),
+            "Permission denied",
+            read_only_output,
+        ),
+        marks=pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders"),
+    ),
+    Edge(
+        "file-size limit while writing vocab.bin",
+        dump("small"),
+        "out/vocab.bin: File too large",
+        corpus,
+        subprocess=True,
+        file_size_limit=5_000,  # the manifest fits, vocab.bin (6 KB) does not
+        creates_ok=True,
+        after=no_partial_vocab,
+    ),
 ]
 
 

