@@ -118,7 +118,9 @@ class TeacherPass:
 
     def _hand_over(self, logits: TeacherLogits, spans: tuple[RowSpan, ...]) -> None:
         if not self._on_device:
-            self._sink.send(LogitRows(logits.tensor.numpy(), logits.columns, spans))
+            self._sink.send(
+                LogitRows(logits.tensor.cpu().numpy(), logits.columns, spans)
+            )  # rows on a GPU come to the host
             return
         if logits.tensor.is_cuda:  # the forward's kernels are asynchronous: time the conversion alone
             torch.cuda.synchronize(logits.tensor.device)
