@@ -22,7 +22,7 @@ import torch
 from bytestream.errors import UserError
 from bytestream.vocab import TeacherVocab, load_teacher_tokenizer, split_gguf_path, vocab_from_tokenizer
 from distill.column_order import ColumnOrder
-from distill.teacher_identity import teacher_name, weights_hash
+from distill.teacher_identity import hub_revision, teacher_name, weights_hash
 from distill.teacher_weights import check_weights, refuse_missing
 
 logger = logging.getLogger(__name__)
@@ -128,7 +128,7 @@ def load_teacher(
     model.to(device).eval()
     head = model.get_output_embeddings()
     vocab = fit_output_layer(vocab, head.weight.shape[0])
-    revision = getattr(model.config, "_commit_hash", None)
+    revision = None if Path(model_source).exists() else hub_revision(model_source, gguf or "config.json")
     return Teacher(
         model,
         head,

@@ -44,6 +44,19 @@ def weights_files(model_source: str, gguf_file: str | None = None) -> list[Path]
     return sorted(found, key=lambda p: p.name)
 
 
+def hub_revision(repo_id: str, filename: str = "config.json", cache_dir: str | None = None) -> str | None:
+    """The revision (commit sha) of a Hub repository that a load just read from the local Hub
+    cache: the snapshot folder its ``filename`` lies in; None when it is not cached."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        path = try_to_load_from_cache(repo_id, filename, cache_dir=cache_dir)
+    except Exception:  # noqa: BLE001 - not a repository id, or no cache: no revision known
+        return None
+    parts = Path(path).parts if isinstance(path, str) else ()
+    return parts[parts.index("snapshots") + 1] if "snapshots" in parts[:-1] else None
+
+
 def weights_hash(model_source: str, gguf_file: str | None = None, revision: str | None = None) -> str | None:
     """``sha256:<hex>`` of a local teacher's weights files, ``hub:<revision>`` for a Hub id
     loaded at that revision, None when neither is known."""

@@ -466,3 +466,29 @@ def test_killed_two_process_dump_resumes_with_one_or_three(small_teacher, tmp_pa
     capsys.readouterr()
     code, err = run_cli(command(whole, 7, 0), capsys)
     assert code == 2 and "6 writers but 7 workers" in err
+
+
+def test_a_hub_teacher_is_named_by_the_revision_it_loaded(tmp_path):
+    """A Hub id's identity is the revision its files were read at (the cache's snapshot), so a
+    resume after the id's revision moved is refused; a local teacher's is its files' hash."""
+    from distill.teacher_identity import hub_revision, weights_hash
+
+    sha = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "hub" / "models--someone--teacher"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(sha)
+    (repo / "snapshots" / sha).mkdir(parents=True)
+    (repo / "snapshots" / sha / "config.json").write_text("{}")
+    assert hub_revision("someone/teacher", cache_dir=str(tmp_path / "hub")) == sha
+    assert hub_revision("someone/other", cache_dir=str(tmp_path / "hub")) is None
+    assert weights_hash("someone/teacher", revision=sha) == f"hub:{sha}"
+    folder = tmp_path / "local"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    (folder / "model.safetensors").write_bytes(b"weights")
+    (folder / "README.md").write_text("not weights")
+    first = weights_hash(str(folder))
+    (folder / "README.md").write_text("still not weights")
+    assert weights_hash(str(folder)) == first
+    (folder / "model.safetensors").write_bytes(b"other weights")
+    assert weights_hash(str(folder)) != first
