@@ -5,6 +5,7 @@ path, and the fused and ``<eot>`` streams of one document agreeing where they mu
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import defaultdict
 
@@ -18,6 +19,8 @@ from bytestream.alphabet import EOS, EOT, FUSED_BOS, FUSED_ENDS, FUSED_EOS
 from distill.column_order import ColumnOrder
 from tests.conftest import SAMPLE_DOCUMENTS, random_logits
 from tests.test_convert import brute_force_tables, dummy_prefix, teacher_log_likelihood
+from tests.test_sentencepiece import DOCUMENTS as SP_DOCUMENTS
+from tests.test_sentencepiece import families, folders  # noqa: F401  (module-scoped fixtures, used by name)
 
 
 def reference_fused(vocab, token_ids, logits):
@@ -185,7 +188,9 @@ def test_sorted_columns_and_row_chunks(llama3_encoder, llama3_converter, llama3_
     whole = llama3_converter.convert_fused_torch(ids, torch.from_numpy(logits))
     conversion = torch_conversion(llama3_converter, torch.device("cpu"), fused=True)
     cuts = (0, 3, 4, len(ids) + 1)
-    pieces = [conversion.convert_rows(whole.layout, torch.from_numpy(logits[a:b]), a) for a, b in zip(cuts, cuts[1:])]
+    pieces = [
+        conversion.convert_rows(whole.layout, torch.from_numpy(logits[a:b]), a) for a, b in itertools.pairwise(cuts)
+    ]
     np.testing.assert_array_equal(np.concatenate([v for v, _ in pieces]), whole.values)
 
 
@@ -212,8 +217,6 @@ def test_fused_identity_on_random_bytes(data, seed, llama3_encoder, llama3_conve
 # SentencePiece with byte fallback (a real Mistral v1 model = the Llama-2 family; Phi-3's layout):
 # the dummy prefix space is context, and a document whose first token is that space alone
 # ("leading_space", "one_space") starts its fused stream at the root of row 1.
-from tests.test_sentencepiece import DOCUMENTS as SP_DOCUMENTS  # noqa: E402
-from tests.test_sentencepiece import families, folders  # noqa: E402, F401  (module fixtures)
 
 
 @pytest.mark.parametrize("family", ["mistral-v1-auto", "phi3"])
@@ -251,7 +254,7 @@ def test_fused_identity_through_the_real_smollm2_teacher():
 
     teacher = load_teacher(str(smollm2_gguf()))
     converter = Converter(teacher.vocab)
-    data = "In the beginning God created the heaven and the earth. And the earth was without form, and void;".encode()
+    data = b"In the beginning God created the heaven and the earth. And the earth was without form, and void;"
     ids = DocumentEncoder(teacher.tokenizer, teacher.vocab).encode(data)
     input_ids = torch.tensor([teacher.context_prefix + ids.tolist()])
     rows = [np.arange(len(teacher.context_prefix) - 1, len(teacher.context_prefix) + len(ids))]
