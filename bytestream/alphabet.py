@@ -8,3 +8,13 @@ PAD = 259  # padding, never a target
 ALPHABET_SIZE = 260
 
 SPECIAL_NAMES = {EOT: "<eot>", BOS: "<bos>", EOS: "<eos>", PAD: "<pad>"}
+
+# The fused stream (docs/DESIGN.md, "The fused stream"): one symbol per text byte that also says
+# whether the teacher's token ends with it, so no <eot> symbol is needed.
+FUSED_ENDS = 256  # byte b that ends its token is FUSED_ENDS + b; byte b inside a token is b
+FUSED_BOS = 512
+FUSED_EOS = 513
+FUSED_PAD = 514
+FUSED_ALPHABET_SIZE = 515
+
+FUSED_SPECIAL_NAMES = {FUSED_BOS: "<bos>", FUSED_EOS: "<eos>", FUSED_PAD: "<pad>"}

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
-from bytestream.alphabet import BOS, EOS, EOT
+from bytestream.alphabet import BOS, EOS, EOT, NUM_BYTES
 from bytestream.trie import VocabTrie
 
 
@@ -34,6 +34,7 @@ class StreamLayout:
     position_row: np.ndarray  # (L-1,) int64: teacher row (0..m) whose distribution it uses
     offsets: np.ndarray  # (L,) int64: support of position i is support[offsets[i]:offsets[i+1]]
     support: np.ndarray  # (S,) int16: symbols of all supports, concatenated
+    fused: bool = False  # symbols of the fused alphabet (bytes with their token-end flag), no <eot>
 
     @property
     def num_positions(self) -> int:
@@ -44,8 +45,9 @@ class StreamLayout:
         return len(self.support)
 
     def text_bytes(self) -> bytes:
-        """The document's bytes: the stream's byte symbols in order."""
-        return self.symbols[self.symbols < 256].astype(np.uint8).tobytes()
+        """The document's bytes: the stream's byte symbols in order (without their flags, if fused)."""
+        limit = 2 * NUM_BYTES if self.fused else NUM_BYTES
+        return (self.symbols[self.symbols < limit] % NUM_BYTES).astype(np.uint8).tobytes()
 
 
 @numba.njit(cache=True, nogil=True)

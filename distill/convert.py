@@ -22,6 +22,7 @@ import numba
 import numpy as np
 
 from bytestream.alphabet import ALPHABET_SIZE
+from bytestream.fused_stream import fused_stream_layout
 from bytestream.stream import StreamLayout, path_to_node, stream_layout, target_values
 from bytestream.trie import VocabTrie, build_trie
 from bytestream.vocab import TeacherVocab
@@ -142,6 +143,39 @@ class Converter:
             dropped[first_row:stop],
             np.empty(t.max_depth + 1, np.int64),
         )
+
+    def fused_layout(self, token_ids) -> StreamLayout:
+        return fused_stream_layout(self.trie, np.asarray(token_ids))
+
+    def convert_fused_numba(
+        self, token_ids, logits: np.ndarray, columns: ColumnOrder = ColumnOrder.TEACHER
+    ) -> DocumentDistributions:
+        """:meth:`convert_numba` into the fused stream (docs/DESIGN.md, "The fused stream")."""
+        from distill.convert_fused import convert_fused_rows
+
+        token_ids = np.asarray(token_ids, dtype=np.int64)
+        logits = np.ascontiguousarray(logits)
+        if logits.dtype not in (np.float32, np.float64):
+            logits = logits.astype(np.float32)
+        self._check_shapes(token_ids, logits.shape)
+        layout = self.fused_layout(token_ids)
+        values = np.empty(layout.num_values, dtype=np.float64)
+        dropped = np.empty(len(token_ids) + 1, dtype=np.float64)
+        context = convert_fused_rows(self.trie, *self.column_tables(columns), layout, logits, 0, values, dropped)
+        return DocumentDistributions(layout, values, dropped, context)
+
+    def convert_fused_torch(
+        self, token_ids, logits, columns: ColumnOrder = ColumnOrder.TEACHER
+    ) -> DocumentDistributions:
+        """:meth:`convert_torch` into the fused stream."""
+        from distill.convert_torch import torch_conversion
+
+        token_ids = np.asarray(token_ids, dtype=np.int64)
+        self._check_shapes(token_ids, tuple(logits.shape))
+        layout = self.fused_layout(token_ids)
+        conversion = torch_conversion(self, logits.device, columns, fused=True)
+        values, dropped = conversion.convert_rows(layout, logits)
+        return DocumentDistributions(layout, values, dropped, conversion.context_log_mass(layout, logits))
 
     def convert_torch(self, token_ids, logits, columns: ColumnOrder = ColumnOrder.TEACHER) -> DocumentDistributions:
         """Device path: ``logits`` is a (m+1, V) torch tensor on any device; only the support

@@ -58,6 +58,49 @@ class _Segments:
         return self.lengths[_ranges(self.offsets[nodes], self.count(nodes))]
 
 
+@dataclass(frozen=True)
+class _FusedSegments:
+    """Per trie node, its children's ranges split in two, in trie order: each child's exact tokens
+    ("ends") then the rest of its range ("goes on"): ``lengths[offsets[n]:offsets[n+1]]``, two per
+    child. ``support[support_offsets[n]:support_offsets[n+1]]`` indexes those halves in the fused
+    support's order (every goes-on half that is not empty, then every ends half that is not)."""
+
+    offsets: np.ndarray
+    lengths: np.ndarray
+    support_offsets: np.ndarray
+    support: np.ndarray
+
+    @classmethod
+    def of(cls, trie) -> _FusedSegments:
+        n_children = np.diff(trie.child_offsets)
+        offsets = np.concatenate([[0], np.cumsum(2 * n_children)])
+        kids = trie.child_nodes
+        exact, size = trie.node_n_exact[kids], trie.node_hi[kids] - trie.node_lo[kids]
+        lengths = np.stack([exact, size - exact], axis=1).reshape(-1)
+        goes_on, ends = size > exact, exact > 0
+        parent = np.repeat(np.arange(trie.num_nodes), n_children)
+        counts = np.bincount(parent, weights=goes_on.astype(np.int64) + ends, minlength=trie.num_nodes)
+        support_offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        within = 2 * (np.arange(len(kids)) - trie.child_offsets[parent])  # each child's ends half
+        halves = np.concatenate([np.flatnonzero(goes_on), np.flatnonzero(ends)])
+        entries = np.concatenate([within[goes_on] + 1, within[ends]])
+        order = np.lexsort((np.arange(len(halves)), parent[halves]))  # by node, goes-on first (stable)
+        return cls(offsets, lengths, support_offsets, entries[order])
+
+    def count(self, nodes: np.ndarray) -> np.ndarray:
+        return self.support_offsets[nodes + 1] - self.support_offsets[nodes]
+
+    def lengths_of(self, nodes: np.ndarray) -> np.ndarray:
+        return self.lengths[_ranges(self.offsets[nodes], self.offsets[nodes + 1] - self.offsets[nodes])]
+
+    def support_of(self, nodes: np.ndarray) -> np.ndarray:
+        """The support entries of ``nodes`` as indices into their concatenated halves."""
+        halves = self.offsets[nodes + 1] - self.offsets[nodes]
+        base = np.cumsum(halves) - halves
+        counts = self.count(nodes)
+        return self.support[_ranges(self.support_offsets[nodes], counts)] + np.repeat(base, counts)
+
+
 def _ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
     """Concatenation of ``arange(s, s + c)`` for each start s and count c."""
     before = np.cumsum(counts) - counts
@@ -67,16 +110,18 @@ def _ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
 class TorchConversion:
     """The conversion tables of one converter on one device, for one column order."""
 
-    def __init__(self, converter, device: torch.device, columns: ColumnOrder):
+    def __init__(self, converter, device: torch.device, columns: ColumnOrder, fused: bool = False):
         trie = converter.trie
         order, end_of_text, dropped = converter.column_tables(columns)
-        self.trie, self.device = trie, device
+        self.trie, self.device, self.fused = trie, device, fused
         self.row_chunk = row_chunk(device)
         self.order = torch.from_numpy(order).to(device)
         self.end_of_text_ids = torch.from_numpy(end_of_text).to(device)
         self.dropped_ids = torch.from_numpy(dropped).to(device)
-        self.segments = _Segments.of(trie)
-        self.root_lengths = torch.from_numpy(self.segments.lengths_of(np.array([0]))).to(device)
+        self.segments = _FusedSegments.of(trie) if fused else _Segments.of(trie)
+        root = np.array([0])
+        self.root_lengths = torch.from_numpy(self.segments.lengths_of(root)).to(device)
+        self.root_support = torch.from_numpy(self.segments.support_of(root)).to(device) if fused else None
 
     @torch.no_grad()
     def convert_rows(self, layout, logits: torch.Tensor, first_row: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -113,6 +158,8 @@ class TorchConversion:
         shift = _finite(torch.maximum(regular.amax(-1), eot.amax(-1)))
         lengths = self.root_lengths.expand(len(block), -1)
         masses = torch.segment_reduce(torch.exp(regular - shift[:, None]), "sum", lengths=lengths, axis=1)
+        if self.fused:
+            masses = masses.index_select(1, self.root_support)
         masses = torch.cat([masses, torch.exp(eot - shift[:, None]).sum(-1, keepdim=True)], dim=1)
         z = masses.sum(-1)
         if len(self.dropped_ids):
@@ -127,6 +174,8 @@ class TorchConversion:
 
     def _inner(self, block: torch.Tensor, rows: np.ndarray, nodes: np.ndarray) -> torch.Tensor:
         """Values of in-token positions (their node and row within ``block``), in position order."""
+        if self.fused:
+            return self._inner_fused(block, rows, nodes)
         t, device = self.trie, self.device
         lo, size, n_exact = t.node_lo[nodes], t.node_hi[nodes] - t.node_lo[nodes], t.node_n_exact[nodes]
         # each range read children first, then its exact tokens: the support order
@@ -149,6 +198,46 @@ class TorchConversion:
             torch.repeat_interleave(z, counts_t, output_size=total),
             torch.repeat_interleave(counts_t, counts_t, output_size=total),
         )
+
+    def _inner_fused(self, block: torch.Tensor, rows: np.ndarray, nodes: np.ndarray) -> torch.Tensor:
+        """Fused values of in-token positions: each node's child ranges (its own exact tokens left
+        out: the token goes on), summed by halves, then put in support order."""
+        t, device = self.trie, self.device
+        lo = t.node_lo[nodes] + t.node_n_exact[nodes]
+        size = t.node_hi[nodes] - lo
+        index = np.repeat(lo, size) + _ranges(np.zeros_like(size), size)
+        sizes = torch.from_numpy(size).to(device)
+        row = torch.from_numpy(np.repeat(rows, size)).to(device)
+        logits = block[row, self.order[torch.from_numpy(index).to(device)]]
+        peak = _finite(torch.segment_reduce(logits, "max", lengths=sizes, unsafe=True))
+        p = torch.exp(logits - torch.repeat_interleave(peak, sizes, output_size=len(index)))
+        halves = torch.segment_reduce(
+            p, "sum", lengths=torch.from_numpy(self.segments.lengths_of(nodes)).to(device), unsafe=True
+        )
+        masses = halves[torch.from_numpy(self.segments.support_of(nodes)).to(device)]
+        counts = self.segments.count(nodes)
+        counts_t = torch.from_numpy(counts).to(device)
+        z = torch.segment_reduce(masses, "sum", lengths=counts_t, unsafe=True)
+        total = int(counts.sum())
+        return _normalise(
+            masses,
+            torch.repeat_interleave(z, counts_t, output_size=total),
+            torch.repeat_interleave(counts_t, counts_t, output_size=total),
+        )
+
+    def context_log_mass(self, layout, logits: torch.Tensor) -> float:
+        """log of the first row's mass on the context before the first position (0 without a dummy
+        prefix): tokens starting with the space; fused, those going on past it, or the space alone."""
+        node = int(self.trie.start_node)
+        if node == 0 or layout.num_positions == 0 or (not self.fused and layout.position_node[0] == 0):
+            return 0.0
+        t = self.trie
+        lo, hi, n_exact = int(t.node_lo[node]), int(t.node_hi[node]), int(t.node_n_exact[node])
+        if self.fused:
+            lo, hi = (lo + n_exact, hi) if layout.position_row[0] == 0 else (lo, lo + n_exact)
+        row = logits[0].to(torch.float64)
+        kept = torch.cat([self.order, self.end_of_text_ids])
+        return float(torch.logsumexp(row[self.order[lo:hi]], 0) - torch.logsumexp(row[kept], 0))
 
     def _split_by_elements(self, nodes: np.ndarray):
         """Index slices of consecutive positions whose ranges hold at most MAX_ELEMENTS elements."""
@@ -180,10 +269,12 @@ def _normalise(masses: torch.Tensor, z: torch.Tensor, count) -> torch.Tensor:
 _CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def torch_conversion(converter, device: torch.device, columns: ColumnOrder = ColumnOrder.TEACHER) -> TorchConversion:
-    """The converter's tables on ``device`` (built once per converter, device and column order)."""
+def torch_conversion(
+    converter, device: torch.device, columns: ColumnOrder = ColumnOrder.TEACHER, fused: bool = False
+) -> TorchConversion:
+    """The converter's tables on ``device`` (built once per converter, device, column order and stream)."""
     tables = _CACHE.setdefault(converter, {})
-    key = (str(device), columns)
+    key = (str(device), columns, fused)
     if key not in tables:
-        tables[key] = TorchConversion(converter, device, columns)
+        tables[key] = TorchConversion(converter, device, columns, fused)
     return tables[key]
