@@ -345,14 +345,17 @@ class ByteStreamTokenizer(PreTrainedTokenizer):
         committed, open_bytes = self.teacher.split_prompt(data)
         return stream_symbols(committed), open_bytes
 
-    def prompt(self, text: str | list[str]) -> BatchEncoding:
+    def prompt(self, text: str | list[str], padding: bool | str = True) -> BatchEncoding:
         """Prompts ready for ``model.generate(**tokenizer.prompt(text), …)``: ``input_ids`` and
         ``attention_mask`` (tensors, padded on the left) of each prompt's stream up to its last
         word, and a ``logits_processor`` that feeds that word's bytes with the model placing the
-        ``<eot>`` marks; the output then holds the whole prompt and its continuation."""
+        ``<eot>`` marks; the output then holds the whole prompt and its continuation. Prompts of
+        different lengths are always padded (``padding=False`` refuses them instead)."""
         texts = [text] if isinstance(text, str) else list(text)
         streams, forced = zip(*(self.encode_prompt(t.encode("utf-8")) for t in texts)) if texts else ((), ())
         length = max(map(len, streams), default=0)
+        if padding in (False, "do_not_pad") and len(set(map(len, streams))) > 1:
+            raise ValueError("the prompts' streams differ in length: give padding=True (left padding)")
         input_ids = torch.tensor([[PAD] * (length - len(s)) + s for s in streams], dtype=torch.long)
         attention_mask = torch.tensor([[0] * (length - len(s)) + [1] * len(s) for s in streams], dtype=torch.long)
         encoding = BatchEncoding({"input_ids": input_ids, "attention_mask": attention_mask})
