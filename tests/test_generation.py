@@ -247,3 +247,13 @@ def test_generation_benchmark_smoke():
     assert any(line.startswith("| patched") for line in lines) and any(line.startswith("| flat") for line in lines)
     summary = [line for line in lines if line.startswith("summary")]
     assert len(summary) == 1 and all(goal in summary[0] for goal in ("overhead", "2.5x", "token model", "bound"))
+
+
+def test_the_tokenizer_without_remote_code_refuses_instead_of_placing_no_eot(folder):
+    """Issue 33, item 7: no silent plain bytes; the plain byte tokenizer is there by name."""
+    from transformers import PreTrainedTokenizerFast
+
+    with pytest.raises(ValueError, match=r"trust_remote_code=True"):
+        AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
+    assert AutoTokenizer.from_pretrained(folder, trust_remote_code=True)("ab").input_ids[-1] == 256  # <eot>
+    assert PreTrainedTokenizerFast.from_pretrained(folder)("ab").input_ids == [257, 97, 98]
