@@ -29,7 +29,6 @@ NN); another tokenizer family is refused when the tokenizer is loaded.
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import re
@@ -486,7 +485,7 @@ _LENGTH_AND_STOPPING = (
 
 def _without_length(config):
     """A copy of a ``GenerationConfig`` with no length or stop of its own (the first pass sets them)."""
-    config = copy.deepcopy(config)
+    config = type(config).from_dict(config.to_dict())
     config.max_new_tokens, config.min_new_tokens, config.min_length = None, None, 0
     config.stop_strings = None
     return config
