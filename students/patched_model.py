@@ -95,12 +95,20 @@ class PatchedStudentConfig(PretrainedConfig):
 
 def _rotate(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
     """Rotary embedding of ``x`` (B, H, T, D) at ``positions`` (T,) or (B, T)."""
-    half = x.shape[-1] // 2
-    freqs = theta ** (-torch.arange(half, device=x.device, dtype=torch.float32) / half)
+    return _apply_rotation(x, *_rotation(positions, x.shape[-1] // 2, theta, x.dtype))
+
+
+def _rotation(positions: torch.Tensor, half: int, theta: float, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rotary cosines and sines at ``positions``: (T, half), or (B, 1, T, half) per row."""
+    freqs = theta ** (-torch.arange(half, device=positions.device, dtype=torch.float32) / half)
     angles = positions.to(torch.float32).unsqueeze(-1) * freqs  # (..., T, half)
     if angles.dim() == 3:
         angles = angles.unsqueeze(1)  # per row: (B, 1, T, half)
-    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def _apply_rotation(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
     first, second = x[..., :half], x[..., half:]
     return torch.cat([first * cos - second * sin, first * sin + second * cos], dim=-1)
 
@@ -127,7 +135,8 @@ class Attention(nn.Module):
         """Queries, keys, values (B, H, T, D), rotated to ``positions``."""
         b, t, _ = x.shape
         q, k, v = self.qkv(x).view(b, t, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
-        return _rotate(q, positions, self.theta), _rotate(k, positions, self.theta), v
+        cos, sin = _rotation(positions, q.shape[-1] // 2, self.theta, q.dtype)  # once for queries and keys
+        return _apply_rotation(q, cos, sin), _apply_rotation(k, cos, sin), v
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """``mask`` (T_q, T_k) or (B, 1, T_q, T_k): True where a query may read a key."""
