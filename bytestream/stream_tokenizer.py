@@ -322,6 +322,7 @@ class ByteStreamTokenizer(PreTrainedTokenizer):
         kwargs.setdefault("bos_token", SPECIAL_NAMES[BOS])
         kwargs.setdefault("eos_token", SPECIAL_NAMES[EOS])
         kwargs.setdefault("pad_token", SPECIAL_NAMES[PAD])
+        kwargs.setdefault("padding_side", "left")  # batches of prompts for generate: padded on the left
         kwargs.pop("additional_special_tokens", None)
         kwargs.pop("extra_special_tokens", None)
         kwargs["clean_up_tokenization_spaces"] = False

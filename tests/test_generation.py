@@ -180,6 +180,20 @@ def test_every_call_form_gives_the_same_symbols(folder):
         assert decode_bytes(sum(streamer.parts[1:], []))[:16] == want
 
 
+def test_a_padded_batch_of_complete_streams_heals_each_row_as_alone(folder):
+    """``tokenizer([...], padding=True)`` pads on the left; the folder's generate heals each row."""
+    tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
+    remote = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True).eval()
+    batch = tokenizer(PROMPTS, padding=True, return_tensors="pt")
+    assert batch["attention_mask"][:, 0].tolist().count(0) == 2  # two shorter rows, padded on the left
+    output = remote.generate(**batch, max_new_tokens=12, do_sample=False)
+    width = batch["input_ids"].shape[1]
+    for row, prompt in enumerate(PROMPTS):
+        alone = tokenizer(prompt, return_tensors="pt")
+        single = remote.generate(**alone, max_new_tokens=12, do_sample=False)[0]
+        assert continuation(output[row], width) == continuation(single, alone["input_ids"].shape[1]), prompt
+
+
 def test_generate_cli_batches_prompts_and_a_prompts_file(folder, tmp_path, capsys):
     (tmp_path / "prompts.txt").write_text("And\nx = f(a1, b\n")
     flags = ["--max-new-bytes", "12", "--greedy"]
