@@ -248,7 +248,9 @@ def table(rows: list[Row], markdown: bool) -> list[str]:
         for r in rows
     ]
     if markdown:
-        return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(b) + " |" for b in body]
+        return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + [
+            "| " + " | ".join(b) + " |" for b in body
+        ]
     widths = [max(len(x) for x in column) for column in zip(header, *body)]
     return ["| " + " | ".join(x.ljust(w) for x, w in zip(line, widths)) + " |" for line in [header, *body]]
 
@@ -269,9 +271,15 @@ def summary(rows: list[Row]) -> str:
 
     one = batches[0]
     overhead = max(at[(f"{kind} {small}", one)].overhead_ms for kind in ("flat", "patched"))
-    goal(f"per-step overhead {overhead:.2f} ms at batch {one} (goal <= {GOAL_OVERHEAD_MS} ms)", overhead <= GOAL_OVERHEAD_MS)
+    goal(
+        f"per-step overhead {overhead:.2f} ms at batch {one} (goal <= {GOAL_OVERHEAD_MS} ms)",
+        overhead <= GOAL_OVERHEAD_MS,
+    )
     ratio = at[(f"patched {large}", b8)].decode_bps / at[(f"flat {large}", b8)].decode_bps
-    goal(f"patched/flat {ratio:.2f}x at batch {b8}, size {large} (goal >= {GOAL_RATIO}x; random weights: BPB not measured)", ratio >= GOAL_RATIO)
+    goal(
+        f"patched/flat {ratio:.2f}x at batch {b8}, size {large} (goal >= {GOAL_RATIO}x; random weights: BPB not measured)",
+        ratio >= GOAL_RATIO,
+    )
     worst = min(
         at[(f"patched {s}", b)].decode_bps / at[(f"token model {s}", b)].decode_bps
         for s in sizes
@@ -280,7 +288,10 @@ def summary(rows: list[Row]) -> str:
     )
     goal(f"patched/token model of its global shape {worst:.2f}x at worst (goal >= 1x)", worst >= 1.0)
     share = min(at[(f"{kind} {large}", b8)].of_bound for kind in ("flat", "patched"))
-    goal(f"batch-{b8} decode of size {large} at {100 * share:.0f}% of the FLOPs bound (goal >= {100 * GOAL_BOUND:.0f}%)", share >= GOAL_BOUND)
+    goal(
+        f"batch-{b8} decode of size {large} at {100 * share:.0f}% of the FLOPs bound (goal >= {100 * GOAL_BOUND:.0f}%)",
+        share >= GOAL_BOUND,
+    )
     return "summary: " + "; ".join(parts) + f" ({threads} threads)"
 
 
@@ -311,7 +322,9 @@ def main() -> None:
         for name, build, per_byte, token in models(args, rates, tokens_per_byte):
             model = build()
             for batch in args.batches:
-                rows.append(measure(name, model, data, args, batch, threads or all_threads, rate, per_byte, rates, token))
+                rows.append(
+                    measure(name, model, data, args, batch, threads or all_threads, rate, per_byte, rates, token)
+                )
     print(
         f"{args.device}; {args.new_bytes} new bytes after {args.prompt_bytes}; {rates.symbols_per_byte:.3f} symbols, "
         f"{rates.patches_per_byte:.3f} patches and {tokens_per_byte:.3f} teacher tokens per byte (KJV, Llama-3 tokenizer)"

@@ -17,7 +17,11 @@ class GenerateConfig(GenerateOptions):
     model: str = field(metadata={"help": "exported model folder", "positional": True})
     prompt: list[str] = field(
         default_factory=list,
-        metadata={"help": "text to continue (none: from nothing); several (--prompt A B) are generated together as one batch"},
+        metadata={
+            "help": "text to continue (none: from nothing); several (--prompt A B, or --prompt again) are "
+            "generated together as one batch",
+            "repeatable": True,
+        },
     )
     prompts_file: str | None = field(
         default=None, metadata={"help": "a UTF-8 file of prompts, one a line, generated together (after --prompt's)"}

@@ -107,9 +107,7 @@ def continue_streams(model, streams: list[list[int]], open_bytes: list[bytes], o
             new = _until_stopped(output[row, length:].tolist(), wanted[r] - produced[r])
             symbols[r] += new
             produced[r] += sum(1 for s in new if s < NUM_BYTES)
-    return [
-        decode_bytes(symbols[r][prompt_len[r] :])[len(open_bytes[r]) : wanted[r]] for r in range(len(symbols))
-    ]
+    return [decode_bytes(symbols[r][prompt_len[r] :])[len(open_bytes[r]) : wanted[r]] for r in range(len(symbols))]
 
 
 def _window(symbols: list[int], context: int) -> list[int]:

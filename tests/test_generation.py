@@ -128,56 +128,58 @@ def test_every_call_form_gives_the_same_symbols(folder):
     tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
     remote = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True).eval()
     stock, _ = load_folder(folder)  # no remote code: the library's classes and the stock generate
+    for sampling in ({"do_sample": False}, {"do_sample": True, "top_k": 20, "temperature": 0.8}):
+        check_call_forms(tokenizer, remote, stock, sampling)
+
+
+def check_call_forms(tokenizer, remote, stock, sampling: dict) -> None:
     prompt = "In the beginning God creat"
     fed = len(tokenizer.encode_prompt(prompt.encode())[1])
-
-    def healed_prompt(model, **options) -> bytes:  # tokenizer.prompt: the word is fed in the same call
-        inputs = tokenizer.prompt(prompt)
-        output = model.generate(**inputs, max_new_tokens=40, **options)[0]
-        return decode_bytes(output[inputs["input_ids"].shape[1] :])[fed:]
-
+    prompted = tokenizer.prompt(prompt)
     stream = tokenizer(prompt, return_tensors="pt")
     ids, width = stream["input_ids"], stream["input_ids"].shape[1]
+    config = GenerationConfig(max_new_tokens=40, pad_token_id=PAD, **sampling)
+    streamer = Collect()
+
+    def healed_prompt(model) -> bytes:  # tokenizer.prompt: the word is fed in the same call
+        output = model.generate(**prompted, max_new_tokens=40, **sampling)[0]
+        return decode_bytes(output[prompted["input_ids"].shape[1] :])[fed:]
+
+    def prompted_positional() -> bytes:
+        output = stock.generate(
+            prompted["input_ids"],
+            attention_mask=prompted["attention_mask"],
+            logits_processor=prompted["logits_processor"],
+            max_new_tokens=40,
+            **sampling,
+        )
+        return decode_bytes(output[0, prompted["input_ids"].shape[1] :])[fed:]
 
     def caller_frame(output) -> bytes:  # a complete stream: the folder's generate heals it, the caller's frame
         assert torch.equal(output[0, :width], ids[0])
         return decode_bytes(output[0, width:])
 
-    for sampling in ({"do_sample": False}, {"do_sample": True, "top_k": 20, "temperature": 0.8}):
+    def seeded(call):
+        torch.manual_seed(7)
+        return call()
 
-        def seeded(call):
-            torch.manual_seed(7)
-            return call()
-
-        want = seeded(lambda: healed_prompt(stock, **sampling))[:16]
-        assert len(want) == 16
-        prompted = tokenizer.prompt(prompt)
-        config = GenerationConfig(max_new_tokens=40, pad_token_id=PAD, **sampling)
-        streamer = Collect()
-        forms = {
-            "prompt(), remote": lambda: healed_prompt(remote, **sampling),
-            "prompt() positional, stock": lambda: decode_bytes(
-                stock.generate(
-                    prompted["input_ids"],
-                    attention_mask=prompted["attention_mask"],
-                    logits_processor=prompted["logits_processor"],
-                    max_new_tokens=40,
-                    **sampling,
-                )[0, prompted["input_ids"].shape[1] :]
-            )[fed:],
-            "positional ids": lambda: caller_frame(remote.generate(ids, max_new_tokens=30, **sampling)),
-            "inputs=": lambda: caller_frame(remote.generate(inputs=ids, max_new_tokens=30, **sampling)),
-            "input_ids=": lambda: caller_frame(remote.generate(input_ids=ids, max_new_tokens=30, **sampling)),
-            "**tokenizer(...)": lambda: caller_frame(remote.generate(**stream, max_new_tokens=30, **sampling)),
-            "GenerationConfig": lambda: caller_frame(remote.generate(ids, config)),
-            "generation_config=": lambda: caller_frame(remote.generate(input_ids=ids, generation_config=config)),
-            "streamer": lambda: caller_frame(remote.generate(ids, max_new_tokens=30, streamer=streamer, **sampling)),
-        }
-        for name, call in forms.items():
-            got = seeded(call)
-            assert got[:16] == want, (name, sampling)
-        assert streamer.parts[0] == ids[0].tolist()  # the streamer is shown the caller's input first
-        assert decode_bytes(sum(streamer.parts[1:], []))[:16] == want
+    want = seeded(lambda: healed_prompt(stock))[:16]
+    assert len(want) == 16
+    forms = {
+        "prompt(), remote": lambda: healed_prompt(remote),
+        "prompt() positional, stock": prompted_positional,
+        "positional ids": lambda: caller_frame(remote.generate(ids, max_new_tokens=30, **sampling)),
+        "inputs=": lambda: caller_frame(remote.generate(inputs=ids, max_new_tokens=30, **sampling)),
+        "input_ids=": lambda: caller_frame(remote.generate(input_ids=ids, max_new_tokens=30, **sampling)),
+        "**tokenizer(...)": lambda: caller_frame(remote.generate(**stream, max_new_tokens=30, **sampling)),
+        "GenerationConfig": lambda: caller_frame(remote.generate(ids, config)),
+        "generation_config=": lambda: caller_frame(remote.generate(input_ids=ids, generation_config=config)),
+        "streamer": lambda: caller_frame(remote.generate(ids, max_new_tokens=30, streamer=streamer, **sampling)),
+    }
+    for name, call in forms.items():
+        assert seeded(call)[:16] == want, (name, sampling)
+    assert streamer.parts[0] == ids[0].tolist()  # the streamer is shown the caller's input first
+    assert decode_bytes([s for part in streamer.parts[1:] for s in part])[:16] == want
 
 
 def test_a_padded_batch_of_complete_streams_heals_each_row_as_alone(folder):
@@ -197,7 +199,12 @@ def test_a_padded_batch_of_complete_streams_heals_each_row_as_alone(folder):
 def test_generate_cli_batches_prompts_and_a_prompts_file(folder, tmp_path, capsys):
     (tmp_path / "prompts.txt").write_text("And\nx = f(a1, b\n")
     flags = ["--max-new-bytes", "12", "--greedy"]
-    assert cli_main(["generate", str(folder), "--prompt", PROMPTS[0], "--prompts-file", str(tmp_path / "prompts.txt"), *flags]) == 0
+    assert (
+        cli_main(
+            ["generate", str(folder), "--prompt", PROMPTS[0], "--prompts-file", str(tmp_path / "prompts.txt"), *flags]
+        )
+        == 0
+    )
     together = capsys.readouterr().out
     alone = ""
     for prompt in PROMPTS:
@@ -206,7 +213,10 @@ def test_generate_cli_batches_prompts_and_a_prompts_file(folder, tmp_path, capsy
     assert together == alone and together.startswith(PROMPTS[0]) and all(p in together for p in PROMPTS)
     (tmp_path / "bad.txt").write_bytes(b"ok\n\xff\n")
     assert cli_main(["generate", str(folder), "--prompts-file", str(tmp_path / "bad.txt")]) == 2
-    assert capsys.readouterr().err.strip() == f"bytedistill generate: error: --prompts-file {tmp_path / 'bad.txt'} is not UTF-8 text (byte 3)"
+    assert (
+        capsys.readouterr().err.strip()
+        == f"bytedistill generate: error: --prompts-file {tmp_path / 'bad.txt'} is not UTF-8 text (byte 3)"
+    )
 
 
 @pytest.mark.slow
@@ -219,7 +229,16 @@ def test_lm_eval_generate_until_at_batch_size_8_on_the_patched_student(folder, t
         pytest.skip("the patched student's case")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    prompts = ["In the begi", "And the morn", "x", "And God said, Let", "Grüße aus Kö", "def f(", "A b c d", "<|eot_id|>he"]
+    prompts = [
+        "In the begi",
+        "And the morn",
+        "x",
+        "And God said, Let",
+        "Grüße aus Kö",
+        "def f(",
+        "A b c d",
+        "<|eot_id|>he",
+    ]
     (tmp_path / "cuts.jsonl").write_text("\n".join(json.dumps({"context": p, "target": "x"}) for p in prompts))
     (tmp_path / "cuts.yaml").write_text(
         "task: bytedistill_cuts8\ndataset_path: json\n"
