@@ -94,6 +94,8 @@ def _add_leaf(parser: ArgumentParser, leaf: Leaf) -> None:
     item_type = _list_item_type(annotation)
     if item_type is not None:
         kwargs.update(type=item_type, nargs="+")
+        if field.metadata.get("repeatable"):  # `--prompt a --prompt b` adds up, as `--prompt a b` does
+            kwargs["action"] = "extend"
     elif annotation is bool:
         kwargs.update(nargs="?", const=True)  # `--flag` alone means true; `--flag false` too
     default = _field_default(field)

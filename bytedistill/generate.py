@@ -1,4 +1,4 @@
-"""``bytedistill generate``: the command line over :func:`students.generate.generate_bytes`."""
+"""``bytedistill generate``: the command line over :func:`students.generate.generate_batch`."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bytestream.errors import UserError
-from students.generate import GenerateOptions, generate_bytes, load_folder
+from students.generate import GenerateOptions, generate_batch, load_folder
 
 
 @dataclass(kw_only=True)
@@ -15,21 +15,52 @@ class GenerateConfig(GenerateOptions):
     """The library's options (their flags), the model and the prompt."""
 
     model: str = field(metadata={"help": "exported model folder", "positional": True})
-    prompt: str = field(default="", metadata={"help": "text to continue"})
+    prompt: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "text to continue (none: from nothing); several (--prompt A B, or --prompt again) are "
+            "generated together as one batch",
+            "repeatable": True,
+        },
+    )
+    prompts_file: str | None = field(
+        default=None, metadata={"help": "a UTF-8 file of prompts, one a line, generated together (after --prompt's)"}
+    )
 
 
 def generate(config: GenerateConfig) -> int:
-    """Continue a prompt with an exported student."""
-    require_text(config.prompt)
+    """Continue prompts with an exported student: each continued prompt is printed, one after another."""
+    prompts = [require_text(prompt) for prompt in config.prompt] + read_prompts(config.prompts_file)
+    prompts = prompts or [""]
     model, tokenizer = load_folder(Path(config.model))
     context = model.config.max_position_embeddings
     print(f"trained context: {context} symbols; the window slides past it", file=sys.stderr)
-    continuation = generate_bytes(model, tokenizer, config.prompt, config).decode("utf-8", errors="replace")
-    print(config.prompt + continuation)
+    for prompt, continuation in zip(prompts, generate_batch(model, tokenizer, prompts, config)):
+        print(prompt + continuation.decode("utf-8", errors="replace"))
     return 0
 
 
-def require_text(prompt: str) -> None:
+def read_prompts(path: str | None) -> list[str]:
+    """The lines of a prompts file (a trailing newline ends the last one)."""
+    if path is None:
+        return []
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise UserError(f"--prompts-file {path}: {exc.strerror or exc}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UserError(f"--prompts-file {path} is not UTF-8 text (byte {exc.start})") from None
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    if not lines:
+        raise UserError(f"--prompts-file {path} holds no prompt")
+    return [line.removesuffix("\r") for line in lines]
+
+
+def require_text(prompt: str) -> str:
     """Refuse a prompt that is not text: bytes of an argument that were not UTF-8 arrive as lone surrogates."""
     try:
         prompt.encode("utf-8")
@@ -37,3 +68,4 @@ def require_text(prompt: str) -> None:
         char = prompt[exc.start]
         what = f"byte 0x{ord(char) - 0xDC00:02x}" if 0xDC80 <= ord(char) <= 0xDCFF else f"{char!r}"
         raise UserError(f"--prompt is not UTF-8 text ({what} at character {exc.start})") from None
+    return prompt

@@ -322,6 +322,7 @@ class ByteStreamTokenizer(PreTrainedTokenizer):
         kwargs.setdefault("bos_token", SPECIAL_NAMES[BOS])
         kwargs.setdefault("eos_token", SPECIAL_NAMES[EOS])
         kwargs.setdefault("pad_token", SPECIAL_NAMES[PAD])
+        kwargs.setdefault("padding_side", "left")  # batches of prompts for generate: padded on the left
         kwargs.pop("additional_special_tokens", None)
         kwargs.pop("extra_special_tokens", None)
         kwargs["clean_up_tokenization_spaces"] = False
@@ -344,14 +345,17 @@ class ByteStreamTokenizer(PreTrainedTokenizer):
         committed, open_bytes = self.teacher.split_prompt(data)
         return stream_symbols(committed), open_bytes
 
-    def prompt(self, text: str | list[str]) -> BatchEncoding:
+    def prompt(self, text: str | list[str], padding: bool | str = True) -> BatchEncoding:
         """Prompts ready for ``model.generate(**tokenizer.prompt(text), …)``: ``input_ids`` and
         ``attention_mask`` (tensors, padded on the left) of each prompt's stream up to its last
         word, and a ``logits_processor`` that feeds that word's bytes with the model placing the
-        ``<eot>`` marks; the output then holds the whole prompt and its continuation."""
+        ``<eot>`` marks; the output then holds the whole prompt and its continuation. Prompts of
+        different lengths are always padded (``padding=False`` refuses them instead)."""
         texts = [text] if isinstance(text, str) else list(text)
         streams, forced = zip(*(self.encode_prompt(t.encode("utf-8")) for t in texts)) if texts else ((), ())
         length = max(map(len, streams), default=0)
+        if padding in (False, "do_not_pad") and len(set(map(len, streams))) > 1:
+            raise ValueError("the prompts' streams differ in length: give padding=True (left padding)")
         input_ids = torch.tensor([[PAD] * (length - len(s)) + s for s in streams], dtype=torch.long)
         attention_mask = torch.tensor([[0] * (length - len(s)) + [1] * len(s) for s in streams], dtype=torch.long)
         encoding = BatchEncoding({"input_ids": input_ids, "attention_mask": attention_mask})
@@ -362,18 +366,28 @@ class ByteStreamTokenizer(PreTrainedTokenizer):
         """``model.generate`` for complete streams (``tokenizer(text)``, as lm-evaluation-harness
         passes prompts), healed: each row that is exactly this tokenizer's stream of its bytes is cut
         back to its last word, which is fed as :meth:`prompt` feeds it (first pass); the rest is
-        generated with the caller's settings and stopping criteria (second pass), and the output is
-        in the caller's frame: its ``input_ids``, then the continuation. Inputs that already carry
-        a :class:`HealingProcessor`, or ask for ``return_dict_in_generate``, pass through unchanged."""
+        generated with the caller's settings (keywords or a ``generation_config``), stopping
+        criteria and streamer (second pass), and the output is in the caller's frame: its
+        ``input_ids``, then the continuation (the streamer, too, is shown the caller's input first).
+        Rows may be padded on the left (``attention_mask``); each is healed on its own. Inputs that
+        already carry a :class:`HealingProcessor`, or ask for ``return_dict_in_generate``, pass
+        through unchanged."""
         stock = type(model).generate  # an instance's generate may be this method, bound by the folder
         processors = list(kwargs.get("logits_processor") or [])
-        if kwargs.get("return_dict_in_generate") or any(type(p).__name__ == "HealingProcessor" for p in processors):
+        config = kwargs.get("generation_config")
+        if (
+            kwargs.get("return_dict_in_generate")
+            or getattr(config, "return_dict_in_generate", False)
+            or any(type(p).__name__ == "HealingProcessor" for p in processors)
+        ):
             return stock(model, input_ids=input_ids, attention_mask=attention_mask, **kwargs)
         rows = _unpadded_rows(input_ids, attention_mask)
         split = [self._split_stream(row) for row in rows]
         if not any(open_bytes for _, open_bytes in split):
             return stock(model, input_ids=input_ids, attention_mask=attention_mask, **kwargs)
         sampling = {k: v for k, v in kwargs.items() if k not in _LENGTH_AND_STOPPING}
+        if config is not None:
+            sampling["generation_config"] = _without_length(config)
         first, first_mask = _left_padded([committed for committed, _ in split], input_ids.device)
         forced = [open_bytes for _, open_bytes in split]
         fed = stock(
@@ -383,6 +397,7 @@ class ByteStreamTokenizer(PreTrainedTokenizer):
             logits_processor=LogitsProcessorList([*processors, HealingProcessor(forced, first.shape[1])]),
             stopping_criteria=StoppingCriteriaList([_Fed(forced, first.shape[1])]),
             max_new_tokens=2 * max(len(f) for f in forced),
+            min_new_tokens=0,
             **{**sampling, "pad_token_id": PAD},
         )
         healed = [c + _until_fed(fed[r, first.shape[1] :].tolist(), len(forced[r])) for r, (c, _) in enumerate(split)]
@@ -391,8 +406,13 @@ class ByteStreamTokenizer(PreTrainedTokenizer):
         kwargs["stopping_criteria"] = StoppingCriteriaList(
             [_InCallersFrame(c, input_ids, start) for c in kwargs.get("stopping_criteria") or []]
         )
-        if kwargs.get("max_length") is not None:
-            kwargs["max_length"] = kwargs["max_length"] - input_ids.shape[1] + start
+        length = kwargs.get("max_length")
+        if length is None and config is not None and kwargs.get("max_new_tokens") is None:
+            length = config.max_length if config.max_new_tokens is None else None
+        if length is not None:
+            kwargs["max_length"] = length - input_ids.shape[1] + start
+        if kwargs.get("streamer") is not None:
+            kwargs["streamer"] = _CallersPrompt(kwargs["streamer"], input_ids)
         kwargs["logits_processor"] = LogitsProcessorList([*processors, HealingProcessor([b""] * len(rows), start)])
         output = stock(model, input_ids=second, attention_mask=second_mask, **kwargs)
         return torch.cat([input_ids, output[:, start:]], dim=1)
@@ -459,7 +479,32 @@ _LENGTH_AND_STOPPING = (
     "min_new_tokens",
     "stopping_criteria",
     "logits_processor",
+    "streamer",
+    "generation_config",
 )
+
+
+def _without_length(config):
+    """A copy of a ``GenerationConfig`` with no length or stop of its own (the first pass sets them)."""
+    config = type(config).from_dict(config.to_dict())
+    config.max_new_tokens, config.min_new_tokens, config.min_length = None, None, 0
+    config.stop_strings = None
+    return config
+
+
+class _CallersPrompt:
+    """A streamer shown the caller's input as the prompt (the first ``put``), then what is generated."""
+
+    def __init__(self, inner, caller_ids: torch.LongTensor):
+        self.inner, self.caller_ids, self.started = inner, caller_ids, False
+
+    def put(self, value):
+        if not self.started:
+            self.started, value = True, self.caller_ids.cpu()
+        self.inner.put(value)
+
+    def end(self):
+        self.inner.end()
 
 
 def _unpadded_rows(input_ids: torch.LongTensor, attention_mask) -> list[list[int]]:

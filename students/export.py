@@ -8,7 +8,7 @@ generation; ``<bos>``/``<pad>`` never generated), two tokenizers and a model car
   ``tokenization_bytedistill.py`` (a copy of :mod:`bytestream.stream_tokenizer`) and the teacher's
   ``teacher_tokenizer.json``; it gives the student the training stream with the teacher's
   ``<eot>`` marks;
-- the plain byte tokenizer (``tokenizer.json``; stock ``AutoTokenizer``, no remote code): bytes
+- the plain byte tokenizer (``tokenizer.json``; ``PreTrainedTokenizerFast``, no remote code): bytes
   without ``<eot>`` marks, which the student never saw in training (worse BPB, stated in the card);
 - ``custom_generate/generate.py`` (a copy of :mod:`students.custom_generate`): with
   ``trust_remote_code=True`` on the model too, ``model.generate`` heals prompts given as complete
@@ -209,6 +209,9 @@ def export_student(
     config_file = output / "tokenizer_config.json"
     tokenizer_config = json.loads(config_file.read_text(encoding="utf-8"))
     tokenizer_config["auto_map"] = stream_tokenizer.auto_map()
+    # a class transformers does not have: without trust_remote_code AutoTokenizer refuses, naming it,
+    # instead of silently loading the plain byte tokenizer (which places no <eot>)
+    tokenizer_config["tokenizer_class"] = stream_tokenizer.ByteStreamTokenizer.__name__
     config_file.write_text(json.dumps(tokenizer_config, indent=2) + "\n", encoding="utf-8")
     card = model_card(
         info,
@@ -372,9 +375,11 @@ heals prompts given as `tokenizer(text)` streams the same way (a first pass feed
 second generates with your settings and stopping criteria) and returns your input followed by the
 continuation. Without it `generate` is the stock one.
 
-Without `trust_remote_code`, `AutoTokenizer.from_pretrained(repo)` loads the plain byte tokenizer:
-`<bos>` + the UTF-8 bytes with no `<eot>` marks, inputs the model never saw in training, so it
-scores and continues text noticeably worse (see the table of loading paths, when measured, below).
+Without `trust_remote_code`, `AutoTokenizer.from_pretrained(repo)` refuses, asking for
+`trust_remote_code=True`: the stream tokenizer is code. The plain byte tokenizer is there by name,
+`PreTrainedTokenizerFast.from_pretrained(repo)`: `<bos>` + the UTF-8 bytes with no `<eot>` marks,
+inputs the model never saw in training, so it scores and continues text noticeably worse (see the
+table of loading paths, when measured, below).
 
 Ids 0–255 are the bytes themselves; 256 `<eot>` marks the end of a teacher token, 257 `<bos>`
 starts a document, 258 `<eos>` ends it (generation stops there), 259 `<pad>` is padding.

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
-from bytestream.alphabet import EOS, NUM_BYTES
+from bytestream.alphabet import EOS, NUM_BYTES, PAD
 from bytestream.ranges import COUNT, NON_NEGATIVE, POSITIVE, SEED, Range
 from bytestream.stream_tokenizer import HealingProcessor
 from students.score import load_model, load_stream_tokenizer
@@ -24,14 +24,14 @@ from students.tokenizer import decode_bytes
 
 
 class _ByteBudget(StoppingCriteria):
-    """Stop once ``max_bytes`` byte symbols (not counting ``<eot>``) follow the prompt."""
+    """Stop each row once its ``max_bytes`` byte symbols (not counting ``<eot>``) follow the prompt."""
 
-    def __init__(self, prompt_len: int, max_bytes: int):
-        self.prompt_len, self.max_bytes = prompt_len, max_bytes
+    def __init__(self, prompt_len: int, max_bytes: int | list[int]):
+        self.prompt_len, self.max_bytes = prompt_len, torch.as_tensor(max_bytes)
 
     def __call__(self, input_ids: torch.LongTensor, scores, **kwargs) -> torch.BoolTensor:
         produced = (input_ids[:, self.prompt_len :] < NUM_BYTES).sum(-1)
-        return produced >= self.max_bytes
+        return produced >= self.max_bytes.to(produced.device)
 
 
 @dataclass
@@ -57,35 +57,69 @@ def load_folder(folder: Path):
 
 def generate_bytes(model, tokenizer, prompt: str, options: GenerateOptions) -> bytes:
     """The continuation's exact bytes (``<eot>`` and other specials dropped)."""
-    symbols, open_bytes = tokenizer.encode_prompt(prompt.encode("utf-8"))
-    return continue_stream(model, symbols, open_bytes, options)
+    return generate_batch(model, tokenizer, [prompt], options)[0]
 
 
-@torch.no_grad()
+def generate_batch(model, tokenizer, prompts: list[str], options: GenerateOptions) -> list[bytes]:
+    """Each prompt's continuation, the prompts generated together as one left-padded batch (each
+    healed on its own; greedy, a row's continuation is the one it gets alone)."""
+    encoded = [tokenizer.encode_prompt(prompt.encode("utf-8")) for prompt in prompts]
+    return continue_streams(model, [s for s, _ in encoded], [o for _, o in encoded], options)
+
+
 def continue_stream(model, symbols: list[int], open_bytes: bytes, options: GenerateOptions) -> bytes:
     """The bytes that follow ``open_bytes`` (fed first, the model placing their ``<eot>`` marks)
     after the stream ``symbols``."""
+    return continue_streams(model, [symbols], [open_bytes], options)[0]
+
+
+@torch.no_grad()
+def continue_streams(model, streams: list[list[int]], open_bytes: list[bytes], options: GenerateOptions) -> list[bytes]:
+    """:func:`continue_stream` for several streams at once: each row slides its own window, and a
+    row leaves the batch once it has its bytes (or ``<eos>``)."""
     torch.manual_seed(options.seed)
     context = model.config.max_position_embeddings
-    symbols, prompt_len = list(symbols), len(symbols)
-    wanted = len(open_bytes) + options.max_new_bytes  # the prompt's last word, then the continuation
+    symbols = [list(s) for s in streams]
+    prompt_len = [len(s) for s in streams]
+    wanted = [len(o) + options.max_new_bytes for o in open_bytes]  # the prompt's last word, then the continuation
+    produced = [0] * len(streams)
     sampling = (
         {} if options.greedy else {"temperature": options.temperature, "top_k": options.top_k, "top_p": options.top_p}
     )
-    produced = 0
-    while produced < wanted and symbols[-1] != EOS:  # a byte at least every other symbol
-        window = symbols if len(symbols) < context else symbols[-max(context // 2, 1) :]
-        healing = HealingProcessor([open_bytes[produced:]], len(window))
+    device = next(model.parameters()).device
+    while active := [r for r in range(len(symbols)) if produced[r] < wanted[r] and symbols[r][-1] != EOS]:
+        windows = [_window(symbols[r], context) for r in active]
+        length = max(map(len, windows))
+        ids = torch.tensor([[PAD] * (length - len(w)) + w for w in windows], device=device)
+        mask = torch.tensor([[0] * (length - len(w)) + [1] * len(w) for w in windows], device=device)
+        healing = HealingProcessor([open_bytes[r][produced[r] :] for r in active], length)
         output = model.generate(
-            input_ids=torch.tensor([window]),
-            attention_mask=torch.ones(1, len(window), dtype=torch.long),
+            input_ids=ids,
+            attention_mask=mask,
             do_sample=not options.greedy,
-            max_new_tokens=context - len(window),
-            stopping_criteria=StoppingCriteriaList([_ByteBudget(len(window), wanted - produced)]),
+            max_new_tokens=context - length,
+            pad_token_id=PAD,
+            stopping_criteria=StoppingCriteriaList([_ByteBudget(length, [wanted[r] - produced[r] for r in active])]),
             logits_processor=LogitsProcessorList([healing]),
             **sampling,
         )
-        new = output[0, len(window) :].tolist()
-        symbols += new
-        produced += sum(1 for s in new if s < NUM_BYTES)
-    return decode_bytes(symbols[prompt_len:])[len(open_bytes) : wanted]
+        for row, r in enumerate(active):
+            new = _until_stopped(output[row, length:].tolist(), wanted[r] - produced[r])
+            symbols[r] += new
+            produced[r] += sum(1 for s in new if s < NUM_BYTES)
+    return [decode_bytes(symbols[r][prompt_len[r] :])[len(open_bytes[r]) : wanted[r]] for r in range(len(symbols))]
+
+
+def _window(symbols: list[int], context: int) -> list[int]:
+    """The symbols a generation call reads: all of them within the trained context, else the last half context."""
+    return symbols if len(symbols) < context else symbols[-max(context // 2, 1) :]
+
+
+def _until_stopped(new: list[int], budget: int) -> list[int]:
+    """A row's generated symbols up to its byte budget or ``<eos>`` (what follows is the batch's padding)."""
+    seen = 0
+    for i, symbol in enumerate(new):
+        seen += symbol < NUM_BYTES
+        if seen >= budget or symbol == EOS:
+            return new[: i + 1]
+    return new

@@ -17,10 +17,12 @@ ends, and the student predicts those marks itself, so its patches are the teache
 Everything position ``i`` reads comes from symbols ``≤ i`` (the boundaries too), so the model is
 causal with no lookahead, and a window that starts mid-token simply has a partial first patch.
 
-Inference keeps a :class:`PatchedCache`: the last ``local_window`` keys/values of every local
-layer, the global keys/values per row (rows close patches at different steps; the global model
-runs only for the rows whose new symbol closes one), the open patch's pooled sum and each row's
-current global output. ``generate()`` works through ``GenerationMixin``.
+Inference keeps a :class:`PatchedCache`, allocated once per generation: a ring of the last
+``local_window`` keys/values of every local layer, the global keys/values per row (rows close
+patches at different steps; the global model runs only for the rows whose new symbol closes one),
+the open patch's pooled sum and each row's current global output. ``generate()`` works through
+``GenerationMixin``; batches may be padded on the left (``attention_mask``): each row then runs at
+its own positions, and pads are neither read nor pooled.
 
 Self-contained on purpose: ``export`` copies this file into the model folder as
 ``modeling_bytedistill_patched.py`` (``AutoModelForCausalLM.from_pretrained(folder,
@@ -93,14 +95,33 @@ class PatchedStudentConfig(PretrainedConfig):
 
 def _rotate(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
     """Rotary embedding of ``x`` (B, H, T, D) at ``positions`` (T,) or (B, T)."""
-    half = x.shape[-1] // 2
-    freqs = theta ** (-torch.arange(half, device=x.device, dtype=torch.float32) / half)
+    return _apply_rotation(x, *_rotation(positions, x.shape[-1] // 2, theta, x.dtype))
+
+
+def _rotation(positions: torch.Tensor, half: int, theta: float, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rotary cosines and sines at ``positions``: (T, half), or (B, 1, T, half) per row."""
+    freqs = theta ** (-torch.arange(half, device=positions.device, dtype=torch.float32) / half)
     angles = positions.to(torch.float32).unsqueeze(-1) * freqs  # (..., T, half)
     if angles.dim() == 3:
         angles = angles.unsqueeze(1)  # per row: (B, 1, T, half)
-    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def _apply_rotation(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
     first, second = x[..., :half], x[..., half:]
     return torch.cat([first * cos - second * sin, first * sin + second * cos], dim=-1)
+
+
+def _valid_positions(valid: torch.Tensor) -> torch.Tensor:
+    """Each symbol's position in its row, pads on the left not counted (pads: 0)."""
+    return (valid.long().cumsum(1) - 1).clamp_min(0)
+
+
+def _padded_mask(positions: torch.Tensor, valid: torch.Tensor, window: int) -> torch.Tensor:
+    """(B, 1, T, T): the local mask at each row's positions, pad keys left out (a pad reads itself)."""
+    mask = local_mask(positions, positions, window) & valid.unsqueeze(1)
+    return (mask | torch.eye(valid.shape[1], dtype=torch.bool, device=valid.device)).unsqueeze(1)
 
 
 class Attention(nn.Module):
@@ -114,7 +135,8 @@ class Attention(nn.Module):
         """Queries, keys, values (B, H, T, D), rotated to ``positions``."""
         b, t, _ = x.shape
         q, k, v = self.qkv(x).view(b, t, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
-        return _rotate(q, positions, self.theta), _rotate(k, positions, self.theta), v
+        cos, sin = _rotation(positions, q.shape[-1] // 2, self.theta, q.dtype)  # once for queries and keys
+        return _apply_rotation(q, cos, sin), _apply_rotation(k, cos, sin), v
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """``mask`` (T_q, T_k) or (B, 1, T_q, T_k): True where a query may read a key."""
@@ -163,20 +185,27 @@ def local_mask(query_positions: torch.Tensor, key_positions: torch.Tensor, windo
 
 
 class PatchedCache:
-    """What generation carries between steps (passed in and returned, never hidden in the model).
+    """What generation carries between steps (passed in and returned, never hidden in the model),
+    allocated once: ``generate()`` makes it with ``capacity`` (its maximum length), which bounds
+    the patches a row can close.
 
-    ``local[l]``: keys/values (B, H, ≤ window, D) of local layer ``l`` (encoder layers, then
-    decoder layers), the same length for every row; ``global_k/global_v[l]`` (B, H, capacity, D)
-    with ``global_length`` (B,) valid entries per row; ``open_sum``/``open_count``: the pooled
-    local states of each row's open patch; ``context`` (B, global hidden): each row's latest
-    global output; ``seen``: symbols consumed.
+    ``local[l]``: the ring (B, H, window, D) of keys/values of local layer ``l`` (encoder layers,
+    then decoder layers), slot ``s`` holding the symbol at index ``slot_index[s]`` (-1: none yet);
+    ``global_k/global_v[l]`` (B, H, capacity, D) with ``global_length`` (B,) valid entries per row;
+    ``pad`` (B,): each row's left pads; ``open_sum``/``open_count``: the pooled local states of each
+    row's open patch; ``context`` (B, global hidden): each row's latest global output; ``seen``:
+    symbols consumed (pads included).
     """
 
     is_compileable = False
+    is_linear = (True,)  # transformers leaves the prefill to prepare_inputs_for_generation (no slicing)
 
-    def __init__(self):
+    def __init__(self, capacity: int | None = None):
+        self.capacity = capacity
         self.seen = 0
         self.local: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.slot_index: torch.Tensor | None = None
+        self.pad: torch.Tensor | None = None
         self.global_k: list[torch.Tensor] = []
         self.global_v: list[torch.Tensor] = []
         self.global_length: torch.Tensor | None = None
@@ -260,46 +289,51 @@ class PatchedStudent(PreTrainedModel, GenerationMixin):
         past_key_values: PatchedCache | None = None,
         **kwargs,
     ) -> CausalLMOutputWithPast:
-        """Logits (B, T, 260) for every position; with ``use_cache`` (or a cache given) also the cache."""
+        """Logits (B, T, 260) for every position; with ``use_cache`` (or a cache given) also the cache.
+        ``attention_mask`` may pad rows on the left (0s before the row's symbols)."""
         if input_ids is None:
             raise ValueError("the patched student reads input_ids (it has no inputs_embeds path)")
-        if attention_mask is not None and not bool(attention_mask.bool().all()):
-            raise ValueError("the patched student takes unpadded batches: give prompts of one length")
         cache = cache if cache is not None else past_key_values
         if cache is None and use_cache:
             cache = PatchedCache()
         if cache is not None and cache.seen > 0:
             logits = torch.cat([self._step(input_ids[:, i], cache) for i in range(input_ids.shape[1])], dim=1)
         else:
-            logits = self._full(input_ids, cache)
+            logits = self._full(input_ids, cache, _left_padding(attention_mask, input_ids))
         loss = None
         if labels is not None:
             loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100)
         return CausalLMOutputWithPast(loss=loss, logits=logits, **{_CACHE_FIELD: cache})
 
-    def _full(self, input_ids: torch.Tensor, cache: PatchedCache | None) -> torch.Tensor:
-        """All positions in parallel; fills an empty ``cache`` when given."""
+    def _full(self, input_ids: torch.Tensor, cache: PatchedCache | None, valid: torch.Tensor | None) -> torch.Tensor:
+        """All positions in parallel (``valid``: False at left pads, None without any); fills an
+        empty ``cache`` when given."""
         config = self.config
         b, t = input_ids.shape
-        positions = torch.arange(t, device=input_ids.device)
-        mask = local_mask(positions, positions, config.local_window)
-        keep = _keep_last(cache, config.local_window)
+        if valid is None:
+            positions = torch.arange(t, device=input_ids.device)
+            mask = local_mask(positions, positions, config.local_window)
+            closes = self.closes(input_ids)
+        else:
+            positions = _valid_positions(valid)
+            mask = _padded_mask(positions, valid, config.local_window)
+            closes = self.closes(input_ids) & valid
+        keep = _keep_last(cache, config.local_window, t)
 
         h = self.embed(input_ids)
         for block in self.encoder:
             h = block(h, positions, mask, keep)
-        closes = self.closes(input_ids)
         closed_by = closes.long().cumsum(1)  # patches closed at positions <= i
         patch_of = closed_by - closes.long()  # the patch position i belongs to
         num_closed = closed_by[:, -1]
         slots = int(num_closed.max()) + 1  # closed patches, then each row's open one
-        sums, counts = self._pool(h, closes, patch_of, slots)
+        sums, counts = self._pool(h, closes, patch_of, slots, valid)
         patches = self.patch_up(self.patch_norm(sums[:, :-1] / counts[:, :-1].clamp_min(1).unsqueeze(-1)))
         g = torch.cat([self.global_start.to(patches.dtype).expand(b, 1, -1), patches], dim=1)
         global_positions = torch.arange(slots, device=input_ids.device)
         causal = local_mask(global_positions, global_positions, slots)
         for block in self.global_layers:
-            g = block(g, global_positions, causal, _keep_all(cache))
+            g = block(g, global_positions, causal, _keep_all(cache, max(slots, t + 1)))
         g = self.global_norm(g)
         context = g.gather(1, closed_by.unsqueeze(-1).expand(-1, -1, g.shape[-1]))  # G_k(i)
         x = h + self.global_down(context)
@@ -309,12 +343,16 @@ class PatchedStudent(PreTrainedModel, GenerationMixin):
         if cache is not None:
             rows = torch.arange(b, device=input_ids.device)
             cache.seen = t
+            cache.pad = (t - valid.long().sum(1)) if valid is not None else torch.zeros_like(rows)
+            index = torch.arange(max(t - config.local_window, 0), t, device=input_ids.device)
+            cache.slot_index = torch.full((config.local_window,), -1, dtype=torch.long, device=input_ids.device)
+            cache.slot_index[index % config.local_window] = index
             cache.global_length = num_closed + 1
             cache.open_sum, cache.open_count = sums[rows, num_closed], counts[rows, num_closed]
             cache.context = g[rows, num_closed]
         return logits
 
-    def _pool(self, h, closes, patch_of, slots):
+    def _pool(self, h, closes, patch_of, slots, valid=None):
         """Per row and patch: the pooled sum of local states and how many there are (B, slots, ·)."""
         if self.config.patch_pooling == "last":
             weights = torch.zeros_like(closes, dtype=h.dtype)
@@ -322,6 +360,8 @@ class PatchedStudent(PreTrainedModel, GenerationMixin):
             weights = torch.where(closes, 1.0, weights).to(h.dtype)
         else:
             weights = torch.ones_like(closes, dtype=h.dtype)
+        if valid is not None:
+            weights = weights * valid.to(h.dtype)  # pads are no patch's
         b, _, d = h.shape
         sums = h.new_zeros(b, slots, d).scatter_add_(
             1, patch_of.unsqueeze(-1).expand(-1, -1, d), h * weights[..., None]
@@ -333,33 +373,36 @@ class PatchedStudent(PreTrainedModel, GenerationMixin):
 
     @torch.no_grad()
     def _step(self, symbol: torch.Tensor, cache: PatchedCache) -> torch.Tensor:
-        """Logits (B, 1, 260) after one more symbol per row; updates ``cache``."""
+        """Logits (B, 1, 260) after one more symbol per row; updates ``cache`` in place (no
+        cache tensor is allocated: the local layers write one ring slot, the global ones one entry)."""
         config = self.config
-        position = torch.full((1,), cache.seen, device=symbol.device)
         window = config.local_window
+        position = (cache.seen - cache.pad).unsqueeze(-1)  # (B, 1): each row's own position
+        slot = cache.seen % window
+        cache.slot_index[slot] = cache.seen
+        readable = (cache.slot_index.unsqueeze(0) >= cache.pad.unsqueeze(-1)) & (cache.slot_index >= 0)
+        mask = readable[:, None, None, :]  # (B, 1, 1, window): the ring's symbols of this row
 
         def run_local(x, block, index):
-            past_k, past_v = cache.local[index]
-            k_positions = torch.arange(cache.seen - past_k.shape[2], cache.seen + 1, device=symbol.device)
+            keys, values = cache.local[index]
 
             def join(k, v):
-                keys, values = (
-                    torch.cat([past_k, k], dim=2)[:, :, -window:],
-                    torch.cat([past_v, v], dim=2)[:, :, -window:],
-                )
-                cache.local[index] = (keys, values)
+                keys[:, :, slot] = k[:, :, 0]
+                values[:, :, slot] = v[:, :, 0]
                 return keys, values
 
-            return block(x, position, local_mask(position, k_positions[-window:], window), join)
+            return block(x, position, mask, join)
 
         h = self.embed(symbol).unsqueeze(1)
         for index, block in enumerate(self.encoder):
             h = run_local(h, block, index)
         closing = self.closes(symbol)
         if config.patch_pooling == "last":
-            cache.open_sum, cache.open_count = h[:, 0].clone(), torch.ones_like(cache.open_count)
+            cache.open_sum.copy_(h[:, 0])
+            cache.open_count.fill_(1.0)
         else:
-            cache.open_sum, cache.open_count = cache.open_sum + h[:, 0], cache.open_count + 1
+            cache.open_sum.add_(h[:, 0])
+            cache.open_count.add_(1.0)
         rows = closing.nonzero().squeeze(-1)
         if rows.numel():
             self._global_step(rows, cache)
@@ -371,18 +414,26 @@ class PatchedStudent(PreTrainedModel, GenerationMixin):
 
     def _global_step(self, rows: torch.Tensor, cache: PatchedCache) -> None:
         """Close the open patch of ``rows``: one global step for them only."""
-        pooled = cache.open_sum[rows] / cache.open_count[rows].clamp_min(1).unsqueeze(-1)
+        every = rows.numel() == cache.global_length.numel()
+        pooled = (cache.open_sum / cache.open_count.clamp_min(1).unsqueeze(-1)) if every else None
+        if pooled is None:
+            pooled = cache.open_sum[rows] / cache.open_count[rows].clamp_min(1).unsqueeze(-1)
         g = self.patch_up(self.patch_norm(pooled)).unsqueeze(1)
-        at = cache.global_length[rows]  # each row's next global position
-        _grow(cache, int(at.max()) + 1)
+        at = cache.global_length if every else cache.global_length[rows]  # each row's next global position
         used = int(at.max()) + 1
+        _grow(cache, used)
         mask = (torch.arange(used, device=g.device) <= at.unsqueeze(-1)).view(len(rows), 1, 1, used)
         for index, block in enumerate(self.global_layers):
 
             def join(k, v, index=index):
-                cache.global_k[index][rows, :, at] = k[:, :, 0]
-                cache.global_v[index][rows, :, at] = v[:, :, 0]
-                return cache.global_k[index][rows, :, :used], cache.global_v[index][rows, :, :used]
+                keys, values = cache.global_k[index], cache.global_v[index]
+                if every:  # every row steps: write and read in place
+                    keys[rows, :, at] = k[:, :, 0]
+                    values[rows, :, at] = v[:, :, 0]
+                    return keys[:, :, :used], values[:, :, :used]
+                keys[rows, :, at] = k[:, :, 0]
+                values[rows, :, at] = v[:, :, 0]
+                return keys[rows, :, :used], values[rows, :, :used]
 
             g = block(g, at.unsqueeze(-1), mask, join)
         cache.context[rows] = self.global_norm(g)[:, 0]
@@ -391,6 +442,12 @@ class PatchedStudent(PreTrainedModel, GenerationMixin):
         cache.open_count[rows] = 0.0
 
     # --------------------------------------------------------------------------- generate()
+
+    def _prepare_cache_for_generation(self, generation_config, model_kwargs, *args, **kwargs):
+        """One :class:`PatchedCache` for the generation, sized for its maximum length."""
+        given = model_kwargs.get("cache", model_kwargs.get("past_key_values"))
+        if given is None and generation_config.use_cache is not False:
+            model_kwargs[_CACHE_FIELD] = PatchedCache(capacity=getattr(generation_config, "max_length", None))
 
     def prepare_inputs_for_generation(
         self, input_ids, cache=None, past_key_values=None, use_cache=None, attention_mask=None, **kwargs
@@ -402,33 +459,57 @@ class PatchedStudent(PreTrainedModel, GenerationMixin):
         return {"input_ids": input_ids, "use_cache": use_cache, "cache": cache, "attention_mask": attention_mask}
 
 
-def _keep_last(cache: PatchedCache | None, window: int):
-    """A key/value hook for the local layers of a full pass: remember the last ``window`` of each."""
+def _left_padding(attention_mask: torch.Tensor | None, input_ids: torch.Tensor) -> torch.Tensor | None:
+    """Where the symbols are (B, T) when ``attention_mask`` pads rows on the left; None when it pads nothing."""
+    if attention_mask is None:
+        return None
+    valid = attention_mask.bool()
+    if bool(valid.all()):
+        return None
+    if bool((valid[:, :-1] & ~valid[:, 1:]).any()):
+        raise ValueError("the patched student takes batches padded on the left (attention_mask 0s before a row)")
+    if not bool(valid[:, -1].all()):
+        raise ValueError("the patched student needs at least one symbol in every row")
+    return valid
+
+
+def _keep_last(cache: PatchedCache | None, window: int, length: int):
+    """A key/value hook for the local layers of a full pass: the ring of the last ``window`` of each."""
     if cache is None:
         return None
+    index = torch.arange(max(length - window, 0), length)
 
     def keep(k, v):
-        cache.local.append((k[:, :, -window:], v[:, :, -window:]))
+        ring_k = k.new_zeros(*k.shape[:2], window, k.shape[3])
+        ring_v = v.new_zeros(*v.shape[:2], window, v.shape[3])
+        at = index.to(k.device)
+        ring_k[:, :, at % window] = k[:, :, at]
+        ring_v[:, :, at % window] = v[:, :, at]
+        cache.local.append((ring_k, ring_v))
         return k, v
 
     return keep
 
 
-def _keep_all(cache: PatchedCache | None):
-    """A key/value hook for the global layers of a full pass: remember them all."""
+def _keep_all(cache: PatchedCache | None, fallback: int):
+    """A key/value hook for the global layers of a full pass: all of them, in buffers of the
+    cache's capacity (``fallback`` when it has none)."""
     if cache is None:
         return None
 
     def keep(k, v):
-        cache.global_k.append(k)
-        cache.global_v.append(v)
+        capacity = max(cache.capacity or fallback, k.shape[2]) + 1
+        for store, new in ((cache.global_k, k), (cache.global_v, v)):
+            buffer = new.new_zeros(*new.shape[:2], capacity, new.shape[3])
+            buffer[:, :, : new.shape[2]] = new
+            store.append(buffer)
         return k, v
 
     return keep
 
 
 def _grow(cache: PatchedCache, needed: int) -> None:
-    """Room for ``needed`` global positions per row (capacity doubles)."""
+    """Room for ``needed`` global positions per row (capacity doubles; only past the planned length)."""
     capacity = cache.global_k[0].shape[2]
     if needed <= capacity:
         return

@@ -97,7 +97,7 @@ def left_out(folder: Path, files: list[UploadFile] | None = None) -> list[str]:
 
 def check_loadable(folder: Path) -> None:
     """Raise a UserError naming why the folder would not load; reads no tensor."""
-    from transformers import AutoTokenizer
+    from transformers import PreTrainedTokenizerFast
 
     from students.score import load_model, load_stream_tokenizer
 
@@ -108,9 +108,9 @@ def check_loadable(folder: Path) -> None:
     except UserError as exc:
         raise UserError(f"cannot push {folder}: {exc}") from exc
     try:
-        AutoTokenizer.from_pretrained(folder)
+        PreTrainedTokenizerFast.from_pretrained(folder)  # the plain byte tokenizer (AutoTokenizer needs remote code)
     except Exception as exc:  # any failure means the folder is not publishable
-        raise UserError(f"cannot push {folder}: it does not load with AutoTokenizer: {first_line(exc)}") from exc
+        raise UserError(f"cannot push {folder}: its byte tokenizer does not load: {first_line(exc)}") from exc
 
 
 # ---------------------------------------------------------------------------- where it goes

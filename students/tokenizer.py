@@ -3,7 +3,10 @@
 Built with the ``tokenizers`` library (a ByteLevel pre-tokenizer and decoder over a BPE model
 whose vocabulary is the 256 GPT-2 byte characters in byte order and which has no merges), and
 wrapped as a stock :class:`transformers.PreTrainedTokenizerFast`, so
-``AutoTokenizer.from_pretrained(folder)`` loads a saved copy with no ``trust_remote_code``.
+``AutoTokenizer.from_pretrained(folder)`` loads a saved copy with no ``trust_remote_code``. An
+exported folder's ``tokenizer_config.json`` names the stream tokenizer instead (so that
+``AutoTokenizer`` without remote code refuses rather than placing no ``<eot>``): there this one
+loads by name, ``PreTrainedTokenizerFast.from_pretrained(folder)``.
 
 - ``tokenizer("héllo").input_ids`` is ``[<bos>] + list("héllo".encode())`` (``add_special_tokens``
   adds ``<bos>`` = 257 in front; pass ``add_special_tokens=False`` for the bare bytes).

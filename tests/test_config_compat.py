@@ -145,7 +145,10 @@ CASES: dict[str, tuple[str, str]] = {
     ),
     "all generate": (
         "generate",
-        "m --prompt hi --max-new-bytes 10 --temperature 0.5 --top-k 5 --top-p 0.9 --greedy --seed 3",
+        (
+            "m --prompt hi there --prompt again --prompts-file prompts.txt --max-new-bytes 10 --temperature 0.5 "
+            "--top-k 5 --top-p 0.9 --greedy --seed 3"
+        ),
     ),
     "all score": (
         "score",

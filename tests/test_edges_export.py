@@ -366,7 +366,7 @@ EDGES = [
     ExportEdge(
         "push --dry-run: tokenizer.json corrupt",
         DRY_RUN,
-        "does not load with AutoTokenizer",
+        "its byte tokenizer does not load",
         write("model/tokenizer.json", b"{"),
         env=OWN_TOKEN,
     ),

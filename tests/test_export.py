@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 
 from bytedistill.cli import main as cli_main
 from bytestream.alphabet import EOT
@@ -55,7 +55,9 @@ def test_folder_loads_with_auto_classes_and_logits_match(trained, exported):
     with torch.no_grad():
         assert torch.equal(model(ids).logits, reference(ids).logits)
     assert model.generation_config.eos_token_id == 258 and model.generation_config.pad_token_id == 259
-    assert AutoTokenizer.from_pretrained(exported)("ab").input_ids == [257, 97, 98]  # plain bytes, no remote code
+    with pytest.raises(ValueError, match=r"trust_remote_code=True"):  # no silent plain bytes (issue 33, item 7)
+        AutoTokenizer.from_pretrained(exported, trust_remote_code=False)
+    assert PreTrainedTokenizerFast.from_pretrained(exported)("ab").input_ids == [257, 97, 98]  # plain bytes, by name
     assert AutoTokenizer.from_pretrained(exported, trust_remote_code=True)("ab").input_ids == [257, 97, 98, EOT]
     assert model.config.max_position_embeddings == 16  # the trained context
 

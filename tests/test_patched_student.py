@@ -121,11 +121,14 @@ def test_cached_generation_equals_recomputing_every_step(pooling):
     assert out.cache.local[0][0].shape[2] == model.config.local_window  # local caches stay one window long
 
 
-def test_padded_batches_are_refused():
+def test_batches_padded_on_the_right_or_with_an_empty_row_are_refused():
+    """Left padding is generation's (tests/test_generation.py); other masks are refused, naming it."""
     model = tiny_model()
     ids = random_stream(2, 5, seed=4)
-    with pytest.raises(ValueError, match="unpadded"):
-        model(ids, attention_mask=torch.tensor([[0, 1, 1, 1, 1], [1, 1, 1, 1, 1]]))
+    with pytest.raises(ValueError, match="padded on the left"):
+        model(ids, attention_mask=torch.tensor([[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]]))
+    with pytest.raises(ValueError, match="at least one symbol"):
+        model(ids, attention_mask=torch.tensor([[0, 0, 0, 0, 0], [1, 1, 1, 1, 1]]))
 
 
 def test_costs_split_the_parameters_and_scale_with_patches():

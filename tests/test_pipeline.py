@@ -50,7 +50,7 @@ def test_dump_train_export_generate_push(tmp_path, llama3_tokenizer_path, capsys
         p.name for p in model_dir.iterdir()
     }
     AutoModelForCausalLM.from_pretrained(model_dir)
-    AutoTokenizer.from_pretrained(model_dir)
+    AutoTokenizer.from_pretrained(model_dir, trust_remote_code=True)
 
     capsys.readouterr()
     assert bytedistill(["generate", str(model_dir), "--prompt", "In the", "--max-new-bytes", "20", "--seed", "1"]) == 0
