@@ -17,7 +17,8 @@ generation; ``<bos>``/``<pad>`` never generated), two tokenizers and a model car
 ``bytedistill_export.json`` records every file export wrote (:mod:`students.export_record`); ``push``
 uploads only those, and a new export into the folder replaces them. A folder holding anything else
 (dotfiles aside), or whose record names anything but regular files inside it, is refused before a
-file is touched.
+file is touched. The new export is written beside the old one and swapped in only when complete,
+one export into a folder at a time (:mod:`students.export_staging`): a failure leaves the old one whole.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +42,7 @@ from bytestream.vocab import TeacherVocab
 from students import architectures, custom_generate
 from students.checkpoints import TRAINER_STATE, latest_checkpoint, read_json, require_complete
 from students.export_record import EXPORT_RECORD, foreign_entries, recorded_files, visible_entries, write_record
+from students.export_staging import clean_leftover, export_lock, staging, swap_in
 from students.tokenizer import build_tokenizer
 
 REMOTE_CODE_FILE = "tokenization_bytedistill.py"
@@ -162,15 +165,6 @@ def previous_export(output: Path) -> list[str]:
     return previous
 
 
-def remove_previous_export(output: Path, previous: list[str]) -> None:
-    """Remove the files an earlier export wrote (checked by :func:`previous_export`) and the folders they emptied."""
-    for name in previous:
-        (output / name).unlink(missing_ok=True)
-    for folder in sorted({(output / name).parent for name in previous} - {output}, reverse=True):
-        if folder.is_dir() and not any(folder.iterdir()):  # custom_generate/, emptied above
-            folder.rmdir()
-
-
 def written_files(output: Path, before: dict[str, str]) -> list[str]:
     """The regular files in ``output`` that were not in ``before`` (a :func:`visible_entries` listing)."""
     return sorted(name for name, kind in visible_entries(output).items() if kind == "file" and name not in before)
@@ -189,39 +183,44 @@ def export_student(
     """Write the Hugging Face folder for ``checkpoint`` (or an output dir's newest) to ``output``."""
     checkpoint = resolve_checkpoint(checkpoint)
     output = Path(output)
-    previous = previous_export(output)
-    info = read_run_info(checkpoint)
-    model = load_student(checkpoint)  # before the (slow) tokenizer: a damaged checkpoint is refused at once
-    tokenizer_json = teacher_tokenizer_json(teacher_tokenizer, info)
-    model.config.max_position_embeddings = trained_context(model, info)
-    model.generation_config = generation_config()
-    remove_previous_export(output, previous)
-    output.mkdir(parents=True, exist_ok=True)
-    before = visible_entries(output)
-    architectures.prepare_export(model, output)
-    model.save_pretrained(output)
-    build_tokenizer().save_pretrained(output)
-    (output / TEACHER_TOKENIZER_FILE).write_text(tokenizer_json, encoding="utf-8")
-    shutil.copyfile(stream_tokenizer.__file__, output / REMOTE_CODE_FILE)
-    (output / CUSTOM_GENERATE_FILE).parent.mkdir(exist_ok=True)
-    shutil.copyfile(custom_generate.__file__, output / CUSTOM_GENERATE_FILE)
-    config_file = output / "tokenizer_config.json"
+    with export_lock(output):
+        note = clean_leftover(output)
+        if note:
+            print(f"bytedistill export: {note}", file=sys.stderr)
+        previous = previous_export(output)
+        info = read_run_info(checkpoint)
+        model = load_student(checkpoint)  # before the (slow) tokenizer: a damaged checkpoint is refused at once
+        tokenizer_json = teacher_tokenizer_json(teacher_tokenizer, info)
+        model.config.max_position_embeddings = trained_context(model, info)
+        model.generation_config = generation_config()
+        card = dict(repo_id=repo_id, license=license, teacher=teacher, data=data)
+        with staging(output, previous) as staged:
+            write_export(staged, model, tokenizer_json, info, **card)
+        swap_in(staged, output)
+    return output
+
+
+def write_export(folder: Path, model, tokenizer_json: str, info: dict[str, Any], **card: Any) -> None:
+    """Write every file of the export, and its record, into the empty ``folder``."""
+    architectures.prepare_export(model, folder)
+    model.save_pretrained(folder)
+    build_tokenizer().save_pretrained(folder)
+    (folder / TEACHER_TOKENIZER_FILE).write_text(tokenizer_json, encoding="utf-8")
+    shutil.copyfile(stream_tokenizer.__file__, folder / REMOTE_CODE_FILE)
+    (folder / CUSTOM_GENERATE_FILE).parent.mkdir(exist_ok=True)
+    shutil.copyfile(custom_generate.__file__, folder / CUSTOM_GENERATE_FILE)
+    config_file = folder / "tokenizer_config.json"
     tokenizer_config = json.loads(config_file.read_text(encoding="utf-8"))
     tokenizer_config["auto_map"] = stream_tokenizer.auto_map()
     config_file.write_text(json.dumps(tokenizer_config, indent=2) + "\n", encoding="utf-8")
-    card = model_card(
+    model_card(
         info,
         model.config.max_position_embeddings,
-        repo_id=repo_id,
-        license=license,
-        teacher=teacher,
-        data=data,
         architecture=architectures.architecture_of_model(model),
         architecture_section=architectures.card_section(model, info),
-    )
-    card.save(output / "README.md")
-    write_record(output, written_files(output, before))
-    return output
+        **card,
+    ).save(folder / "README.md")
+    write_record(folder, written_files(folder, {}))
 
 
 # -------------------------------------------------------------------------------- model card
