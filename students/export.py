@@ -108,22 +108,44 @@ def read_run_info(checkpoint: Path) -> dict[str, Any]:
     return read_json(path) if path.is_file() else {}
 
 
+def training_stores(info: dict[str, Any]) -> list[Path]:
+    """The training stores a run names: as train resolved them (``train_store_paths``, absolute), else
+    (a run of an older version) as given to train, taken from the current folder."""
+    recorded = info.get("train_store_paths") or info.get("config", {}).get("train_stores", [])
+    return [Path(p) for p in recorded]
+
+
 def teacher_tokenizer_json(source: str | None, info: dict[str, Any]) -> str:
     """The teacher's ``tokenizer.json`` text: from ``source`` (tokenizer.json, model folder or .gguf),
     else the teacher recorded in the training store; checked against the store's vocabulary, with
-    every added token the dump treats as special marked special (its literal text is text)."""
+    every added token the dump treats as special marked special (its literal text is text). Without
+    the store (moved, or named relative to another folder) the check cannot be made: refused unless
+    ``source`` is given, which is then shipped unchecked (with a warning)."""
     from bytestream.vocab import load_teacher_tokenizer, vocab_from_tokenizer
     from distill.encode import with_specials_marked
-    from logit_store.store import LogitStore, read_manifest
+    from logit_store.store import MANIFEST, LogitStore, read_manifest
 
-    stores = [Path(p) for p in info.get("config", {}).get("train_stores", [])]
-    manifest = read_manifest(stores[0]) if stores and stores[0].is_dir() else {}
+    stores = training_stores(info)
+    found = bool(stores) and (stores[0] / MANIFEST).is_file()
+    manifest = read_manifest(stores[0]) if found else {}
+    if not found and not source:
+        where = f"the training store {stores[0]} is not found" if stores else "the run names no training store"
+        raise UserError(f"give --teacher-tokenizer: {where}, so its teacher and vocabulary are unknown")
+    if not found:
+        print(
+            f"warning: the training store {stores[0]} is not found: --teacher-tokenizer {source} is not checked "
+            "against the vocabulary the student was trained with",
+            file=sys.stderr,
+        )
+    if not source and not _teacher_reachable(manifest.get("teacher", "")):
+        raise UserError(
+            f"give --teacher-tokenizer: the teacher {manifest.get('teacher')!r} that the training store {stores[0]} "
+            "names is not found from here (a path relative to where dump ran?)"
+        )
     source = source or manifest.get("teacher")
-    if not source:
-        raise UserError("give --teacher-tokenizer: the training store that names the teacher is not found")
     tokenizer = load_teacher_tokenizer(source)
     vocab = vocab_from_tokenizer(tokenizer)
-    if manifest.get("vocab_hash") and not same_tokens(vocab, LogitStore(stores[0]).vocab):
+    if found and not same_tokens(vocab, LogitStore(stores[0]).vocab):
         raise UserError(f"the tokenizer of {source} is not the one the training store {stores[0]} was dumped with")
     backend = getattr(tokenizer, "backend_tokenizer", tokenizer)
     text = json.dumps(with_specials_marked(json.loads(backend.to_str()), vocab), ensure_ascii=False)
@@ -132,6 +154,24 @@ def teacher_tokenizer_json(source: str | None, info: dict[str, Any]) -> str:
     except ValueError as exc:
         raise UserError(f"{source}: {exc}") from exc
     return text
+
+
+def _teacher_reachable(teacher: str) -> bool:
+    """Whether a store's teacher name can be loaded from here: a path that exists, or a Hub id."""
+    return bool(teacher) and (Path(teacher).exists() or is_hub_id(teacher))
+
+
+def is_hub_id(name: str) -> bool:
+    """Whether ``name`` looks like a Hub repo id (``owner/name``) and is no local path."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    if name.count("/") != 1 or name.startswith((".", "~")) or Path(name).exists():
+        return False
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        return False
+    return True
 
 
 def same_tokens(vocab: TeacherVocab, stored: TeacherVocab) -> bool:
@@ -193,7 +233,7 @@ def export_student(
         tokenizer_json = teacher_tokenizer_json(teacher_tokenizer, info)
         model.config.max_position_embeddings = trained_context(model, info)
         model.generation_config = generation_config()
-        card = dict(repo_id=repo_id, license=license, teacher=teacher, data=data)
+        card = {"repo_id": repo_id, "license": license, "teacher": teacher, "data": data}
         with staging(output, previous) as staged:
             write_export(staged, model, tokenizer_json, info, **card)
         swap_in(staged, output)
@@ -279,9 +319,11 @@ def _training_bytes(train_bytes: int, config: dict[str, Any]) -> str:
 
 
 def _no_local_path(name: str) -> str:
-    """A teacher or data name fit for a public card: a local path becomes its last part."""
+    """A teacher or data name fit for a public card: a local path (one that exists here, or that
+    reads as a path: absolute, ``.``, ``..``, ``~``) becomes its last part."""
     path = Path(name)
-    return path.name if path.is_absolute() or path.exists() else name
+    local = path.is_absolute() or path.exists() or name.startswith(("~", ".")) or ".." in path.parts
+    return (path.name or name) if local else name
 
 
 def model_card(
@@ -304,7 +346,7 @@ def model_card(
     )
     evaluation = info.get("last_eval") or {}
     train_bytes = info.get("train_bytes", 0)
-    hub_teacher = "/" in teacher and not Path(teacher).exists() and teacher.count("/") == 1
+    hub_teacher = is_hub_id(teacher)
     metadata = ModelCardData(
         license=license,
         library_name="transformers",

@@ -40,7 +40,7 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO, TypeVar
+from typing import BinaryIO, Self, TypeVar
 from urllib.parse import urlsplit
 
 from bytestream.errors import UserError, first_line
@@ -85,7 +85,7 @@ class PushPlan:
     def close(self) -> None:
         self.resources.close()
 
-    def __enter__(self) -> PushPlan:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -177,7 +177,7 @@ def check_loadable(folder: Path) -> None:
     except UserError as exc:
         raise UserError(f"cannot push {folder}: {exc}") from exc
     try:
-        AutoTokenizer.from_pretrained(folder)
+        AutoTokenizer.from_pretrained(folder, trust_remote_code=False)  # the plain tokenizer: no code of the folder's
     except Exception as exc:  # any failure means the folder is not publishable
         raise UserError(f"cannot push {folder}: it does not load with AutoTokenizer: {first_line(exc)}") from exc
 

