@@ -66,7 +66,7 @@ def export_lock(output: Path, *, shared: bool = False, create: bool = True) -> I
         output.mkdir(parents=True, exist_ok=True) if create else None
         fd = os.open(output, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as exc:
-        raise UserError(f"cannot create the folder {output}: {exc.strerror}") from None
+        raise UserError(f"cannot create or open the folder {output}: {exc.strerror}") from None
     try:
         try:
             fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)

@@ -3,14 +3,15 @@
 **What leaves the machine.** Exactly the files ``export`` recorded (``bytedistill_export.json``),
 each a regular file inside the folder reached through no symlink (:mod:`students.export_record`);
 a record naming anything else refuses the push before any request. Each file is opened once,
-part by part from the folder with no symlink followed, checked as opened (a regular file with one
-link: a hard link could be a file from outside the folder) and those open files are what is sent,
-so a file swapped for a link after the checks changes nothing; a file with more than one link is
-refused, by ``--dry-run`` too. Push holds the folder's export lock (shared) from its checks to the
-end of the upload: an export into the folder meanwhile is refused, and so is a push during one. Anything else in the folder
-(a ``.env``, a key) stays local and is named in a warning. The folder must load first: the model
-on the meta device (config, the weights' header: names, shapes and length; no tensor is read), the
-plain tokenizer and the stream tokenizer. The upload is one ``create_commit`` of those files, after
+part by part from the folder with no symlink followed, and checked as opened (a regular file with
+one link: a hard link could be a file from outside the folder); those open files are what is
+sent, so a file swapped for a link after the checks changes nothing. A file with more than one
+link is refused, by ``--dry-run`` too. Push holds the folder's export lock (shared) from its
+checks to the end of the upload: an export into the folder meanwhile is refused, and so is a push
+during an export. Anything else in the folder (a ``.env``, a key) stays local and is named in a
+warning. The folder must load first, with no code of its own run (``trust_remote_code=False``, a
+foreign ``auto_map`` refused): the model on the meta device (config, the weights' header: names,
+shapes and length; no tensor is read), the plain tokenizer and the stream tokenizer. The upload is one ``create_commit`` of those files, after
 ``create_repo`` and, for a non-main revision, ``create_branch``.
 
 **Where the token goes.** The Hugging Face token (``HF_TOKEN`` or the saved login) is sent only to

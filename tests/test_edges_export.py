@@ -133,14 +133,19 @@ README_OUTSIDE = steps(
 )
 
 FOREIGN_CODE = {"AutoConfig": "evil.EvilConfig", "AutoModelForCausalLM": "evil.EvilModel"}
-# the folder's own Python: importing it would leave a file beside the folder (the rows check that none appears)
-EVIL = write(
-    "model/evil.py",
-    b"from pathlib import Path\n(Path(__file__).resolve().parent.parent / 'ran').write_text('ran')\n"
-    b"from transformers import LlamaConfig, LlamaForCausalLM\n"
-    b"class EvilConfig(LlamaConfig):\n    model_type = 'evil_student'\n"
-    b"class EvilModel(LlamaForCausalLM):\n    config_class = EvilConfig\n",
-)
+
+
+def evil_module(tmp: Path) -> None:
+    """model/evil.py, the folder's own Python: importing it (from transformers' module cache, where it
+    is copied first) leaves ``tmp/ran``, a file the rows' snapshot would show."""
+    (tmp / "model/evil.py").write_text(
+        f"from pathlib import Path\nPath({str(tmp / 'ran')!r}).write_text('ran')\n"
+        "from transformers import LlamaConfig, LlamaForCausalLM\n"
+        "class EvilConfig(LlamaConfig):\n    model_type = 'evil_student'\n"
+        "class EvilModel(LlamaForCausalLM):\n    config_class = EvilConfig\n"
+    )
+
+
 YES = "y\n" * 100  # `yes y | bytedistill ...`: transformers' "Do you wish to run the custom code? [y/N]"
 
 
@@ -412,7 +417,7 @@ EDGES = [
         "generate: a foreign auto_map, yes on stdin",
         GENERATE,
         "config.json names code of its own that bytedistill does not know",
-        steps(EVIL, edit_config(model_type="evil_student", auto_map=FOREIGN_CODE)),
+        steps(evil_module, edit_config(model_type="evil_student", auto_map=FOREIGN_CODE)),
         subprocess=True,
         stdin=YES,
     ),
@@ -420,7 +425,7 @@ EDGES = [
         "score: a foreign auto_map in a Llama config, yes on stdin",
         SCORE,
         "config.json names code of its own that bytedistill does not know (auto_map",
-        steps(write("text.txt", b"In the beginning"), EVIL, edit_config(auto_map=FOREIGN_CODE)),
+        steps(write("text.txt", b"In the beginning"), evil_module, edit_config(auto_map=FOREIGN_CODE)),
         subprocess=True,
         stdin=YES,
     ),
@@ -428,7 +433,7 @@ EDGES = [
         "push --dry-run: a foreign auto_map, yes on stdin",
         DRY_RUN,
         "config.json names code of its own that bytedistill does not know",
-        steps(EVIL, edit_config(model_type="evil_student", auto_map=FOREIGN_CODE)),
+        steps(evil_module, edit_config(model_type="evil_student", auto_map=FOREIGN_CODE)),
         env=OWN_TOKEN,
         subprocess=True,
         stdin=YES,
@@ -437,7 +442,9 @@ EDGES = [
         "push --dry-run: a foreign tokenizer auto_map",
         DRY_RUN,
         "tokenizer_config.json names code of its own that bytedistill does not know",
-        steps(EVIL, edit_json("model/tokenizer_config.json", auto_map={"AutoTokenizer": ["evil.EvilConfig", None]})),
+        steps(
+            evil_module, edit_json("model/tokenizer_config.json", auto_map={"AutoTokenizer": ["evil.EvilConfig", None]})
+        ),
         env=OWN_TOKEN,
     ),
     ExportEdge(

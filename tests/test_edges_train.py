@@ -458,3 +458,17 @@ def test_resume_before_the_first_checkpoint_restarts_the_recorded_run(tmp_path):
     assert bytedistill([*argv, "--max-steps", "1"]) == 0
     assert json.loads((run / RUN_RECORD).read_text())["run_id"] == recorded
     assert latest_checkpoint(run).name == "step-00000001"
+
+
+def test_a_link_at_a_temporary_files_name_is_replaced_never_followed(tmp_path):
+    """run_info.tmp and bytedistill_run.tmp (written, then renamed) planted as links to a user's
+    files: the run writes its own files there and the user's files stay as they were."""
+    with_run(tmp_path)
+    outside = {name: tmp_path / f"{name}.mine" for name in ("run_info.tmp", "bytedistill_run.tmp")}
+    for name, target in outside.items():
+        target.write_text("the user's file")
+        (tmp_path / "run" / name).symlink_to(target)
+    argv = [arg.replace("{tmp}", str(tmp_path)) for arg in RESUME]
+    assert bytedistill(argv) == 0
+    assert all(target.read_text() == "the user's file" for target in outside.values())
+    assert json.loads((tmp_path / "run/run_info.json").read_text())["step"] == 4
