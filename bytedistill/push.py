@@ -49,30 +49,30 @@ def push(config: PushConfig) -> int:
     from students.push import check_network_options, plan_push, upload
 
     check_network_options(config.timeout, config.retries)
-    plan = plan_push(Path(config.folder), config.repo_id, config.endpoint, need_token=not config.dry_run)
-    if plan.left_out:
-        print(
-            f"warning: not uploading {len(plan.left_out)} file(s) export did not write: {', '.join(plan.left_out)}",
-            file=sys.stderr,
+    with plan_push(Path(config.folder), config.repo_id, config.endpoint, need_token=not config.dry_run) as plan:
+        if plan.left_out:
+            print(
+                f"warning: not uploading {len(plan.left_out)} file(s) export did not write: {', '.join(plan.left_out)}",
+                file=sys.stderr,
+            )
+        revision = config.revision or "main"
+        if config.dry_run:
+            for f in plan.files:
+                print(f"{f.size:>14,}  {f.path}")
+            print(f"{sum(f.size for f in plan.files):>14,}  total, {len(plan.files)} files")
+            print(
+                f"dry run: nothing was uploaded; push would send these files to {config.repo_id}@{revision} "
+                f"at {plan.target.endpoint}, "
+                + (plan.target.token_note if plan.target.token else f"but push would refuse: {plan.target.token_note}")
+            )
+            return 0
+        url = upload(
+            plan,
+            private=config.private,
+            revision=config.revision,
+            commit_message=config.commit_message,
+            timeout=config.timeout,
+            retries=config.retries,
         )
-    revision = config.revision or "main"
-    if config.dry_run:
-        for f in plan.files:
-            print(f"{f.size:>14,}  {f.path}")
-        print(f"{sum(f.size for f in plan.files):>14,}  total, {len(plan.files)} files")
-        print(
-            f"dry run: nothing was uploaded; push would send these files to {config.repo_id}@{revision} "
-            f"at {plan.target.endpoint}, "
-            + (plan.target.token_note if plan.target.token else f"but push would refuse: {plan.target.token_note}")
-        )
+        print(f"pushed {plan.folder} to {url} ({len(plan.files)} files)")
         return 0
-    url = upload(
-        plan,
-        private=config.private,
-        revision=config.revision,
-        commit_message=config.commit_message,
-        timeout=config.timeout,
-        retries=config.retries,
-    )
-    print(f"pushed {plan.folder} to {url} ({len(plan.files)} files)")
-    return 0

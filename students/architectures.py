@@ -222,8 +222,14 @@ def prepare_export(model, output: Path) -> None:
     from students import patched_model
 
     shutil.copyfile(patched_model.__file__, Path(output) / MODELING_FILE)
+    model.config.auto_map = patched_auto_map()
+
+
+def patched_auto_map() -> dict[str, str]:
+    """The ``auto_map`` of an exported patched student's ``config.json``: its shipped modeling file.
+    This library never runs that file; it loads the folder with its own registered class."""
     module = MODELING_FILE.removesuffix(".py")
-    model.config.auto_map = {
+    return {
         "AutoConfig": f"{module}.{PatchedStudentConfig.__name__}",
         "AutoModelForCausalLM": f"{module}.{PatchedStudent.__name__}",
     }

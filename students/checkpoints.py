@@ -25,6 +25,7 @@ from typing import Any
 from safetensors import SafetensorError
 
 from bytestream.errors import UserError, first_line
+from bytestream.files import read_text, write_new
 from bytestream.ranges import NON_NEGATIVE
 
 CHECKPOINTS = "checkpoints"
@@ -108,7 +109,7 @@ def read_json(path: Path) -> Any:
 
 def write_json(path: Path, data: Any) -> None:
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    write_new(tmp, json.dumps(data, indent=2, sort_keys=True) + "\n")  # a link planted at the name is not followed
     tmp.replace(path)
 
 
@@ -214,11 +215,11 @@ def _require_same_model(path: Path, config) -> None:
 
 def keep_metrics_until(path: Path, step: int) -> None:
     """Drop the records of steps after ``step`` (written by a run killed before its next checkpoint)."""
-    if not path.is_file():
+    if not path.is_file() and not path.is_symlink():
         return
-    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    lines = read_text(path).splitlines(keepends=True)
     kept = [line for line in lines if json.loads(line)["step"] <= step]
     if len(kept) != len(lines):
         tmp = path.with_suffix(".tmp")
-        tmp.write_text("".join(kept), encoding="utf-8")
+        write_new(tmp, "".join(kept))
         tmp.replace(path)

@@ -17,7 +17,8 @@ generation; ``<bos>``/``<pad>`` never generated), two tokenizers and a model car
 ``bytedistill_export.json`` records every file export wrote (:mod:`students.export_record`); ``push``
 uploads only those, and a new export into the folder replaces them. A folder holding anything else
 (dotfiles aside), or whose record names anything but regular files inside it, is refused before a
-file is touched.
+file is touched. The new export is written beside the old one and swapped in only when complete,
+one export into a folder at a time (:mod:`students.export_staging`): a failure leaves the old one whole.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +42,7 @@ from bytestream.vocab import TeacherVocab
 from students import architectures, custom_generate
 from students.checkpoints import TRAINER_STATE, latest_checkpoint, read_json, require_complete
 from students.export_record import EXPORT_RECORD, foreign_entries, recorded_files, visible_entries, write_record
+from students.export_staging import clean_leftover, export_lock, staging, swap_in
 from students.tokenizer import build_tokenizer
 
 REMOTE_CODE_FILE = "tokenization_bytedistill.py"
@@ -105,23 +108,46 @@ def read_run_info(checkpoint: Path) -> dict[str, Any]:
     return read_json(path) if path.is_file() else {}
 
 
+def training_stores(info: dict[str, Any]) -> list[Path]:
+    """The training stores a run names: as train resolved them (``train_store_paths``, absolute), else
+    (a run of an older version) as given to train, taken from the current folder."""
+    recorded = info.get("train_store_paths") or info.get("config", {}).get("train_stores", [])
+    return [Path(p) for p in recorded]
+
+
 def teacher_tokenizer_json(source: str | None, info: dict[str, Any]) -> str:
     """The teacher's ``tokenizer.json`` text: from ``source`` (tokenizer.json, model folder or .gguf),
     else the teacher recorded in the training store; checked against the store's vocabulary, with
-    every added token the dump treats as special marked special (its literal text is text)."""
+    every added token the dump treats as special marked special (its literal text is text). Without
+    the store (moved, or named relative to another folder) the check cannot be made: refused unless
+    ``source`` is given, which is then shipped unchecked (with a warning)."""
     from bytestream.vocab import load_teacher_tokenizer, vocab_from_tokenizer
     from distill.encode import with_specials_marked
     from logit_store.manifest import tokenizer_location
-    from logit_store.store import LogitStore, read_manifest
+    from logit_store.store import MANIFEST, LogitStore, read_manifest
 
-    stores = [Path(p) for p in info.get("config", {}).get("train_stores", [])]
-    manifest = read_manifest(stores[0]) if stores and stores[0].is_dir() else {}
-    source = source or (tokenizer_location(stores[0], manifest) if manifest else None)
-    if not source:
-        raise UserError("give --teacher-tokenizer: the training store that names the teacher is not found")
+    stores = training_stores(info)
+    found = bool(stores) and (stores[0] / MANIFEST).is_file()
+    manifest = read_manifest(stores[0]) if found else {}
+    if not found and not source:
+        where = f"the training store {stores[0]} is not found" if stores else "the run names no training store"
+        raise UserError(f"give --teacher-tokenizer: {where}, so its teacher and vocabulary are unknown")
+    if not found:
+        print(
+            f"warning: the training store {stores[0]} is not found: --teacher-tokenizer {source} is not checked "
+            "against the vocabulary the student was trained with",
+            file=sys.stderr,
+        )
+    location = tokenizer_location(stores[0], manifest) if found else None
+    if not source and not _teacher_reachable(location or ""):
+        raise UserError(
+            f"give --teacher-tokenizer: the teacher {location!r} that the training store {stores[0]} "
+            "names is not found from here"
+        )
+    source = source or location
     tokenizer = load_teacher_tokenizer(source)
     vocab = vocab_from_tokenizer(tokenizer)
-    if manifest.get("vocab_hash") and not same_tokens(vocab, LogitStore(stores[0]).vocab):
+    if found and not same_tokens(vocab, LogitStore(stores[0]).vocab):
         raise UserError(f"the tokenizer of {source} is not the one the training store {stores[0]} was dumped with")
     backend = getattr(tokenizer, "backend_tokenizer", tokenizer)
     text = json.dumps(with_specials_marked(json.loads(backend.to_str()), vocab), ensure_ascii=False)
@@ -130,6 +156,24 @@ def teacher_tokenizer_json(source: str | None, info: dict[str, Any]) -> str:
     except ValueError as exc:
         raise UserError(f"{source}: {exc}") from exc
     return text
+
+
+def _teacher_reachable(teacher: str) -> bool:
+    """Whether a store's teacher name can be loaded from here: a path that exists, or a Hub id."""
+    return bool(teacher) and (Path(teacher).exists() or is_hub_id(teacher))
+
+
+def is_hub_id(name: str) -> bool:
+    """Whether ``name`` looks like a Hub repo id (``owner/name``) and is no local path."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    if name.count("/") != 1 or name.startswith((".", "~")) or Path(name).exists():
+        return False
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        return False
+    return True
 
 
 def same_tokens(vocab: TeacherVocab, stored: TeacherVocab) -> bool:
@@ -163,15 +207,6 @@ def previous_export(output: Path) -> list[str]:
     return previous
 
 
-def remove_previous_export(output: Path, previous: list[str]) -> None:
-    """Remove the files an earlier export wrote (checked by :func:`previous_export`) and the folders they emptied."""
-    for name in previous:
-        (output / name).unlink(missing_ok=True)
-    for folder in sorted({(output / name).parent for name in previous} - {output}, reverse=True):
-        if folder.is_dir() and not any(folder.iterdir()):  # custom_generate/, emptied above
-            folder.rmdir()
-
-
 def written_files(output: Path, before: dict[str, str]) -> list[str]:
     """The regular files in ``output`` that were not in ``before`` (a :func:`visible_entries` listing)."""
     return sorted(name for name, kind in visible_entries(output).items() if kind == "file" and name not in before)
@@ -190,42 +225,47 @@ def export_student(
     """Write the Hugging Face folder for ``checkpoint`` (or an output dir's newest) to ``output``."""
     checkpoint = resolve_checkpoint(checkpoint)
     output = Path(output)
-    previous = previous_export(output)
-    info = read_run_info(checkpoint)
-    model = load_student(checkpoint)  # before the (slow) tokenizer: a damaged checkpoint is refused at once
-    tokenizer_json = teacher_tokenizer_json(teacher_tokenizer, info)
-    model.config.max_position_embeddings = trained_context(model, info)
-    model.generation_config = generation_config()
-    remove_previous_export(output, previous)
-    output.mkdir(parents=True, exist_ok=True)
-    before = visible_entries(output)
-    architectures.prepare_export(model, output)
-    model.save_pretrained(output)
-    build_tokenizer().save_pretrained(output)
-    (output / TEACHER_TOKENIZER_FILE).write_text(tokenizer_json, encoding="utf-8")
-    shutil.copyfile(stream_tokenizer.__file__, output / REMOTE_CODE_FILE)
-    (output / CUSTOM_GENERATE_FILE).parent.mkdir(exist_ok=True)
-    shutil.copyfile(custom_generate.__file__, output / CUSTOM_GENERATE_FILE)
-    config_file = output / "tokenizer_config.json"
+    with export_lock(output):
+        note = clean_leftover(output)
+        if note:
+            print(f"bytedistill export: {note}", file=sys.stderr)
+        previous = previous_export(output)
+        info = read_run_info(checkpoint)
+        model = load_student(checkpoint)  # before the (slow) tokenizer: a damaged checkpoint is refused at once
+        tokenizer_json = teacher_tokenizer_json(teacher_tokenizer, info)
+        model.config.max_position_embeddings = trained_context(model, info)
+        model.generation_config = generation_config()
+        card = {"repo_id": repo_id, "license": license, "teacher": teacher, "data": data}
+        with staging(output, previous) as staged:
+            write_export(staged, model, tokenizer_json, info, **card)
+        swap_in(staged, output)
+    return output
+
+
+def write_export(folder: Path, model, tokenizer_json: str, info: dict[str, Any], **card: Any) -> None:
+    """Write every file of the export, and its record, into the empty ``folder``."""
+    architectures.prepare_export(model, folder)
+    model.save_pretrained(folder)
+    build_tokenizer().save_pretrained(folder)
+    (folder / TEACHER_TOKENIZER_FILE).write_text(tokenizer_json, encoding="utf-8")
+    shutil.copyfile(stream_tokenizer.__file__, folder / REMOTE_CODE_FILE)
+    (folder / CUSTOM_GENERATE_FILE).parent.mkdir(exist_ok=True)
+    shutil.copyfile(custom_generate.__file__, folder / CUSTOM_GENERATE_FILE)
+    config_file = folder / "tokenizer_config.json"
     tokenizer_config = json.loads(config_file.read_text(encoding="utf-8"))
     tokenizer_config["auto_map"] = stream_tokenizer.auto_map()
     # a class transformers does not have: without trust_remote_code AutoTokenizer refuses, naming it,
     # instead of silently loading the plain byte tokenizer (which places no <eot>)
     tokenizer_config["tokenizer_class"] = stream_tokenizer.ByteStreamTokenizer.__name__
     config_file.write_text(json.dumps(tokenizer_config, indent=2) + "\n", encoding="utf-8")
-    card = model_card(
+    model_card(
         info,
         model.config.max_position_embeddings,
-        repo_id=repo_id,
-        license=license,
-        teacher=teacher,
-        data=data,
         architecture=architectures.architecture_of_model(model),
         architecture_section=architectures.card_section(model, info),
-    )
-    card.save(output / "README.md")
-    write_record(output, written_files(output, before))
-    return output
+        **card,
+    ).save(folder / "README.md")
+    write_record(folder, written_files(folder, {}))
 
 
 # -------------------------------------------------------------------------------- model card
@@ -284,9 +324,11 @@ def _training_bytes(train_bytes: int, config: dict[str, Any]) -> str:
 
 
 def _no_local_path(name: str) -> str:
-    """A teacher or data name fit for a public card: a local path becomes its last part."""
+    """A teacher or data name fit for a public card: a local path (one that exists here, or that
+    reads as a path: absolute, ``.``, ``..``, ``~``) becomes its last part."""
     path = Path(name)
-    return path.name if path.is_absolute() or path.exists() else name
+    local = path.is_absolute() or path.exists() or name.startswith(("~", ".")) or ".." in path.parts
+    return (path.name or name) if local else name
 
 
 def model_card(
@@ -309,7 +351,7 @@ def model_card(
     )
     evaluation = info.get("last_eval") or {}
     train_bytes = info.get("train_bytes", 0)
-    hub_teacher = "/" in teacher and not Path(teacher).exists() and teacher.count("/") == 1
+    hub_teacher = is_hub_id(teacher)
     metadata = ModelCardData(
         license=license,
         library_name="transformers",

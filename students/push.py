@@ -2,10 +2,16 @@
 
 **What leaves the machine.** Exactly the files ``export`` recorded (``bytedistill_export.json``),
 each a regular file inside the folder reached through no symlink (:mod:`students.export_record`);
-a record naming anything else refuses the push before any request. Anything else in the folder
-(a ``.env``, a key) stays local and is named in a warning. The folder must load first: the model
-on the meta device (config, the weights' header: names, shapes and length; no tensor is read), the
-plain tokenizer and the stream tokenizer. The upload is one ``create_commit`` of those files, after
+a record naming anything else refuses the push before any request. Each file is opened once,
+part by part from the folder with no symlink followed, and checked as opened (a regular file with
+one link: a hard link could be a file from outside the folder); those open files are what is
+sent, so a file swapped for a link after the checks changes nothing. A file with more than one
+link is refused, by ``--dry-run`` too. Push holds the folder's export lock (shared) from its
+checks to the end of the upload: an export into the folder meanwhile is refused, and so is a push
+during an export. Anything else in the folder (a ``.env``, a key) stays local and is named in a
+warning. The folder must load first, with no code of its own run (``trust_remote_code=False``, a
+foreign ``auto_map`` refused): the model on the meta device (config, the weights' header: names,
+shapes and length; no tensor is read), the plain tokenizer and the stream tokenizer. The upload is one ``create_commit`` of those files, after
 ``create_repo`` and, for a non-main revision, ``create_branch``.
 
 **Where the token goes.** The Hugging Face token (``HF_TOKEN`` or the saved login) is sent only to
@@ -26,18 +32,21 @@ tests/test_edges_export.py); no real Hub is contacted in the tests.
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import os
+import stat
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import BinaryIO, Self, TypeVar
 from urllib.parse import urlsplit
 
 from bytestream.errors import UserError, first_line
 from students.export_record import recorded_files
+from students.export_staging import export_lock
 
 HUB = "https://huggingface.co"
 ENDPOINT_TOKEN = "BYTEDISTILL_ENDPOINT_TOKEN"
@@ -61,26 +70,87 @@ class Target:
     token_note: str  # "with the token from …", or (no token) why push refuses
 
 
-@dataclass(frozen=True)
+@dataclass
 class PushPlan:
+    """What push will send; holds the folder's shared export lock and every file open (those open
+    files are what :func:`upload` sends) until closed: use it as a context manager."""
+
     folder: Path
     repo_id: str
     target: Target
     files: list[UploadFile]
     left_out: list[str]  # files in the folder that are not uploaded
+    opened: dict[str, BinaryIO] = field(default_factory=dict, repr=False)
+    resources: ExitStack = field(default_factory=ExitStack, repr=False)
+
+    def close(self) -> None:
+        self.resources.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 # ------------------------------------------------------------------------------ what is uploaded
 
 
-def upload_plan(folder: Path) -> list[UploadFile]:
-    """The files export wrote (checked: regular files inside the folder), sorted by path."""
+NOFOLLOW = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def open_inside(folder: Path, folder_fd: int, name: str) -> BinaryIO:
+    """The recorded file ``name``, opened part by part from the folder's descriptor with no symlink
+    followed, and checked as opened: a regular file with one link."""
+    parts, fd, held = name.split("/"), folder_fd, []
+    try:
+        for part in parts[:-1]:
+            fd = os.open(part, NOFOLLOW | os.O_DIRECTORY, dir_fd=fd)
+            held.append(fd)
+        opened = os.open(parts[-1], NOFOLLOW | os.O_NONBLOCK, dir_fd=fd)  # a FIFO put there never blocks
+    except FileNotFoundError:
+        raise UserError(f"{folder} lacks {name}, which export wrote: export again") from None
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise UserError(
+                f"cannot push {folder}: {name} is reached through a symbolic link: push sends only files inside "
+                "the folder (nothing was uploaded)"
+            ) from None
+        raise UserError(f"cannot push {folder}: cannot open {name}: {exc.strerror}") from None
+    finally:
+        for fd in held:
+            os.close(fd)
+    info = os.fstat(opened)
+    problem = (
+        "is not a regular file"
+        if not stat.S_ISREG(info.st_mode)
+        else f"has {info.st_nlink} links (a hard link: its data may be a file outside the folder)"
+        if info.st_nlink != 1
+        else None
+    )
+    if problem:
+        os.close(opened)
+        raise UserError(f"cannot push {folder}: {name} {problem}; export again (nothing was uploaded)")
+    return os.fdopen(opened, "rb")
+
+
+def open_plan(folder: Path, resources: ExitStack) -> tuple[list[UploadFile], dict[str, BinaryIO]]:
+    """The files export wrote (checked: regular files inside the folder), sorted by path, each opened
+    once (:func:`open_inside`) and closed with ``resources``."""
     folder = Path(folder)
     planned = sorted(recorded_files(folder))
-    missing = [name for name in planned if not (folder / name).is_file()]
-    if missing:
-        raise UserError(f"{folder} lacks {missing[0]}, which export wrote: export again")
-    return [UploadFile(name, (folder / name).stat().st_size) for name in planned]
+    folder_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    resources.callback(os.close, folder_fd)
+    opened: dict[str, BinaryIO] = {}
+    for name in planned:
+        opened[name] = resources.enter_context(open_inside(folder, folder_fd, name))
+    return [UploadFile(name, os.fstat(opened[name].fileno()).st_size) for name in planned], opened
+
+
+def upload_plan(folder: Path) -> list[UploadFile]:
+    """The files export wrote (checked as :func:`open_plan` checks them), sorted by path."""
+    with ExitStack() as resources:
+        return open_plan(folder, resources)[0]
 
 
 def left_out(folder: Path, files: list[UploadFile] | None = None) -> list[str]:
@@ -170,7 +240,8 @@ def resolve_target(endpoint: str | None = None, *, need_token: bool = True) -> T
 
 
 def plan_push(folder: Path, repo_id: str, endpoint: str | None = None, *, need_token: bool = True) -> PushPlan:
-    """Every check push makes before the network: folder, repo id, record, token rule, loading."""
+    """Every check push makes before the network: folder, repo id, record, token rule, loading; the
+    plan holds the folder's lock and its files open until closed."""
     from huggingface_hub.utils import HFValidationError, validate_repo_id
 
     folder = Path(folder)
@@ -180,10 +251,16 @@ def plan_push(folder: Path, repo_id: str, endpoint: str | None = None, *, need_t
         validate_repo_id(repo_id)
     except HFValidationError as exc:
         raise UserError(f"{repo_id!r} is not a Hub repo id (like your-name/byte-student): {first_line(exc)}") from exc
-    files = upload_plan(folder)
-    target = resolve_target(endpoint, need_token=need_token)
-    check_loadable(folder)
-    return PushPlan(folder, repo_id, target, files, left_out(folder, files))
+    resources = ExitStack()
+    try:
+        resources.enter_context(export_lock(folder, shared=True, create=False))
+        files, opened = open_plan(folder, resources)
+        target = resolve_target(endpoint, need_token=need_token)
+        check_loadable(folder)  # reads by name, but what is sent is what was opened above
+        return PushPlan(folder, repo_id, target, files, left_out(folder, files), opened, resources)
+    except BaseException:
+        resources.close()
+        raise
 
 
 # ------------------------------------------------------------------------------- the upload
@@ -259,7 +336,7 @@ def upload(
     if _offline():
         raise UserError("HF_HUB_OFFLINE is set: push needs the network (unset it, or use --dry-run)")
     api = HfApi(endpoint=plan.target.endpoint, token=plan.target.token)
-    operations = [CommitOperationAdd(f.path, str(plan.folder / f.path)) for f in plan.files]
+    operations = [CommitOperationAdd(f.path, plan.opened[f.path]) for f in plan.files]  # the files as opened
 
     def hub(what: str, call: Callable[[], T]) -> T:
         return _with_retries(call, what, plan.target.endpoint, retries)
@@ -289,7 +366,7 @@ def push_folder(
     retries: int = 3,
 ) -> str:
     """Check the folder (:func:`plan_push`) and upload it (:func:`upload`); returns the commit URL."""
-    plan = plan_push(folder, repo_id, endpoint)
-    return upload(
-        plan, private=private, revision=revision, commit_message=commit_message, timeout=timeout, retries=retries
-    )
+    with plan_push(folder, repo_id, endpoint) as plan:
+        return upload(
+            plan, private=private, revision=revision, commit_message=commit_message, timeout=timeout, retries=retries
+        )

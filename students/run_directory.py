@@ -12,7 +12,8 @@
 - a resume continues the recorded run; a checkpoint of another run is refused;
 - ``.train.lock`` is held (``flock``) for the whole session by the main process; a second
   ``train`` on the directory is refused while it is held. The system releases it however the
-  process ends.
+  process ends. It, ``metrics.jsonl`` and the temporary files are opened with no symlink followed
+  (:mod:`bytestream.files`): a link planted at one of those names is refused in one line.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from bytestream.errors import UserError
+from bytestream.files import check_own, lock_file
 from students.checkpoints import CHECKPOINTS, METRICS, RUN_INFO, latest_checkpoint, read_json, write_json
 
 RUN_RECORD = "bytedistill_run.json"
@@ -42,12 +44,13 @@ def run_lock(output_dir: Path) -> Iterator[None]:
     if output_dir.exists() and not output_dir.is_dir():
         raise UserError(f"--output-dir {output_dir} is a file, not a directory")
     output_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(output_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = lock_file(output_dir / LOCK_FILE)  # a link planted there is refused, never followed
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise UserError(f"another train is running in {output_dir}: wait for it or stop it first") from None
+        check_own(output_dir / METRICS)  # appended to at each evaluation: a link there is refused now, not at step N
         yield
     finally:
         os.close(fd)  # closing releases the lock

@@ -21,6 +21,7 @@ A store also gives the teacher's BPB on the same bytes (its stored distributions
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -265,6 +266,28 @@ def _check_generation_config(folder: Path) -> None:
             raise UserError(f"{folder / 'generation_config.json'} does not load: {first_line(exc)}") from exc
 
 
+def refuse_foreign_code(folder: Path) -> None:
+    """Refuse a folder whose ``config.json`` or ``tokenizer_config.json`` names code (``auto_map``)
+    other than what export writes: the library loads exported folders with its own classes and
+    never runs a folder's code (nor asks whether to: transformers would prompt on standard input)."""
+    from bytestream.stream_tokenizer import auto_map as stream_auto_map
+    from students.architectures import patched_auto_map
+
+    known = {"config.json": [None, patched_auto_map()], "tokenizer_config.json": [None, stream_auto_map()]}
+    for name, recognised in known.items():
+        try:
+            saved = json.loads((Path(folder) / name).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue  # missing or corrupt: the loading below names it
+        named = saved.get("auto_map") if isinstance(saved, dict) else None
+        if named not in recognised:
+            shown = json.dumps(named, ensure_ascii=True)
+            raise UserError(
+                f"{Path(folder) / name} names code of its own that bytedistill does not know (auto_map "
+                f"{shown[:120]}): bytedistill runs no code from a model folder; export the student again"
+            )
+
+
 def _from_pretrained(folder: Path, **options):
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
@@ -274,11 +297,12 @@ def _from_pretrained(folder: Path, **options):
     folder = Path(folder)
     if not (folder / "config.json").is_file():
         raise UserError(f"{folder} is not an exported model folder (no config.json)")
+    refuse_foreign_code(folder)
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # its load report would print a table above our one line
     try:
-        model, info = AutoModelForCausalLM.from_pretrained(
-            folder, output_loading_info=True, ignore_mismatched_sizes=True, **options
+        model, info = AutoModelForCausalLM.from_pretrained(  # never the folder's code: the library's own classes
+            folder, output_loading_info=True, ignore_mismatched_sizes=True, trust_remote_code=False, **options
         )
     except Exception as exc:  # json, safetensors and transformers each raise their own types for a corrupt file
         raise UserError(f"{folder} does not load as a model: {first_line(exc)}") from exc
@@ -305,12 +329,36 @@ def load_stream_tokenizer(folder: Path) -> ByteStreamTokenizer:
         raise UserError(f"{path} is not a teacher tokenizer the stream tokenizer reads: {first_line(exc)}") from exc
 
 
+def require_own_teacher(folder: Path, stores: list[Path]) -> None:
+    """Refuse a store dumped with another vocabulary than the teacher tokenizer the folder ships: its
+    streams carry another teacher's ``<eot>`` marks, which the student never learnt."""
+    if not stores:
+        return
+    from tokenizers import Tokenizer
+
+    from bytestream.vocab import vocab_from_tokenizer
+    from logit_store.store import LogitStore
+    from students.export import same_tokens
+
+    vocab = vocab_from_tokenizer(Tokenizer.from_file(str(folder / TEACHER_TOKENIZER_FILE)))
+    for path in stores:
+        stored = LogitStore(path).vocab
+        if not same_tokens(vocab, stored):
+            raise UserError(
+                f"{path} was dumped with another vocabulary ({stored.hash[:12]}…) than the teacher tokenizer "
+                f"{folder} was exported with ({vocab.hash[:12]}…): score a store of the student's own teacher, "
+                "or its text (or --mode plain)"
+            )
+
+
 def score(folder: Path, sources: list[Path], options: ScoreOptions) -> list[SourceScore]:
     """Per-source scores of the exported student at ``folder`` (the last entry is the total)."""
     if options.mode not in MODES:
         raise UserError(f"mode must be one of {', '.join(MODES)}, got {options.mode!r}")
     model = load_model(folder)
     tokenizer = load_stream_tokenizer(folder) if options.mode == "stream" else None
+    if options.mode == "stream":
+        require_own_teacher(Path(folder), [path for path in sources if path.is_dir()])
     return score_documents(model, sources, list(documents(sources, tokenizer, options)), options)
 
 

@@ -46,6 +46,7 @@ import torch
 
 from bytestream.config_fields import flat_values
 from bytestream.errors import UserError
+from bytestream.files import append_text
 from bytestream.ranges import COUNT, SEED, check_ranges
 from students.architectures import StudentShape, build_student_of_shape, require_architecture
 from students.checkpoints import (
@@ -396,8 +397,7 @@ def evaluate_and_record(run: Run) -> EvalMetrics | None:
     state.last_eval = {"step": state.step, "train_bytes": state.train_bytes, **dataclasses.asdict(metrics)}
     run.accelerator.log({f"eval/{k}": v for k, v in dataclasses.asdict(metrics).items()}, step=state.step)
     if run.accelerator.is_main_process:
-        with (run.output_dir / METRICS).open("a", encoding="utf-8") as f:
-            f.write(json.dumps(state.last_eval) + "\n")
+        append_text(run.output_dir / METRICS, json.dumps(state.last_eval) + "\n")  # never through a link
         run.bar.write(
             f"eval step {state.step}: student {metrics.student_bpb:.4f} bpb, teacher {metrics.teacher_bpb:.4f} bpb, "
             f"KL {metrics.kl_per_byte:.4f} bits/byte"
@@ -451,6 +451,7 @@ def run_info(run: Run) -> dict[str, Any]:
     return {
         "run_id": run.run_id,
         "config": flat_values(run.config),
+        "train_store_paths": [str(Path(store).resolve()) for store in run.config.train_stores],  # export finds them
         "data": run.data,
         "parameters": count_parameters(model),
         "student": dataclasses.asdict(student_cost(model)),

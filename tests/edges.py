@@ -12,7 +12,7 @@ of the one error line it must print. :func:`check_edge` runs it in a fresh folde
 Arguments and environment values may use ``{tmp}`` for the case's folder, and ``{name}`` for any
 value the test passes in ``values`` (a server's URL, a fixture's path). Rows run in-process (``bytedistill`` main) by
 default; ``subprocess=True`` runs ``python -m bytedistill`` instead, for cases that need their own
-process (a resource limit, an environment variable read at import, a signal).
+process (a resource limit, an environment variable read at import, a signal, what standard input holds).
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ class Edge:
     subprocess: bool = False
     env: dict[str, str] = field(default_factory=dict)
     file_size_limit: int | None = None  # bytes (``ulimit -f``), subprocess rows only
+    stdin: str | None = None  # what standard input holds, subprocess rows only (default: the test's own)
     timeout: float = 300.0
     creates_ok: bool = False  # the command may leave new files of its own; existing ones stay as they were
     after: Callable[[Path], None] | None = None  # asserts about the folder once the command has run
@@ -100,6 +101,7 @@ def _run_subprocess(edge: Edge, tmp: Path, values: dict[str, str]) -> tuple[int,
         env=env,
         capture_output=True,
         text=True,
+        input=edge.stdin,
         timeout=edge.timeout,
         preexec_fn=limit,
     )

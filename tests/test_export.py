@@ -16,6 +16,7 @@ from students.export import (
     EXPORT_RECORD,
     export_student,
     load_student,
+    model_card,
     resolve_checkpoint,
 )
 from students.generate import (
@@ -154,3 +155,18 @@ def test_shipped_tokenizer_is_the_librarys_module_and_self_contained(exported):
     generate = (exported / "custom_generate" / "generate.py").read_text()
     assert generate == Path(custom_generate.__file__).read_text()
     assert {n.module for n in ast.walk(ast.parse(generate)) if isinstance(n, ast.ImportFrom)} == {"transformers"}
+
+
+@pytest.mark.parametrize(
+    "teacher, shown",
+    [("../teacher", "teacher"), ("./teachers/smol", "smol"), ("~/models/smol", "smol"), ("a/../b", "b")],
+)
+def test_the_card_records_no_local_path_as_base_model(teacher, shown):
+    card = str(model_card({"data": {"teacher": teacher}}, 16))
+    assert "base_model" not in card.split("---")[1]  # the metadata block
+    assert f"teacher: {shown}" in card and teacher not in card
+
+
+def test_the_card_records_a_hub_id_as_base_model():
+    card = str(model_card({"data": {"teacher": "HuggingFaceTB/SmolLM2-135M"}}, 16))
+    assert "base_model: HuggingFaceTB/SmolLM2-135M" in card
