@@ -2,7 +2,10 @@
 
 AdamW (betas 0.9, 0.95; weight decay on matrices only). Learning rate: a linear warm-up over
 ``warmup_steps`` times a cosine from ``lr`` to ``min_lr`` over the run's progress (0..1), a
-function of the step and the progress only, so that a resumed run needs no scheduler state.
+function of the step and the progress only, so that a resumed run needs no scheduler state. The
+cosine follows the run's length by construction (it ends where the run does); the warm-up follows
+it too unless given (:func:`warmup_steps`), and one that the run would never leave is refused
+(:func:`check_schedule`).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from bytestream.errors import UserError
 from bytestream.ranges import NON_NEGATIVE, POSITIVE
 
 
@@ -23,7 +27,14 @@ class OptimConfig:
     min_lr: float = field(
         default=1e-4, metadata={"help": "learning rate at the end of the cosine decay", "range": NON_NEGATIVE}
     )
-    warmup_steps: int = field(default=100, metadata={"help": "linear warm-up steps", "range": NON_NEGATIVE})
+    warmup_steps: int | None = field(
+        default=None,
+        metadata={
+            "help": "linear warm-up steps (default: a twentieth of --max-steps, at least 1; 100 with only "
+            "--max-train-bytes)",
+            "range": NON_NEGATIVE,
+        },
+    )
     weight_decay: float = field(
         default=0.1, metadata={"help": "AdamW weight decay (matrices only)", "range": NON_NEGATIVE}
     )
@@ -32,9 +43,43 @@ class OptimConfig:
     )
 
 
-def learning_rate(optim: OptimConfig, step: int, progress: float) -> float:
-    """Linear warm-up over ``warmup_steps`` times a cosine from ``lr`` to ``min_lr`` over progress 0..1."""
-    warmup = min(1.0, step / optim.warmup_steps) if optim.warmup_steps > 0 else 1.0
+WARMUP_FRACTION = 0.05  # of --max-steps, when --warmup-steps is not given
+WARMUP_WITHOUT_STEPS = 100  # when the run's length is given in bytes only
+LONG_WARMUP = 0.5  # a warm-up longer than this share of the run is warned about
+
+
+def warmup_steps(optim: OptimConfig, max_steps: int | None) -> int:
+    """The warm-up's length: as given, else :data:`WARMUP_FRACTION` of the run's steps (at least 1)."""
+    if optim.warmup_steps is not None:
+        return optim.warmup_steps
+    if max_steps:
+        return max(1, round(WARMUP_FRACTION * max_steps))
+    return WARMUP_WITHOUT_STEPS
+
+
+def check_schedule(optim: OptimConfig, max_steps: int | None) -> str | None:
+    """Refuse a warm-up the run never leaves (longer than ``--max-steps``); return a one-line warning
+    for one that takes more than half of the run, else None."""
+    given = optim.warmup_steps
+    if given is None or not max_steps:
+        return None
+    if given > max_steps:
+        raise UserError(
+            f"--warmup-steps {given} is more than --max-steps {max_steps}: the learning rate would never reach "
+            f"--lr {optim.lr:g}; give fewer warm-up steps, or leave the flag out (a twentieth of the run)"
+        )
+    if given > LONG_WARMUP * max_steps:
+        return (
+            f"warning: --warmup-steps {given} is {given / max_steps:.0%} of --max-steps {max_steps}: "
+            f"the learning rate reaches --lr {optim.lr:g} only at step {given}"
+        )
+    return None
+
+
+def learning_rate(optim: OptimConfig, step: int, progress: float, max_steps: int | None = None) -> float:
+    """Linear warm-up over :func:`warmup_steps` times a cosine from ``lr`` to ``min_lr`` over progress 0..1."""
+    warmup_length = warmup_steps(optim, max_steps)
+    warmup = min(1.0, step / warmup_length) if warmup_length > 0 else 1.0
     cosine = 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
     return warmup * (optim.min_lr + (optim.lr - optim.min_lr) * cosine)
 

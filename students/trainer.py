@@ -69,7 +69,7 @@ from students.dataset import SplitBatches
 from students.evaluation import EvalConfig, EvalMetrics, evaluate
 from students.loss import LossConfig, distill_loss
 from students.model import count_parameters
-from students.optim import OptimConfig, adamw, learning_rate
+from students.optim import OptimConfig, adamw, check_schedule, learning_rate
 from students.run_directory import TRACKER, claim, refuse_foreign, run_lock
 
 
@@ -147,6 +147,7 @@ class TrainConfig:
             raise UserError(f"--seq-len {seq_len} is more than the model's --max-positions {max_positions}")
         if self.optim.min_lr > self.optim.lr:
             raise UserError(f"--min-lr {self.optim.min_lr:g} is more than the peak --lr {self.optim.lr:g}")
+        check_schedule(self.optim, self.max_steps)
         if self.eval_store is not None and Path(self.eval_store).resolve() in {
             Path(s).resolve() for s in self.train_stores
         }:
@@ -305,6 +306,9 @@ def start_run(config: TrainConfig, source: DataSource, accelerator: Any) -> tupl
     accelerator.init_trackers(TRACKER, config=_hparams(config))
     data = source.describe(config.train_stores)
     accelerator.print(summary_line(student_cost(accelerator.unwrap_model(model)), _rates(data), config.batches.seq_len))
+    schedule_warning = check_schedule(config.optim, config.max_steps)
+    if schedule_warning:
+        accelerator.print(schedule_warning)
     bar = tqdm(
         total=config.max_steps,
         initial=state.step,
@@ -331,7 +335,7 @@ def start_run(config: TrainConfig, source: DataSource, accelerator: Any) -> tupl
 def train_step(run: Run) -> StepStats:
     """One optimizer step over ``grad_accum`` micro-batches; advances the step and byte counters."""
     config, accelerator, model, optimizer, state = run.config, run.accelerator, run.model, run.optimizer, run.state
-    lr = learning_rate(config.optim, state.step + 1, progress(config, state.step, state.train_bytes))
+    lr = learning_rate(config.optim, state.step + 1, progress(config, state.step, state.train_bytes), config.max_steps)
     for group in optimizer.param_groups:
         group["lr"] = lr
     sums = {name: torch.zeros((), device=accelerator.device) for name in ("total", "kl", "ce")}

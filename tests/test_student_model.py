@@ -62,3 +62,21 @@ def test_auto_classes_load_a_saved_student(tmp_path):
     ids = torch.tensor([[BOS, 104, 105, 256]])
     with torch.no_grad():
         assert torch.equal(loaded(ids).logits, model(ids).logits)
+
+
+def _rounded(count: int) -> str:
+    """A parameter count as --help writes it: three significant figures, M or B."""
+    return f"{count / 1e9:.3g}B" if count >= 1e9 else f"{count / 1e6:.3g}M"
+
+
+@pytest.mark.parametrize("preset", list(PRESETS))
+def test_the_help_states_every_presets_parameters(preset):
+    """`train --help` lists each preset's parameters, flat / patched: built on the meta device here."""
+    from students.architectures import PRESET_HELP, StudentShape, build_student_of_shape
+
+    counts = []
+    for architecture in ("flat", "patched"):
+        with torch.device("meta"):
+            model = build_student_of_shape(StudentShape(architecture=architecture, preset=preset), seq_len=256, seed=0)
+        counts.append(_rounded(count_parameters(model)))
+    assert f"{preset} {counts[0]} / {counts[1]}" in PRESET_HELP

@@ -3,6 +3,7 @@ real logit stores for data loading with workers, resume, several processes and m
 
 import dataclasses
 import json
+import math
 import shutil
 import subprocess
 from pathlib import Path
@@ -14,7 +15,7 @@ from safetensors.torch import load_file
 from bytestream.config_fields import flat_values
 from bytestream.errors import UserError
 from students.checkpoints import checkpoint_dir, latest_checkpoint
-from students.optim import OptimConfig, learning_rate
+from students.optim import OptimConfig, check_schedule, learning_rate, warmup_steps
 from students.synthetic import SYNTHETIC_SOURCE
 from students.trainer import TrainConfig, train
 from tests.configs import parse_config
@@ -80,6 +81,27 @@ def test_schedule_warms_up_then_decays_to_min_lr():
     )
     assert learning_rate(config, 50, 0.0) == pytest.approx(1.0)
     assert learning_rate(config, 100, 1.0) == pytest.approx(0.1)
+
+
+def test_the_warm_up_follows_the_run_unless_given():
+    """Left out, the warm-up is a twentieth of --max-steps (at least 1): a short run leaves it, and the
+    learning rate is at its peak (times the cosine) from then on; with only --max-train-bytes it is 100."""
+    config = OptimConfig(lr=1.0, min_lr=0.0)
+    assert (warmup_steps(config, 100), warmup_steps(config, 10), warmup_steps(config, None)) == (5, 1, 100)
+    cosine = 0.5 * (1 + math.cos(math.pi * 0.05))
+    assert learning_rate(config, 5, 0.05, max_steps=100) == pytest.approx(cosine)
+    assert learning_rate(config, 2, 0.02, max_steps=100) == pytest.approx(0.4 * 0.5 * (1 + math.cos(math.pi * 0.02)))
+    assert learning_rate(OptimConfig(lr=1.0, min_lr=0.0, warmup_steps=0), 1, 0.0, max_steps=100) == 1.0
+
+
+def test_a_warm_up_the_run_never_leaves_is_refused_and_a_long_one_warned():
+    with pytest.raises(UserError, match="--warmup-steps 100 is more than --max-steps 60: the learning rate would"):
+        TrainConfig(train_stores=["a"], output_dir="o", max_steps=60, optim=OptimConfig(warmup_steps=100))
+    TrainConfig(train_stores=["a"], output_dir="o", max_steps=100, optim=OptimConfig(warmup_steps=100))  # reaches --lr
+    warning = check_schedule(OptimConfig(warmup_steps=80), 100)
+    assert warning.startswith("warning: --warmup-steps 80 is 80% of --max-steps 100")
+    assert check_schedule(OptimConfig(warmup_steps=50), 100) is None and check_schedule(OptimConfig(), 10) is None
+    assert check_schedule(OptimConfig(warmup_steps=500), None) is None  # a length in bytes: nothing to compare
 
 
 def test_config_from_flags_and_file(tmp_path):
