@@ -24,14 +24,19 @@ from students.tokenizer import decode_bytes
 
 
 class _ByteBudget(StoppingCriteria):
-    """Stop each row once its ``max_bytes`` byte symbols (not counting ``<eot>``) follow the prompt."""
+    """Stop each row once its ``max_bytes`` byte symbols (not counting ``<eot>``) follow the prompt,
+    or once it has ``max_symbols`` new symbols (where its own window reaches the trained context)."""
 
-    def __init__(self, prompt_len: int, max_bytes: int | list[int]):
+    def __init__(self, prompt_len: int, max_bytes: int | list[int], max_symbols: int | list[int] | None = None):
         self.prompt_len, self.max_bytes = prompt_len, torch.as_tensor(max_bytes)
+        self.max_symbols = None if max_symbols is None else torch.as_tensor(max_symbols)
 
     def __call__(self, input_ids: torch.LongTensor, scores, **kwargs) -> torch.BoolTensor:
-        produced = (input_ids[:, self.prompt_len :] < NUM_BYTES).sum(-1)
-        return produced >= self.max_bytes.to(produced.device)
+        new = input_ids[:, self.prompt_len :]
+        done = (new < NUM_BYTES).sum(-1) >= self.max_bytes.to(new.device)
+        if self.max_symbols is not None:
+            done |= new.shape[1] >= self.max_symbols.to(new.device)
+        return done
 
 
 @dataclass
@@ -93,18 +98,20 @@ def continue_streams(model, streams: list[list[int]], open_bytes: list[bytes], o
         ids = torch.tensor([[PAD] * (length - len(w)) + w for w in windows], device=device)
         mask = torch.tensor([[0] * (length - len(w)) + [1] * len(w) for w in windows], device=device)
         healing = HealingProcessor([open_bytes[r][produced[r] :] for r in active], length)
+        # each row stops where its own window reaches the context, so it slides where it would alone
+        budgets, limits = [wanted[r] - produced[r] for r in active], [context - len(w) for w in windows]
         output = model.generate(
             input_ids=ids,
             attention_mask=mask,
             do_sample=not options.greedy,
-            max_new_tokens=context - length,
+            max_new_tokens=context - min(map(len, windows)),
             pad_token_id=PAD,
-            stopping_criteria=StoppingCriteriaList([_ByteBudget(length, [wanted[r] - produced[r] for r in active])]),
+            stopping_criteria=StoppingCriteriaList([_ByteBudget(length, budgets, limits)]),
             logits_processor=LogitsProcessorList([healing]),
             **sampling,
         )
         for row, r in enumerate(active):
-            new = _until_stopped(output[row, length:].tolist(), wanted[r] - produced[r])
+            new = _until_stopped(output[row, length : length + limits[row]].tolist(), budgets[row])
             symbols[r] += new
             produced[r] += sum(1 for s in new if s < NUM_BYTES)
     return [decode_bytes(symbols[r][prompt_len[r] :])[len(open_bytes[r]) : wanted[r]] for r in range(len(symbols))]

@@ -172,7 +172,7 @@ def test_eval_store_of_another_teacher_is_refused(tmp_path, stores, llama3_vocab
     texts = random_texts(2, seed=3)
     other = write_random_store(tmp_path / "other", other_vocab, llama3_converter, llama3_encoder, texts)
     with pytest.raises(UserError, match="--eval-store .*other was dumped with another vocabulary"):
-        train(_store_config(tmp_path / "out", stores, eval_store=str(other), num_workers=0, max_steps=1))
+        train(_store_config(tmp_path / "out", stores, eval_store=str(other), num_workers=0, max_steps=2))
 
 
 @pytest.fixture
