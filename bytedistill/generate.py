@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bytestream.errors import UserError
-from students.generate import GenerateOptions, generate_bytes, load_folder
+from students.generate_options import GenerateOptions
 
 
 @dataclass(kw_only=True)
@@ -20,6 +20,8 @@ class GenerateConfig(GenerateOptions):
 
 def generate(config: GenerateConfig) -> int:
     """Continue a prompt with an exported student."""
+    from students.generate import generate_bytes, load_folder
+
     require_text(config.prompt)
     model, tokenizer = load_folder(Path(config.model))
     context = model.config.max_position_embeddings
