@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from bytedistill.cli import COMMANDS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,6 +58,7 @@ def test_no_help_imports_a_heavy_library():
     assert seconds < BOUND_S * 2, f"every --help took {seconds:.1f} s together"
 
 
+@pytest.mark.slow
 def test_the_probe_sees_a_heavy_import():
     """The check can fail: a --help after ``import torch`` is reported."""
     _, result = run_python("import torch\n" + EVERY_HELP)
