@@ -9,7 +9,7 @@ byte-string order), and rows from a teacher whose output layer ``dump`` has perm
 order (``Converter.sorted_columns``), which the conversion reads contiguously. ``dump`` uses the
 second; the ``ratio`` line is for it.
 
-    python -m benchmarks.convert [--tokens 512] [--repeats 3]
+    python -m benchmarks.convert [--tokens 512] [--repeats 3] [--smoke] [--markdown]
 """
 
 from __future__ import annotations
@@ -41,7 +41,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=512, help="teacher tokens per measurement")
     parser.add_argument("--repeats", type=int, default=3, help="timed repeats; the best is kept")
+    parser.add_argument("--smoke", action="store_true", help="toy sizes (seconds): a check that the benchmark runs")
+    parser.add_argument("--markdown", action="store_true", help="write the table into docs/RESULTS.md")
     args = parser.parse_args()
+    if args.smoke:
+        args.tokens, args.repeats = 16, 1
     torch.set_num_threads(1)
 
     tokenizer = load_teacher_tokenizer(llama3_tokenizer_json())
@@ -74,15 +78,23 @@ def main() -> None:
     print(f"{'what':<46}{'time':>12}{'tokens/s':>14}")
     print(f"{'trie build (first call, incl. JIT cache)':<46}{first_build:>11.3f}s{'':>14}")
     print(f"{'trie build (warm)':<46}{build:>11.3f}s{'':>14}")
-    for name, t in [
+    timed = [
         ("floor: torch.softmax float32, same rows", t_floor),
         ("Numba conversion, sorted columns (dump)", t_numba),
         ("Numba conversion, teacher id order", t_teacher),
         ("torch conversion on CPU, teacher id order", t_torch),
-    ]:
+    ]
+    for name, t in timed:
         print(f"{name:<46}{t * 1e3:>10.1f}ms{len(ids) / t:>14,.0f}")
     print(f"ratio numba(sorted columns)/floor = {t_numba / t_floor:.2f} (goal <= 1.5)")
     print(f"  numba(teacher id order)/floor = {t_teacher / t_floor:.2f}; torch-cpu/floor = {t_torch / t_floor:.2f}")
+    if args.markdown and not args.smoke:
+        from benchmarks.results import markdown_table, write_section
+
+        rows = [["trie build (warm)", f"{build:.3f} s", ""]]
+        rows += [[name, f"{t * 1e3:.1f} ms", f"{len(ids) / t:,.0f}"] for name, t in timed]
+        rows += [["ratio numba (sorted columns) / floor", f"{t_numba / t_floor:.2f}", ""]]
+        write_section("convert", markdown_table(["what", "time", "tokens/s"], rows))
 
 
 if __name__ == "__main__":

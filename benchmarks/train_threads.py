@@ -1,6 +1,6 @@
 """Seconds per training step by torch thread count, on the machine as it is now (loaded or not).
 
-    python -m benchmarks.train_threads [--steps 5] [--rounds 2]
+    python -m benchmarks.train_threads [--steps 5] [--rounds 2] [--smoke] [--markdown]
 
 The quickstart's student (tiny preset, seq 256 × batch 16, random batches; forward, backward and
 an AdamW step, where torch's intra-op threads do their work) in one process, the thread counts
@@ -18,6 +18,7 @@ import time
 
 import torch
 
+from benchmarks.results import markdown_table, write_section
 from bytedistill.threads import available_cpus, default_threads
 from students.model import build_student, student_config
 
@@ -39,10 +40,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=5, help="steps per setting and round")
     parser.add_argument("--rounds", type=int, default=2, help="rounds over the settings")
+    parser.add_argument("--smoke", action="store_true", help="toy sizes (seconds): a check that the benchmark runs")
+    parser.add_argument("--markdown", action="store_true", help="write the table into docs/RESULTS.md")
     args = parser.parse_args()
-    model = build_student(student_config("tiny", max_positions=256), seed=0)
+    seq_len, batch_size = (64, 2) if args.smoke else (256, 16)
+    if args.smoke:
+        args.steps, args.rounds = 1, 1
+    model = build_student(student_config("tiny", max_positions=seq_len), seed=0)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    batch = torch.randint(0, 256, (16, 256))
+    batch = torch.randint(0, 256, (batch_size, seq_len))
     cpus = available_cpus()
     chosen, why = default_threads()
     settings = {
@@ -61,11 +67,11 @@ def main() -> None:
         f"{args.rounds} rounds × {args.steps} steps per setting; load average {', '.join(f'{x:.1f}' for x in loads)} "
         f"on {cpus} CPUs"
     )
-    print("| torch threads | median seconds per step |")
-    print("|---|---|")
     median = {name: statistics.median(values) for name, values in times.items()}
-    for name in settings:
-        print(f"| {name} | {median[name]:.3f} |")
+    table = markdown_table(["torch threads", "median seconds per step"], [[n, f"{median[n]:.3f}"] for n in settings])
+    print(table)
+    if args.markdown and not args.smoke:
+        write_section("train_threads", table)
     one, per_cpu, ours = (median[name] for name in settings)
     print(f"summary: one per CPU / 1 thread = {per_cpu / one:.2f}; bytedistill's default / 1 thread = {ours / one:.2f}")
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bytestream.errors import UserError
-from students.generate import GenerateOptions, generate_batch, load_folder
+from students.generate_options import GenerateOptions
 
 
 @dataclass(kw_only=True)
@@ -30,6 +30,8 @@ class GenerateConfig(GenerateOptions):
 
 def generate(config: GenerateConfig) -> int:
     """Continue prompts with an exported student: each continued prompt is printed, one after another."""
+    from students.generate import generate_batch, load_folder
+
     prompts = [require_text(prompt) for prompt in config.prompt] + read_prompts(config.prompts_file)
     prompts = prompts or [""]
     model, tokenizer = load_folder(Path(config.model))

@@ -5,8 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from students.score import ScoreOptions
-from students.score import score as score_sources
+from students.score_options import ScoreOptions
 
 
 @dataclass(kw_only=True)
@@ -24,6 +23,8 @@ class ScoreConfig(ScoreOptions):
 
 def score(config: ScoreConfig) -> int:
     """Bits per byte of an exported student on text, record files or logit stores."""
+    from students.score import score as score_sources
+
     results = score_sources(Path(config.model), [Path(s) for s in config.sources], config)
     print(f"{'source':<32} {'documents':>9} {'bytes':>12} {'student BPB':>11} {'teacher BPB':>11}")
     for r in results:

@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from bytestream.errors import UserError
 from bytestream.ranges import POSITIVE
-from logit_store.skips import read_skips
-from logit_store.store import LogitStore
+
+if TYPE_CHECKING:  # the store is imported where a command reads one: `--help` loads no Numba
+    from logit_store.store import LogitStore
 
 
 @dataclass
@@ -42,6 +42,9 @@ def inspect(config: InspectConfig) -> int:
 
     Reads the store's manifest and shard indexes only (nothing is decompressed).
     """
+    from logit_store.skips import read_skips
+    from logit_store.store import LogitStore
+
     store = LogitStore(config.store)
     stats = store.stats()
     stats["directory"] = str(store.directory)
@@ -86,6 +89,8 @@ def inspect(config: InspectConfig) -> int:
 
 def verify_store(store: LogitStore, tolerance: float = 1e-3) -> dict:
     """Read every chunk and decode every document; raise :class:`UserError` at the first problem."""
+    import numpy as np
+
     start = time.time()
     positions = 0
     worst = 0.0
@@ -126,6 +131,8 @@ def verify(config: VerifyConfig) -> int:
     its distributions are normalised. Exits 0 with a summary, or 2 naming the first bad
     shard/chunk/document.
     """
+    from logit_store.store import LogitStore
+
     store = LogitStore(config.store)
     summary = verify_store(store, config.tolerance)
     if config.json:

@@ -5,8 +5,7 @@ Multi-GPU / multi-machine: ``accelerate launch -m bytedistill train --train-stor
 
 from __future__ import annotations
 
-from students import trainer
-from students.trainer import TrainConfig
+from students.train_config import TrainConfig
 
 
 def train(config: TrainConfig) -> int:
@@ -14,6 +13,8 @@ def train(config: TrainConfig) -> int:
 
     Trains a byte-level student on logit stores (KL to the teacher + cross-entropy).
     """
+    from students import trainer
+
     result = trainer.train(config)
     print(f"trained to step {result.step} on {result.train_bytes:,} bytes; checkpoint {result.checkpoint}")
     return 0

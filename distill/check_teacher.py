@@ -15,16 +15,18 @@ import json
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from bytestream.alphabet import ALPHABET_SIZE, EOS, EOT
 from bytestream.errors import UserError
 from bytestream.ranges import SEED
-from bytestream.vocab import TeacherVocab, load_teacher_tokenizer, split_gguf_path, vocab_from_tokenizer
-from distill.convert import Converter
-from distill.encode import DocumentEncoder
 from distill.teacher_weights import describe_names, missing_weights
+
+if TYPE_CHECKING:  # the tokenizer and the conversion are imported where they run: `--help` loads no torch
+    from bytestream.vocab import TeacherVocab
+    from distill.convert import Converter
 
 SAMPLE: dict[str, bytes] = {
     "english": b"The quick brown fox jumps over the lazy dog. It's 3.14, isn't it?",
@@ -119,10 +121,14 @@ class TeacherCheck:
 
 
 def check_teacher(config: CheckTeacherConfig) -> TeacherCheck:
+    from bytestream.vocab import load_teacher_tokenizer, split_gguf_path, vocab_from_tokenizer
+    from distill.convert import Converter
+    from distill.encode import DocumentEncoder
+
     tokenizer = load_teacher_tokenizer(config.teacher, config.gguf_file)
     vocab = vocab_from_tokenizer(tokenizer, name=config.teacher, end_of_text=config.end_of_text)
     backend = getattr(tokenizer, "backend_tokenizer", tokenizer)
-    rows = output_rows(config.teacher)
+    rows = output_rows(*split_gguf_path(config.teacher, config.gguf_file))
     if rows is not None and rows > vocab.size:
         vocab = vocab.padded_to(rows)
     names = {i: backend.id_to_token(i) for i in vocab.special_ids if backend.id_to_token(i) is not None}
@@ -147,14 +153,32 @@ def check_teacher(config: CheckTeacherConfig) -> TeacherCheck:
     return check
 
 
-def output_rows(source: str) -> int | None:
-    """The output layer's rows from a model folder's config.json (None for a bare tokenizer)."""
+def output_rows(source: str, gguf_file: str | None = None) -> int | None:
+    """The output layer's rows: from a model folder's config.json, or a GGUF file's output tensor
+    (the embedding where the output layer is tied to it); None for a bare tokenizer."""
+    if gguf_file:
+        return gguf_output_rows(Path(source) / gguf_file)
     config = Path(source) / "config.json"
     if not config.is_file():
         return None
     spec = json.loads(config.read_text())
     spec = spec.get("text_config", spec)
     return int(spec["vocab_size"]) if "vocab_size" in spec else None
+
+
+def gguf_output_rows(path: Path) -> int | None:
+    """Rows of a GGUF file's ``output.weight`` (else ``token_embd.weight``; None if it has neither:
+    a tokenizer-only file). The tensor list is read, no tensor data."""
+    import gguf
+
+    try:
+        tensors = {t.name: t for t in gguf.GGUFReader(path).tensors}
+    except Exception as exc:  # noqa: BLE001 - the reader raises several types for a bad file
+        raise UserError(f"{path} is not a readable GGUF file ({str(exc).splitlines()[0]})") from None
+    for name in ("output.weight", "token_embd.weight"):
+        if name in tensors:
+            return int(tensors[name].shape[-1])  # GGUF lists dimensions innermost first: (hidden, rows)
+    return None
 
 
 def _check_conversion(check: TeacherCheck, converter: Converter, documents: list[np.ndarray], rng) -> None:

@@ -6,8 +6,8 @@ The corpus's pieces are dealt to the store's writers (a fixed number, recorded i
 and each writer writes its own shards, so the result opens as one store. Rerunning the same
 command resumes, with any number of processes.
 
-This module holds the settings (:class:`DumpConfig`), the store they open, and the orchestration
-of the stages, each a module with one owner of its state:
+This module holds the store the settings open (:class:`DumpConfig`, in :mod:`distill.dump_config`),
+and the orchestration of the stages, each a module with one owner of its state:
 
 - the plan (:mod:`distill.dump_plan`): which documents are left, encoded or skipped, cut into
   teacher windows and read in groups;
@@ -26,145 +26,29 @@ from __future__ import annotations
 import sys
 import time
 from contextlib import ExitStack
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 
 from bytestream.errors import UserError
-from bytestream.ranges import COUNT, NON_NEGATIVE, at_least
 from distill import dump_memory
 from distill.conversion_sink import ConversionSink, DocumentsPlanned, store_errors
 from distill.convert import Converter
 from distill.corpus import CorpusCounts, CorpusSpec, check_source, corpus_fingerprint, corpus_listing
 from distill.corpus_shares import pieces_settings, share_fingerprints, writer_documents
+from distill.dump_config import DumpConfig
 from distill.dump_plan import Grouping, Skipper, plan_groups
 from distill.dump_summary import DumpSummary
 from distill.encode import DocumentEncoder
 from distill.sharding import WriterLock, writers_of
 from distill.teacher import Teacher, load_teacher
 from distill.teacher_pass import TeacherPass
-from logit_store.encodings import DEFAULT_ENCODING, ENCODINGS, get_encoding
+from logit_store.encodings import get_encoding
 from logit_store.ownership import check_store_files
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-@dataclass
-class DumpConfig:
-    teacher: str = field(metadata={"help": "teacher: a model folder, a Hub id, or a .gguf file"})
-    corpus: CorpusSpec  # the flags --corpus, --text-field … --max-bytes
-    output: str = field(metadata={"help": "store directory to write (rerun the same command to resume)"})
-    tokenizer: str | None = field(
-        default=None, metadata={"help": "tokenizer source if not the teacher's own (folder, tokenizer.json, .gguf)"}
-    )
-    gguf_file: str | None = field(default=None, metadata={"help": "GGUF file name inside a teacher folder"})
-    end_of_text: list[str] | None = field(
-        default=None,
-        metadata={
-            "help": "end-of-text token(s) whose mass becomes <eos> (default: the usual names + the tokenizer's eos)"
-        },
-    )
-    max_length: int = field(
-        default=2048, metadata={"help": "teacher window length in tokens, its BOS included", "range": at_least(2)}
-    )
-    stride: int = field(
-        default=512,
-        metadata={
-            "help": "overlap between windows: every prediction sees at least this many earlier tokens of its document "
-            "(or all of them)",
-            "range": NON_NEGATIVE,
-        },
-    )
-    batch_tokens: int = field(
-        default=8192, metadata={"help": "padded tokens per teacher forward batch", "range": COUNT}
-    )
-    group_tokens: int = field(
-        default=32768,
-        metadata={
-            "help": "tokens read and ordered by length together "
-            "(their converted values wait for their documents to be complete)",
-            "range": COUNT,
-        },
-    )
-    head_rows: int = field(
-        default=1024,
-        metadata={
-            "help": "teacher rows whose float32 logits exist at once: the LM head and the conversion run in chunks "
-            "of this many rows (the logits' memory, independent of batch, group and document size)",
-            "range": COUNT,
-        },
-    )
-    conversion: str = field(
-        default="auto",
-        metadata={
-            "help": "auto: on the device next to the forward on CUDA, Numba in a background thread on CPU; "
-            "torch: the device path on any device (as CUDA runs it)",
-            "choices": ["auto", "numba", "torch"],
-        },
-    )
-    writers: int | None = field(
-        default=None,
-        metadata={
-            "help": "fixed number of store writers the documents are dealt to, recorded in the store "
-            "(default: the store's own on resume, else processes × --num-shards); "
-            "any number of processes up to it can resume",
-            "range": COUNT,
-        },
-    )
-    device: str = field(default="auto", metadata={"help": "cpu, cuda, cuda:N or auto (the accelerate device)"})
-    dtype: str = field(
-        default="auto",
-        metadata={
-            "help": "teacher dtype: auto (bfloat16 on GPU, float32 on CPU), float32, bfloat16, float16",
-            "choices": ["auto", "float32", "bfloat16", "float16"],
-        },
-    )
-    encoding: str = field(
-        default=DEFAULT_ENCODING,
-        metadata={
-            "help": "value encoding of the store: pow8-ans (the pow8 codes entropy-coded: a third smaller), pow8 "
-            "(faster to read), log8, float16, pow12, pow16 (see logit_store/FORMAT.md)",
-            "choices": list(ENCODINGS),
-        },
-    )
-    chunk_bytes: int | None = field(
-        default=None,
-        metadata={
-            "help": "raw bytes of a store chunk, which each writer holds until it is full "
-            "(default: the encoding's, 16 MiB for pow8-ans)",
-            "range": COUNT,
-        },
-    )
-    docs_per_shard: int | None = field(
-        default=None, metadata={"help": "close a shard after this many documents (default: by size)", "range": COUNT}
-    )
-    num_shards: int = field(
-        default=1, metadata={"help": "split the corpus across this many independent jobs", "range": COUNT}
-    )
-    shard_index: int = field(
-        default=0, metadata={"help": "which of --num-shards this job is (0-based)", "range": NON_NEGATIVE}
-    )
-    threads: int | None = field(
-        default=None,
-        metadata={
-            "help": "torch CPU threads (default: OMP_NUM_THREADS, else the CPUs other tasks leave free)",
-            "range": COUNT,
-        },
-    )
-    progress: bool = field(default=True, metadata={"help": "show a progress bar"})
-    strict: bool = field(
-        default=False,
-        metadata={
-            "help": "refuse the first document the teacher cannot encode, instead of skipping it "
-            "(skipped documents are listed in the store's skipped-*.jsonl)"
-        },
-    )
-    max_document_bytes: int | None = field(
-        default=None, metadata={"help": "skip (and list) documents longer than this many bytes", "range": COUNT}
-    )
-    verbose: bool = field(default=False, metadata={"help": "name every corpus entry that is not read, and why"})
 
 
 def store_settings(config: DumpConfig, teacher: Teacher, writers: int) -> dict:
@@ -238,6 +122,7 @@ def run_dump(config: DumpConfig) -> DumpSummary:
     state = PartialState(cpu=config.device == "cpu" or not torch.cuda.is_available())
     if config.threads:
         torch.set_num_threads(config.threads)
+    stage(config, f"loading the teacher {config.teacher}")
     teacher = load_teacher(
         config.teacher,
         tokenizer_source=config.tokenizer,
@@ -248,6 +133,13 @@ def run_dump(config: DumpConfig) -> DumpSummary:
     )
     worker = config.shard_index * state.num_processes + state.process_index
     return dump_with_teacher(config, teacher, worker, config.num_shards * state.num_processes, started)
+
+
+def stage(config: DumpConfig, what: str) -> None:
+    """A line on stderr as a setup step starts, so that the wait before the progress bar says what
+    runs (with the bar only: ``--progress false`` keeps stderr to warnings and errors)."""
+    if config.progress:
+        print(f"dump: {what} …", file=sys.stderr, flush=True)
 
 
 def dump_with_teacher(
@@ -262,7 +154,9 @@ def dump_with_teacher(
     num_writers = _store_writers(config, workers)
     mine = writers_of(worker, workers, num_writers)
     on_device = config.conversion == "torch" or (config.conversion == "auto" and teacher.device.type == "cuda")
+    stage(config, f"building the conversion tables ({teacher.vocab.size:,} tokens)")
     converter = Converter(teacher.vocab)
+    stage(config, "ordering the output layer's rows for the conversion")
     teacher = teacher.with_sorted_head(converter.sorted_columns)
     budget = _check_memory(config, teacher, on_device, len(mine))
     encoder = DocumentEncoder(teacher.tokenizer, teacher.vocab)
@@ -270,6 +164,7 @@ def dump_with_teacher(
     with ExitStack() as locks:
         for w in mine:
             locks.enter_context(WriterLock(Path(config.output), w))
+        stage(config, f"opening the store {config.output} ({len(mine)} of {num_writers} writers) and the corpus")
         stores = _open_stores(config, spec, teacher, converter, mine, num_writers)
         stored = {w: s.num_existing_documents for w, s in stores.items()}
         existing_text_bytes = sum(s.existing_text_bytes for s in stores.values())

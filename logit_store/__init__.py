@@ -1,25 +1,31 @@
 """The logit store: compressed, checksummed shards of exact next-byte distributions.
 
 See ``logit_store/FORMAT.md`` for the on-disk format and ``docs/DESIGN.md``, "Store", for the motivation.
+
+The names below are imported from their modules when first used (``logit_store.LogitStore``), so
+that importing one light module of the package (``logit_store.encoding_names``, which a config's
+choices read) loads no Numba and no reader.
 """
 
-from logit_store.encodings import (
-    DEFAULT_ENCODING,
-    ENCODINGS,
-    get_encoding,
-    kl_bits_per_position,
-)
-from logit_store.manifest import FORMAT_VERSION
-from logit_store.store import (
-    LogitStore,
-    MultiStore,
-    StoredDocument,
-    StoreWriter,
-    open_stores,
-    store_content_hash,
-)
+from __future__ import annotations
 
-__all__ = [
+import importlib
+
+_HOMES = {
+    "DEFAULT_ENCODING": "logit_store.encoding_names",
+    "ENCODINGS": "logit_store.encoding_names",
+    "get_encoding": "logit_store.encodings",
+    "kl_bits_per_position": "logit_store.encodings",
+    "FORMAT_VERSION": "logit_store.manifest",
+    "LogitStore": "logit_store.store",
+    "MultiStore": "logit_store.store",
+    "StoredDocument": "logit_store.store",
+    "StoreWriter": "logit_store.store",
+    "open_stores": "logit_store.store",
+    "store_content_hash": "logit_store.store",
+}
+
+__all__ = [  # each imported from its module on first use (__getattr__)
     "DEFAULT_ENCODING",
     "ENCODINGS",
     "FORMAT_VERSION",
@@ -32,3 +38,15 @@ __all__ = [
     "open_stores",
     "store_content_hash",
 ]
+
+
+def __getattr__(name: str):
+    if name not in _HOMES:
+        raise AttributeError(f"module 'logit_store' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_HOMES[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_HOMES))

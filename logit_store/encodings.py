@@ -47,6 +47,7 @@ import numpy as np
 from bytestream.alphabet import ALPHABET_SIZE
 from bytestream.errors import UserError
 from logit_store import rans
+from logit_store.encoding_names import DEFAULT_ENCODING, ENCODINGS  # noqa: F401 (re-exported)
 
 _F16_ZERO = 2.0**-27  # a float16 that rounded to zero: somewhere in [0, 2**-25)
 _TAIL_STEP = 4.0  # tail mean code: round(-log2(mean) * 4), 1..255; 0 = no positive tail
@@ -360,8 +361,6 @@ def get_encoding(name: str, params: dict | None = None) -> Encoding:
 
 
 DEFAULT_GAMMA = {8: 0.47, 12: 0.5, 16: 0.5}
-ENCODINGS = ("float16", "log8", "pow8", "pow8-ans", "pow12", "pow16")
-DEFAULT_ENCODING = "pow8-ans"
 
 
 def kl_bits_per_position(exact: np.ndarray, decoded: np.ndarray, offsets: np.ndarray) -> np.ndarray:

@@ -162,17 +162,14 @@ def student_cost(model) -> StudentCost:
 
 def summary_line(cost: StudentCost, rates: StreamRates | None, seq_len: int) -> str:
     """One line for ``train``: the architecture, its parameters and its training FLOPs per symbol."""
-    parts = [
-        (
-            f"student: {cost.architecture}, {cost.parameters:,} parameters "
-            f"(global {cost.global_parameters:,}, local {cost.local_parameters:,})"
-        )
-    ]
-    if rates is None:
+    patched = cost.architecture != "flat"  # a flat student has no local layers and reads no patches
+    split = f" (global {cost.global_parameters:,}, local {cost.local_parameters:,})" if patched else ""
+    parts = [f"student: {cost.architecture}, {cost.parameters:,} parameters{split}"]
+    if rates is None and patched:
         parts.append("training FLOPs per stream symbol unknown (the data gives no patch rate)")
     else:
-        parts.append(
-            f"training FLOPs per stream symbol {cost.train_flops_per_symbol(rates, seq_len):.3g} "
-            f"({rates.patches_per_symbol:.3f} patches per symbol, {rates.symbols_per_byte:.3f} symbols per byte)"
-        )
+        flops = f"training FLOPs per stream symbol {cost.train_flops_per_symbol(rates, seq_len):.3g}"
+        shown = [f"{rates.patches_per_symbol:.3f} patches per symbol"] if patched else []
+        shown += [f"{rates.symbols_per_byte:.3f} symbols per byte"] if rates is not None else []
+        parts.append(flops + (f" ({', '.join(shown)})" if shown else ""))
     return "; ".join(parts)

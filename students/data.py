@@ -12,14 +12,16 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from bytestream.alphabet import NUM_BYTES
 from bytestream.errors import UserError
 from bytestream.ranges import COUNT, NON_NEGATIVE, at_least
-from students.dataset import SplitBatches
+
+if TYPE_CHECKING:  # torch is imported where it runs: `bytedistill train --help` loads none
+    import torch
+
+    from students.dataset import SplitBatches
 
 
 @dataclass

@@ -15,15 +15,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-
-import torch
+from typing import TYPE_CHECKING
 
 from bytestream.alphabet import ALPHABET_SIZE, PAD
 from bytestream.errors import UserError
 from bytestream.ranges import NON_NEGATIVE
 from students.data import to_device, utf8_bytes
-from students.dataset import SplitBatches
 from students.loss import kl_per_position
+
+if TYPE_CHECKING:  # torch is imported where it runs: `bytedistill train --help` loads none
+    import torch
+
+    from students.dataset import SplitBatches
 
 
 @dataclass
@@ -57,9 +60,17 @@ class EvalMetrics:
     eval_bytes: int
 
 
-@torch.no_grad()
 def evaluate(model, accelerator, dataset: SplitBatches, seq_len: int) -> EvalMetrics:
     """Student and teacher BPB and KL per byte over every position of ``dataset``."""
+    import torch
+
+    with torch.no_grad():
+        return _evaluate(model, accelerator, dataset, seq_len)
+
+
+def _evaluate(model, accelerator, dataset: SplitBatches, seq_len: int) -> EvalMetrics:
+    import torch
+
     was_training = model.training
     model.eval()
     device = accelerator.device
@@ -80,6 +91,8 @@ def evaluate(model, accelerator, dataset: SplitBatches, seq_len: int) -> EvalMet
 
 def _batch_sums(model, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Student NLL, teacher NLL, KL (nats) and UTF-8 bytes over the batch's target positions."""
+    import torch
+
     logprobs = torch.log_softmax(model(input_ids=batch["input_ids"], use_cache=False).logits.float(), -1)
     mask = batch["loss_mask"].bool()
     targets = batch["target_ids"].long().unsqueeze(-1)
@@ -97,6 +110,8 @@ def _batch_sums(model, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor
 
 def masked_batch(seq_len: int) -> dict[str, torch.Tensor]:
     """One window of padding with no target: a forward pass that counts nothing."""
+    import torch
+
     return {
         "input_ids": torch.full((1, seq_len), PAD, dtype=torch.int64),
         "target_ids": torch.full((1, seq_len), PAD, dtype=torch.int64),

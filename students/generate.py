@@ -10,15 +10,14 @@ position the student never trained is run.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
 from bytestream.alphabet import EOS, NUM_BYTES, PAD
-from bytestream.ranges import COUNT, NON_NEGATIVE, POSITIVE, SEED, Range
 from bytestream.stream_tokenizer import HealingProcessor
+from students.generate_options import GenerateOptions
 from students.score import load_model, load_stream_tokenizer
 from students.tokenizer import decode_bytes
 
@@ -37,22 +36,6 @@ class _ByteBudget(StoppingCriteria):
         if self.max_symbols is not None:
             done |= new.shape[1] >= self.max_symbols.to(new.device)
         return done
-
-
-@dataclass
-class GenerateOptions:
-    max_new_bytes: int = field(
-        default=200, metadata={"help": "bytes to generate (<eot> marks not counted)", "range": COUNT}
-    )
-    temperature: float = field(default=1.0, metadata={"help": "sampling temperature", "range": POSITIVE})
-    top_k: int = field(
-        default=0, metadata={"help": "sample from the k most likely symbols (0: all)", "range": NON_NEGATIVE}
-    )
-    top_p: float = field(
-        default=1.0, metadata={"help": "nucleus sampling mass", "range": Range(0.0, 1.0, low_open=True)}
-    )
-    greedy: bool = field(default=False, metadata={"help": "take the most likely symbol instead of sampling"})
-    seed: int = field(default=0, metadata={"help": "random seed for sampling", "range": SEED})
 
 
 def load_folder(folder: Path):

@@ -14,12 +14,13 @@ count, and the sums are divided once by the number of those positions. :class:`L
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-
-import torch
-import torch.nn.functional as F
+from typing import TYPE_CHECKING
 
 from bytestream.errors import UserError
 from bytestream.ranges import FRACTION, POSITIVE
+
+if TYPE_CHECKING:  # torch is imported where it runs: `bytedistill train --help` loads none
+    import torch
 
 
 @dataclass
@@ -46,6 +47,8 @@ class LossOutput:
 
 def soften_teacher(probs: torch.Tensor, temperature: float) -> torch.Tensor:
     """``p^(1/T)`` renormalised over the last axis (zeros stay zero)."""
+    import torch
+
     if temperature == 1.0:
         return probs
     powered = probs.clamp_min(0).pow(1.0 / temperature)
@@ -54,6 +57,8 @@ def soften_teacher(probs: torch.Tensor, temperature: float) -> torch.Tensor:
 
 def kl_per_position(teacher_probs: torch.Tensor, student_logprobs: torch.Tensor) -> torch.Tensor:
     """Σ_v p_v (log p_v − log q_v) over the last axis; terms with p_v = 0 are 0."""
+    import torch
+
     return (torch.xlogy(teacher_probs, teacher_probs) - teacher_probs * student_logprobs).sum(-1)
 
 
@@ -67,6 +72,9 @@ def distill_loss(
     temperature: float = 1.0,
 ) -> LossOutput:
     """The loss for logits (..., V), target ids (...), mask (...), teacher probs (..., V)."""
+    import torch
+    import torch.nn.functional as F
+
     if not 0.0 <= alpha <= 1.0:
         raise UserError(f"loss weight alpha must lie in [0, 1], got {alpha}")
     if temperature <= 0:

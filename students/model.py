@@ -9,11 +9,13 @@ Nothing custom: the config is a stock :class:`~transformers.LlamaConfig`, so
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-from transformers import LlamaConfig, LlamaForCausalLM
+from typing import TYPE_CHECKING
 
 from bytestream.alphabet import ALPHABET_SIZE, BOS, EOS, PAD
 from bytestream.errors import UserError
+
+if TYPE_CHECKING:  # transformers is imported where it runs: `bytedistill train --help` loads none
+    from transformers import LlamaConfig, LlamaForCausalLM
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,8 @@ def student_config(
     tie_embeddings: bool = True,
 ) -> LlamaConfig:
     """A :class:`LlamaConfig` for the named preset, with any field overridden."""
+    from transformers import LlamaConfig
+
     if preset not in PRESETS:
         raise UserError(f"unknown student preset {preset!r}; choose one of {', '.join(PRESETS)}")
     base = PRESETS[preset]
@@ -76,6 +80,8 @@ def student_config(
 
 def build_student(config: LlamaConfig, seed: int | None = None) -> LlamaForCausalLM:
     """A freshly initialised student (deterministic when ``seed`` is given)."""
+    from transformers import LlamaForCausalLM
+
     if seed is not None:
         import torch
 

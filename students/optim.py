@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-
-import torch
+from typing import TYPE_CHECKING
 
 from bytestream.errors import UserError
 from bytestream.ranges import NON_NEGATIVE, POSITIVE
+
+if TYPE_CHECKING:  # torch is imported where it runs: `bytedistill train --help` loads none
+    import torch
 
 
 @dataclass
@@ -86,6 +88,8 @@ def learning_rate(optim: OptimConfig, step: int, progress: float, max_steps: int
 
 def adamw(model: torch.nn.Module, optim: OptimConfig) -> torch.optim.Optimizer:
     """AdamW over ``model``'s parameters, decaying the matrices (2 or more dimensions) only."""
+    import torch
+
     decay = [p for p in model.parameters() if p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.ndim < 2]
     groups = [{"params": decay, "weight_decay": optim.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]

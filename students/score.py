@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
 
@@ -34,11 +34,9 @@ from tqdm.auto import tqdm
 
 from bytestream.alphabet import BOS, EOS, NUM_BYTES, PAD
 from bytestream.errors import UserError, first_line
-from bytestream.ranges import COUNT, at_least
 from bytestream.stream_tokenizer import TEACHER_TOKENIZER_FILE, ByteStreamTokenizer
 from distill.corpus import RECORD_SUFFIXES, TEXT_SUFFIXES, CorpusSpec, raw_documents
-
-MODES = ("stream", "plain", "plain-renormalised")
+from students.score_options import MODES, ScoreOptions
 
 
 @dataclass
@@ -63,36 +61,6 @@ class SourceScore:
     @property
     def teacher_bpb(self) -> float | None:
         return None if self.teacher_nll is None or not self.bytes else self.teacher_nll / (math.log(2) * self.bytes)
-
-
-@dataclass
-class ScoreOptions:
-    mode: str = field(
-        default="stream",
-        metadata={
-            "help": "stream: the training stream with the teacher's <eot> marks; plain: bytes only; "
-            "plain-renormalised: bytes only, P over bytes + <eos>",
-            "choices": list(MODES),
-        },
-    )
-    context: int | None = field(
-        default=None,
-        metadata={"help": "window length in symbols (default and maximum: the trained context)", "range": at_least(2)},
-    )
-    stride: int | None = field(
-        default=None,
-        metadata={
-            "help": "window step (default: the context, as train evaluates; smaller: more context per position)",
-            "range": COUNT,
-        },
-    )
-    packed: bool = field(
-        default=True,
-        metadata={"help": "documents back to back as train evaluates (false: each document on its own, as lm-eval)"},
-    )
-    batch_size: int = field(default=8, metadata={"help": "windows per forward pass", "range": COUNT})
-    text_field: str = field(default="text", metadata={"help": "field of each .jsonl record holding the text"})
-    progress: bool = field(default=True, metadata={"help": "show a progress bar"})
 
 
 # ------------------------------------------------------------------------------ documents
@@ -298,8 +266,10 @@ def _from_pretrained(folder: Path, **options):
     if not (folder / "config.json").is_file():
         raise UserError(f"{folder} is not an exported model folder (no config.json)")
     refuse_foreign_code(folder)
-    verbosity = hf_logging.get_verbosity()
+    verbosity, bar = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
     hf_logging.set_verbosity_error()  # its load report would print a table above our one line
+    if options.get("device_map") == "meta":
+        hf_logging.disable_progress_bar()  # the check reads no tensor: no "Loading weights" bar
     try:
         model, info = AutoModelForCausalLM.from_pretrained(  # never the folder's code: the library's own classes
             folder, output_loading_info=True, ignore_mismatched_sizes=True, trust_remote_code=False, **options
@@ -308,6 +278,8 @@ def _from_pretrained(folder: Path, **options):
         raise UserError(f"{folder} does not load as a model: {first_line(exc)}") from exc
     finally:
         hf_logging.set_verbosity(verbosity)
+        if bar:
+            hf_logging.enable_progress_bar()
     problems = [
         f"{label} {', '.join(sorted(_tensor_name(key) for key in info[field])[:3])}"
         for field, label in WEIGHT_PROBLEMS.items()

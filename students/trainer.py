@@ -47,12 +47,10 @@ import torch
 from bytestream.config_fields import flat_values
 from bytestream.errors import UserError
 from bytestream.files import append_text
-from bytestream.ranges import COUNT, SEED, check_ranges
-from students.architectures import StudentShape, build_student_of_shape, require_architecture
+from students.architectures import build_student_of_shape, require_architecture
 from students.checkpoints import (
     METRICS,
     RUN_INFO,
-    CheckpointConfig,
     TrainerState,
     checkpoint_dir,
     keep_metrics_until,
@@ -64,96 +62,14 @@ from students.checkpoints import (
     write_json,
 )
 from students.cost import StreamRates, student_cost, summary_line
-from students.data import STORE_SOURCE, BatchConfig, BatchStream, DataSource, to_device, utf8_bytes
+from students.data import STORE_SOURCE, BatchStream, DataSource, to_device, utf8_bytes
 from students.dataset import SplitBatches
-from students.evaluation import EvalConfig, EvalMetrics, evaluate
-from students.loss import LossConfig, distill_loss
+from students.evaluation import EvalMetrics, evaluate
+from students.loss import distill_loss
 from students.model import count_parameters
-from students.optim import OptimConfig, adamw, check_schedule, learning_rate
+from students.optim import adamw, check_schedule, learning_rate
 from students.run_directory import TRACKER, claim, refuse_foreign, run_lock
-
-
-@dataclass
-class LogConfig:
-    """What training logs, how often, and where."""
-
-    every: int = field(
-        default=10, metadata={"flag": "log_every", "help": "log training loss every N steps", "range": COUNT}
-    )
-    dir: str | None = field(
-        default=None, metadata={"flag": "log_dir", "help": "TensorBoard directory (default: OUTPUT_DIR/logs)"}
-    )
-    wandb_project: str | None = field(default=None, metadata={"help": "also log to this wandb project (needs wandb)"})
-    progress: bool = field(default=True, metadata={"help": "show a progress bar"})
-
-
-@dataclass
-class TrainConfig:
-    """A training run, composed of the settings of the modules that read them; its flags and
-    config-file keys are the flat names of :mod:`bytestream.config_fields` (``--lr``, not ``--optim.lr``)."""
-
-    train_stores: list[str] = field(metadata={"help": "logit store directories to train on"})
-    output_dir: str = field(metadata={"help": "directory for checkpoints, metrics.jsonl, run_info.json and logs"})
-    eval_store: str | None = field(default=None, metadata={"help": "held-out logit store for periodic evaluation"})
-    allow_partial: bool = field(
-        default=False,
-        metadata={
-            "help": "train on stores whose dump is unfinished or incomplete (a writer still running, stopped "
-            "or never run): on the documents they hold"
-        },
-    )
-    student: StudentShape = field(default_factory=StudentShape)
-    batches: BatchConfig = field(default_factory=BatchConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    # the run's length: the schedule runs to the nearer of the two limits
-    max_steps: int | None = field(
-        default=None, metadata={"help": "stop after this many optimizer steps", "range": COUNT}
-    )
-    max_train_bytes: int | None = field(
-        default=None, metadata={"help": "stop after this many UTF-8 training bytes", "range": COUNT}
-    )
-    stop_at_step: int | None = field(
-        default=None,
-        metadata={
-            "help": "end this session at this step with a checkpoint (schedule unchanged); resume later",
-            "range": COUNT,
-        },
-    )
-    loss: LossConfig = field(default_factory=LossConfig)
-    eval: EvalConfig = field(default_factory=EvalConfig)
-    checkpoints: CheckpointConfig = field(default_factory=CheckpointConfig)
-    logging: LogConfig = field(default_factory=LogConfig)
-    # the run
-    seed: int = field(default=0, metadata={"help": "seed for initialisation and data order", "range": SEED})
-    mixed_precision: str = field(default="no", metadata={"help": "mixed precision", "choices": ["no", "fp16", "bf16"]})
-    resume: str | None = field(
-        default=None, metadata={"help": "'latest' (newest checkpoint in OUTPUT_DIR, if any) or a checkpoint directory"}
-    )
-    overwrite: bool = field(
-        default=False,
-        metadata={"help": "start a new run in an OUTPUT_DIR that holds one, removing that run's files (only those)"},
-    )
-
-    def __post_init__(self) -> None:
-        if isinstance(self.train_stores, str):
-            self.train_stores = [self.train_stores]
-        if not self.train_stores:
-            raise UserError("give at least one --train-stores directory")
-        if self.max_steps is None and self.max_train_bytes is None:
-            raise UserError("give --max-steps or --max-train-bytes")
-        check_ranges(type(self), flat_values(self))  # a library caller gets the parser's checks too
-        seq_len, max_positions = self.batches.seq_len, self.student.max_positions
-        if max_positions is not None and seq_len > max_positions:
-            raise UserError(f"--seq-len {seq_len} is more than the model's --max-positions {max_positions}")
-        if self.optim.min_lr > self.optim.lr:
-            raise UserError(f"--min-lr {self.optim.min_lr:g} is more than the peak --lr {self.optim.lr:g}")
-        check_schedule(self.optim, self.max_steps)
-        if self.eval_store is not None and Path(self.eval_store).resolve() in {
-            Path(s).resolve() for s in self.train_stores
-        }:
-            raise UserError(f"--eval-store {self.eval_store} is also a --train-stores store: hold out another store")
-        if self.overwrite and self.resume is not None:
-            raise UserError("give --resume to continue the run in --output-dir or --overwrite to replace it, not both")
+from students.train_config import LogConfig, TrainConfig  # noqa: F401 (the run's settings, re-exported)
 
 
 def progress(config: TrainConfig, step: int, train_bytes: int) -> float:

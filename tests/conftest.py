@@ -11,6 +11,31 @@ from bytestream.vocab import load_teacher_tokenizer, vocab_from_tokenizer
 from distill.convert import Converter
 from distill.encode import DocumentEncoder
 
+# The inner loop, ``pytest -m "not slow"``, leaves out these tests too: each took 9 s or more
+# (``--durations=30`` of the not-slow set on the 2 shared cores). They stay in the full suite and in
+# CI; tests/test_inner_loop.py checks that every name still names a test.
+INNER_LOOP_SKIPS = (
+    "tests/test_dump.py::test_writer_failure_ends_the_dump_in_one_line",
+    "tests/test_dump.py::test_stream_nll_equals_teacher_token_nll",
+    "tests/test_dump.py::test_teacher_tokenizer_mismatch_is_refused",
+    "tests/test_vocab.py::test_trie_ranges_match_prefixes",
+    "tests/test_export.py::test_export_replaces_its_own_files_and_refuses_other_content",
+    "tests/test_sentencepiece.py::test_check_teacher_verdicts",
+    "tests/test_patched_student.py::test_exported_folder_loads_with_remote_code_and_scores_as_train_evaluates",
+    "tests/test_store_fuzz.py::test_fuzzed_store_files_end_in_a_named_error_or_the_original_data",
+    "tests/test_edges_export.py::test_export_names_its_step_and_passes_over_an_unfinished_checkpoint",
+    "tests/test_edges_export.py::test_export_over_its_own_export_replaces_it",
+    "tests/test_convert.py::test_a_sorted_head_is_a_new_teacher_whose_logits_say_their_order",
+    "tests/test_dump_skips.py::test_rerun_after_a_refusal_replaces_the_unfinished_store",
+)
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if item.nodeid.split("[")[0] in INNER_LOOP_SKIPS:
+            item.add_marker(pytest.mark.slow)
+
+
 SAMPLE_DOCUMENTS = {
     "english": b"In the beginning God created the heaven and the earth.",
     "emoji": "Deploy 🚀🔥 now 👍🏽, family: 👨‍👩‍👧‍👦!".encode(),

@@ -25,9 +25,9 @@ from bytestream.errors import UserError
 from students import patched_model
 from students.architectures import MODELING_FILE
 from students.checkpoints import checkpoint_dir, latest_checkpoint
-from students.cost import StreamRates, student_cost
+from students.cost import StreamRates, student_cost, summary_line
 from students.export import export_student
-from students.model import count_parameters
+from students.model import build_student, count_parameters, student_config
 from students.patched_model import PatchedStudent, PatchedStudentConfig
 from students.push import push_folder
 from students.score import ScoreOptions, score
@@ -141,6 +141,23 @@ def test_costs_split_the_parameters_and_scale_with_patches():
     assert cost.global_steps_per_byte(sparse) == 0.25
 
 
+def test_the_train_line_names_only_what_the_architecture_has():
+    """A patched student's line splits its parameters and gives the patch rate; a flat student has
+    no local layers and reads no patches, so its line says neither."""
+    rates = StreamRates(1.25, 0.25)
+    patched = summary_line(student_cost(tiny_model()), rates, 64)
+    assert "(global " in patched and "0.200 patches per symbol, 1.250 symbols per byte" in patched
+    flat = summary_line(student_cost(build_student(student_config("tiny", max_positions=64), seed=0)), rates, 64)
+    assert re.fullmatch(
+        r"student: flat, [\d,]+ parameters; training FLOPs per stream symbol [\d.e+]+ "
+        r"\(1\.250 symbols per byte\)",
+        flat,
+    ), flat
+    assert "FLOPs per stream symbol unknown" not in summary_line(
+        student_cost(build_student(student_config("tiny", max_positions=64), seed=0)), None, 64
+    )
+
+
 # ------------------------------------------------------------------------------ training
 
 
@@ -223,6 +240,12 @@ def test_train_prints_parameters_and_flops(exported):
     info = json.loads((root / "run" / "run_info.json").read_text())
     assert info["student"]["architecture"] == "patched" and info["data"]["rates"]["patches_per_byte"] > 0
     assert info["student"]["global_parameters"] + info["student"]["local_parameters"] == info["parameters"]
+
+
+def test_the_card_counts_its_threads_in_words(exported):
+    card = (exported[1] / "README.md").read_text()
+    count, word = re.search(r"CPU with (\d+) (\w+), caches on", card).groups()
+    assert word == ("thread" if count == "1" else "threads"), card
 
 
 def test_exported_folder_loads_with_remote_code_and_scores_as_train_evaluates(exported):

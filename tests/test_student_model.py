@@ -72,7 +72,8 @@ def _rounded(count: int) -> str:
 @pytest.mark.parametrize("preset", list(PRESETS))
 def test_the_help_states_every_presets_parameters(preset):
     """`train --help` lists each preset's parameters, flat / patched: built on the meta device here."""
-    from students.architectures import PRESET_HELP, StudentShape, build_student_of_shape
+    from students.architectures import StudentShape, build_student_of_shape
+    from students.shape import PRESET_HELP
 
     counts = []
     for architecture in ("flat", "patched"):

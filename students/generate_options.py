@@ -1,0 +1,27 @@
+"""How ``generate`` samples (:class:`GenerateOptions`, the ``generate`` flags); generation itself is
+:mod:`students.generate`.
+
+Importing it loads no torch: ``bytedistill generate --help`` builds its parser from it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from bytestream.ranges import COUNT, NON_NEGATIVE, POSITIVE, SEED, Range
+
+
+@dataclass
+class GenerateOptions:
+    max_new_bytes: int = field(
+        default=200, metadata={"help": "bytes to generate (<eot> marks not counted)", "range": COUNT}
+    )
+    temperature: float = field(default=1.0, metadata={"help": "sampling temperature", "range": POSITIVE})
+    top_k: int = field(
+        default=0, metadata={"help": "sample from the k most likely symbols (0: all)", "range": NON_NEGATIVE}
+    )
+    top_p: float = field(
+        default=1.0, metadata={"help": "nucleus sampling mass", "range": Range(0.0, 1.0, low_open=True)}
+    )
+    greedy: bool = field(default=False, metadata={"help": "take the most likely symbol instead of sampling"})
+    seed: int = field(default=0, metadata={"help": "random seed for sampling", "range": SEED})

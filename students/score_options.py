@@ -1,0 +1,43 @@
+"""What ``score`` scores and how (:class:`ScoreOptions`, the ``score`` flags); scoring itself is
+:mod:`students.score`.
+
+Importing it loads no torch: ``bytedistill score --help`` builds its parser from it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from bytestream.ranges import COUNT, at_least
+
+MODES = ("stream", "plain", "plain-renormalised")
+
+
+@dataclass
+class ScoreOptions:
+    mode: str = field(
+        default="stream",
+        metadata={
+            "help": "stream: the training stream with the teacher's <eot> marks; plain: bytes only; "
+            "plain-renormalised: bytes only, P over bytes + <eos>",
+            "choices": list(MODES),
+        },
+    )
+    context: int | None = field(
+        default=None,
+        metadata={"help": "window length in symbols (default and maximum: the trained context)", "range": at_least(2)},
+    )
+    stride: int | None = field(
+        default=None,
+        metadata={
+            "help": "window step (default: the context, as train evaluates; smaller: more context per position)",
+            "range": COUNT,
+        },
+    )
+    packed: bool = field(
+        default=True,
+        metadata={"help": "documents back to back as train evaluates (false: each document on its own, as lm-eval)"},
+    )
+    batch_size: int = field(default=8, metadata={"help": "windows per forward pass", "range": COUNT})
+    text_field: str = field(default="text", metadata={"help": "field of each .jsonl record holding the text"})
+    progress: bool = field(default=True, metadata={"help": "show a progress bar"})

@@ -1,0 +1,67 @@
+"""The student's shape as training sets it (:class:`StudentShape`, the ``train`` flags
+``--architecture`` … ``--local-window``): an architecture, a size preset (:data:`students.model.PRESETS`)
+and any sizes that override it. :mod:`students.architectures` builds a student from it.
+
+Importing it loads no torch: ``bytedistill train --help`` builds its parser from it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from bytestream.ranges import COUNT, POSITIVE
+from students.model import PRESETS
+
+ARCHITECTURES = ("flat", "patched")
+
+
+# Parameters of each preset (flat / patched), as `--help` prints them; tests/test_student_model.py
+# builds every preset and checks these figures, and the README lists their training FLOPs per byte.
+PRESET_HELP = (
+    "student size preset, parameters flat / patched: tiny 0.886M / 1.01M, small 5.18M / 5.67M, "
+    "base 27.4M / 29.3M, medium 116M / 120M, large 407M / 415M, xl 1.03B / 1.04B "
+    "(training FLOPs per byte: README, 'Students and presets')"
+)
+
+
+@dataclass
+class StudentShape:
+    """The student to train: its architecture, a size preset and any sizes that override it."""
+
+    architecture: str = field(
+        default="flat",
+        metadata={
+            "help": "flat: a Llama over symbols; patched: a global model over the teacher's tokens with a local "
+            "byte encoder and decoder",
+            "choices": list(ARCHITECTURES),
+        },
+    )
+    preset: str = field(default="small", metadata={"help": PRESET_HELP, "choices": list(PRESETS)})
+    hidden_size: int | None = field(
+        default=None, metadata={"help": "override the preset's hidden size", "range": COUNT}
+    )
+    num_layers: int | None = field(
+        default=None, metadata={"help": "override the preset's number of layers", "range": COUNT}
+    )
+    num_heads: int | None = field(
+        default=None, metadata={"help": "override the preset's attention heads", "range": COUNT}
+    )
+    num_kv_heads: int | None = field(
+        default=None, metadata={"help": "key/value heads (grouped-query attention)", "range": COUNT}
+    )
+    intermediate_size: int | None = field(
+        default=None, metadata={"help": "override the preset's MLP width", "range": COUNT}
+    )
+    max_positions: int | None = field(
+        default=None, metadata={"help": "model's maximum positions (default: seq_len)", "range": COUNT}
+    )
+    rope_theta: float = field(default=10000.0, metadata={"help": "rotary embedding base", "range": POSITIVE})
+    local_hidden_size: int | None = field(
+        default=None, metadata={"help": "patched: the local layers' width", "range": COUNT}
+    )
+    local_layers: int | None = field(
+        default=None, metadata={"help": "patched: local encoder (= decoder) layers", "range": COUNT}
+    )
+    local_window: int | None = field(
+        default=None, metadata={"help": "patched: symbols a local layer attends to", "range": COUNT}
+    )

@@ -1,0 +1,106 @@
+"""A training run's settings (:class:`TrainConfig`), composed of the settings of the modules that
+read them: the student's shape (:mod:`students.shape`), the batches (:mod:`students.data`), the
+optimiser (:mod:`students.optim`), the loss (:mod:`students.loss`), evaluation
+(:mod:`students.evaluation`), checkpoints (:mod:`students.checkpoints`) and logging
+(:class:`LogConfig`, the trainer's own). The trainer is :mod:`students.trainer`.
+
+Importing it loads no torch: ``bytedistill train --help`` builds its parser from these classes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bytestream.config_fields import flat_values
+from bytestream.errors import UserError
+from bytestream.ranges import COUNT, SEED, check_ranges
+from students.checkpoints import CheckpointConfig
+from students.data import BatchConfig
+from students.evaluation import EvalConfig
+from students.loss import LossConfig
+from students.optim import OptimConfig, check_schedule
+from students.shape import StudentShape
+
+
+@dataclass
+class LogConfig:
+    """What training logs, how often, and where."""
+
+    every: int = field(
+        default=10, metadata={"flag": "log_every", "help": "log training loss every N steps", "range": COUNT}
+    )
+    dir: str | None = field(
+        default=None, metadata={"flag": "log_dir", "help": "TensorBoard directory (default: OUTPUT_DIR/logs)"}
+    )
+    wandb_project: str | None = field(default=None, metadata={"help": "also log to this wandb project (needs wandb)"})
+    progress: bool = field(default=True, metadata={"help": "show a progress bar"})
+
+
+@dataclass
+class TrainConfig:
+    """A training run, composed of the settings of the modules that read them; its flags and
+    config-file keys are the flat names of :mod:`bytestream.config_fields` (``--lr``, not ``--optim.lr``)."""
+
+    train_stores: list[str] = field(metadata={"help": "logit store directories to train on"})
+    output_dir: str = field(metadata={"help": "directory for checkpoints, metrics.jsonl, run_info.json and logs"})
+    eval_store: str | None = field(default=None, metadata={"help": "held-out logit store for periodic evaluation"})
+    allow_partial: bool = field(
+        default=False,
+        metadata={
+            "help": "train on stores whose dump is unfinished or incomplete (a writer still running, stopped "
+            "or never run): on the documents they hold"
+        },
+    )
+    student: StudentShape = field(default_factory=StudentShape)
+    batches: BatchConfig = field(default_factory=BatchConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    # the run's length: the schedule runs to the nearer of the two limits
+    max_steps: int | None = field(
+        default=None, metadata={"help": "stop after this many optimizer steps", "range": COUNT}
+    )
+    max_train_bytes: int | None = field(
+        default=None, metadata={"help": "stop after this many UTF-8 training bytes", "range": COUNT}
+    )
+    stop_at_step: int | None = field(
+        default=None,
+        metadata={
+            "help": "end this session at this step with a checkpoint (schedule unchanged); resume later",
+            "range": COUNT,
+        },
+    )
+    loss: LossConfig = field(default_factory=LossConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    checkpoints: CheckpointConfig = field(default_factory=CheckpointConfig)
+    logging: LogConfig = field(default_factory=LogConfig)
+    # the run
+    seed: int = field(default=0, metadata={"help": "seed for initialisation and data order", "range": SEED})
+    mixed_precision: str = field(default="no", metadata={"help": "mixed precision", "choices": ["no", "fp16", "bf16"]})
+    resume: str | None = field(
+        default=None, metadata={"help": "'latest' (newest checkpoint in OUTPUT_DIR, if any) or a checkpoint directory"}
+    )
+    overwrite: bool = field(
+        default=False,
+        metadata={"help": "start a new run in an OUTPUT_DIR that holds one, removing that run's files (only those)"},
+    )
+
+    def __post_init__(self) -> None:
+        if isinstance(self.train_stores, str):
+            self.train_stores = [self.train_stores]
+        if not self.train_stores:
+            raise UserError("give at least one --train-stores directory")
+        if self.max_steps is None and self.max_train_bytes is None:
+            raise UserError("give --max-steps or --max-train-bytes")
+        check_ranges(type(self), flat_values(self))  # a library caller gets the parser's checks too
+        seq_len, max_positions = self.batches.seq_len, self.student.max_positions
+        if max_positions is not None and seq_len > max_positions:
+            raise UserError(f"--seq-len {seq_len} is more than the model's --max-positions {max_positions}")
+        if self.optim.min_lr > self.optim.lr:
+            raise UserError(f"--min-lr {self.optim.min_lr:g} is more than the peak --lr {self.optim.lr:g}")
+        check_schedule(self.optim, self.max_steps)
+        if self.eval_store is not None and Path(self.eval_store).resolve() in {
+            Path(s).resolve() for s in self.train_stores
+        }:
+            raise UserError(f"--eval-store {self.eval_store} is also a --train-stores store: hold out another store")
+        if self.overwrite and self.resume is not None:
+            raise UserError("give --resume to continue the run in --output-dir or --overwrite to replace it, not both")
