@@ -59,7 +59,7 @@ def measure(folder: Path, store: Path) -> tuple[list[tuple[str, float]], int]:
         ("teacher BPB", stream.teacher_bpb),
         ("stream with the teacher's `<eot>` marks (what `train` reports)", stream.student_bpb),
         ("documented path: `AutoTokenizer(..., trust_remote_code=True)`", documented.student_bpb),
-        ("plain bytes (`<bos>` + bytes: the stock `AutoTokenizer`, no remote code), P(byte) as is", plain.student_bpb),
+        ("plain bytes (`<bos>` + bytes: the plain byte tokenizer, no remote code), P(byte) as is", plain.student_bpb),
         ("plain bytes, renormalised over the 256 bytes + `<eos>`", renormalised.student_bpb),
     ], stream.bytes
 

@@ -279,7 +279,7 @@ model = {model_loading}
 tokenizer = AutoTokenizer.from_pretrained(repo, trust_remote_code=True)
 
 # a prompt: the teacher's marks up to its last word, whose bytes generate feeds, the student
-# placing the <eot> marks (the word may go on: "In the begi" continues "nning")
+# placing the <eot> marks (the word may go on: the student, not the cut, decides where it ends)
 inputs = tokenizer.prompt("The meaning of life is")
 output = model.generate(**inputs, max_new_tokens=100, do_sample=True, top_k=50)
 # skip_special_tokens drops <bos>, <eos> and the <eot> token-boundary symbols

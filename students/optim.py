@@ -4,8 +4,8 @@ AdamW (betas 0.9, 0.95; weight decay on matrices only). Learning rate: a linear 
 ``warmup_steps`` times a cosine from ``lr`` to ``min_lr`` over the run's progress (0..1), a
 function of the step and the progress only, so that a resumed run needs no scheduler state. The
 cosine follows the run's length by construction (it ends where the run does); the warm-up follows
-it too unless given (:func:`warmup_steps`), and one that the run would never leave is refused
-(:func:`check_schedule`).
+it too unless given (:func:`warmup_steps`), and one that the run would never leave, or that
+takes most of it, is warned about in one line when training starts (:func:`check_schedule`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from bytestream.errors import UserError
 from bytestream.ranges import NON_NEGATIVE, POSITIVE
 
 if TYPE_CHECKING:  # torch is imported where it runs: `bytedistill train --help` loads none
@@ -60,15 +59,16 @@ def warmup_steps(optim: OptimConfig, max_steps: int | None) -> int:
 
 
 def check_schedule(optim: OptimConfig, max_steps: int | None) -> str | None:
-    """Refuse a warm-up the run never leaves (longer than ``--max-steps``); return a one-line warning
-    for one that takes more than half of the run, else None."""
+    """A one-line warning for a warm-up the run never leaves (longer than ``--max-steps``) or one
+    that takes more than half of it; None for a schedule that fits."""
     given = optim.warmup_steps
     if given is None or not max_steps:
         return None
     if given > max_steps:
-        raise UserError(
-            f"--warmup-steps {given} is more than --max-steps {max_steps}: the learning rate would never reach "
-            f"--lr {optim.lr:g}; give fewer warm-up steps, or leave the flag out (a twentieth of the run)"
+        return (
+            f"warning: --warmup-steps {given} is more than --max-steps {max_steps}: the learning rate never reaches "
+            f"--lr {optim.lr:g} (it ends at {max_steps / given:.0%} of it); give fewer warm-up steps, or leave the "
+            "flag out (a twentieth of the run)"
         )
     if given > LONG_WARMUP * max_steps:
         return (

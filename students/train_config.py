@@ -19,7 +19,7 @@ from students.checkpoints import CheckpointConfig
 from students.data import BatchConfig
 from students.evaluation import EvalConfig
 from students.loss import LossConfig
-from students.optim import OptimConfig, check_schedule
+from students.optim import OptimConfig
 from students.shape import StudentShape
 
 
@@ -97,7 +97,6 @@ class TrainConfig:
             raise UserError(f"--seq-len {seq_len} is more than the model's --max-positions {max_positions}")
         if self.optim.min_lr > self.optim.lr:
             raise UserError(f"--min-lr {self.optim.min_lr:g} is more than the peak --lr {self.optim.lr:g}")
-        check_schedule(self.optim, self.max_steps)
         if self.eval_store is not None and Path(self.eval_store).resolve() in {
             Path(s).resolve() for s in self.train_stores
         }:

@@ -239,11 +239,6 @@ EDGES = [
         "--warmup-steps must be at least 0, got -5",
     ),
     Edge(
-        "train-warmup-longer-than-the-run",
-        [*TRAIN, "--max-steps", "3", "--warmup-steps", "4"],
-        "--warmup-steps 4 is more than --max-steps 3: the learning rate would never reach --lr",
-    ),
-    Edge(
         "train-keep-checkpoints-negative",
         [*TRAIN, "--max-steps", "1", "--keep-checkpoints", "-1"],
         "--keep-checkpoints must be at least 0, got -1",

@@ -94,12 +94,13 @@ def test_the_warm_up_follows_the_run_unless_given():
     assert learning_rate(OptimConfig(lr=1.0, min_lr=0.0, warmup_steps=0), 1, 0.0, max_steps=100) == 1.0
 
 
-def test_a_warm_up_the_run_never_leaves_is_refused_and_a_long_one_warned():
-    with pytest.raises(UserError, match="--warmup-steps 100 is more than --max-steps 60: the learning rate would"):
-        TrainConfig(train_stores=["a"], output_dir="o", max_steps=60, optim=OptimConfig(warmup_steps=100))
-    TrainConfig(train_stores=["a"], output_dir="o", max_steps=100, optim=OptimConfig(warmup_steps=100))  # reaches --lr
-    warning = check_schedule(OptimConfig(warmup_steps=80), 100)
-    assert warning.startswith("warning: --warmup-steps 80 is 80% of --max-steps 100")
+def test_a_warm_up_the_run_never_leaves_or_a_long_one_is_warned_about():
+    never = check_schedule(OptimConfig(lr=3e-3, warmup_steps=100), 60)
+    assert never.startswith("warning: --warmup-steps 100 is more than --max-steps 60: the learning rate never")
+    assert "(it ends at 60% of it)" in never
+    assert check_schedule(OptimConfig(warmup_steps=80), 100).startswith(
+        "warning: --warmup-steps 80 is 80% of --max-steps 100"
+    )
     assert check_schedule(OptimConfig(warmup_steps=50), 100) is None and check_schedule(OptimConfig(), 10) is None
     assert check_schedule(OptimConfig(warmup_steps=500), None) is None  # a length in bytes: nothing to compare
 
