@@ -26,7 +26,7 @@ import numba
 import numpy as np
 
 from bytestream.alphabet import FUSED_BOS, FUSED_ENDS, FUSED_EOS
-from bytestream.stream import StreamLayout, path_to_node
+from bytestream.stream import StreamLayout, checked_token_ids, layout_refusal, path_to_node
 from bytestream.trie import VocabTrie
 
 
@@ -126,9 +126,7 @@ def _write_support(node, node_lo, node_hi, node_n_exact, node_byte, child_offset
 
 def fused_stream_layout(trie: VocabTrie, token_ids: np.ndarray) -> StreamLayout:
     """The fused stream and supports of one document from its teacher token ids (no BOS/EOS ids)."""
-    token_ids = np.ascontiguousarray(token_ids, dtype=np.int64)
-    if len(token_ids) and (token_ids.min() < 0 or token_ids.max() >= trie.vocab_size):
-        raise ValueError(f"token id out of range for a vocabulary of {trie.vocab_size}")
+    token_ids = checked_token_ids(trie, token_ids)
     result = _fused_layout(
         token_ids,
         trie.start_node,
@@ -143,8 +141,5 @@ def fused_stream_layout(trie: VocabTrie, token_ids: np.ndarray) -> StreamLayout:
         trie.child_nodes,
     )
     if result is None:
-        special = [int(t) for t in token_ids if trie.token_node[t] < 0]
-        if special:
-            raise ValueError(f"token id {special[0]} is a special token; documents hold regular tokens only")
-        raise ValueError(f"token id {int(token_ids[0])} does not start with the dummy prefix space the teacher adds")
+        raise ValueError(layout_refusal(trie, token_ids))
     return StreamLayout(*result, fused=True)

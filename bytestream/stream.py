@@ -133,9 +133,7 @@ def path_to_node(node, node_parent, path):
 
 def stream_layout(trie: VocabTrie, token_ids: np.ndarray) -> StreamLayout:
     """The stream and supports of one document from its teacher token ids (no BOS/EOS ids)."""
-    token_ids = np.ascontiguousarray(token_ids, dtype=np.int64)
-    if len(token_ids) and (token_ids.min() < 0 or token_ids.max() >= trie.vocab_size):
-        raise ValueError(f"token id out of range for a vocabulary of {trie.vocab_size}")
+    token_ids = checked_token_ids(trie, token_ids)
     result = _layout(
         token_ids,
         trie.start_node,
@@ -148,11 +146,24 @@ def stream_layout(trie: VocabTrie, token_ids: np.ndarray) -> StreamLayout:
         trie.child_bytes,
     )
     if result is None:
-        special = [int(t) for t in token_ids if trie.token_node[t] < 0]
-        if special:
-            raise ValueError(f"token id {special[0]} is a special token; documents hold regular tokens only")
-        raise ValueError(f"token id {int(token_ids[0])} does not start with the dummy prefix space the teacher adds")
+        raise ValueError(layout_refusal(trie, token_ids))
     return StreamLayout(*result)
+
+
+def checked_token_ids(trie: VocabTrie, token_ids) -> np.ndarray:
+    """``token_ids`` as contiguous int64, each an id of the vocabulary (else ValueError)."""
+    token_ids = np.ascontiguousarray(token_ids, dtype=np.int64)
+    if len(token_ids) and (token_ids.min() < 0 or token_ids.max() >= trie.vocab_size):
+        raise ValueError(f"token id out of range for a vocabulary of {trie.vocab_size}")
+    return token_ids
+
+
+def layout_refusal(trie: VocabTrie, token_ids: np.ndarray) -> str:
+    """Why no stream has these ids: a special token, or a first token without the dummy prefix space."""
+    special = [int(t) for t in token_ids if trie.token_node[t] < 0]
+    if special:
+        return f"token id {special[0]} is a special token; documents hold regular tokens only"
+    return f"token id {int(token_ids[0])} does not start with the dummy prefix space the teacher adds"
 
 
 def target_values(layout: StreamLayout, values: np.ndarray) -> np.ndarray:

@@ -102,16 +102,20 @@ class Converter:
     ) -> DocumentDistributions:
         """CPU path: ``logits`` is a (m+1, V) float32/float64 NumPy array whose columns are in
         ``columns`` order (the teacher's ids, or :attr:`sorted_columns`)."""
+        token_ids, logits = self._numba_inputs(token_ids, logits)
+        layout = self.layout(token_ids)
+        values, dropped = _outputs(layout, token_ids)
+        context = self.convert_rows_numba(layout, token_ids, logits, 0, values, dropped, columns)
+        return DocumentDistributions(layout, values, dropped, context)
+
+    def _numba_inputs(self, token_ids, logits) -> tuple[np.ndarray, np.ndarray]:
+        """The ids as int64 and the logits as a contiguous float32/float64 array, their shapes checked."""
         token_ids = np.asarray(token_ids, dtype=np.int64)
         logits = np.ascontiguousarray(logits)
         if logits.dtype not in (np.float32, np.float64):
             logits = logits.astype(np.float32)
         self._check_shapes(token_ids, logits.shape)
-        layout = self.layout(token_ids)
-        values = np.empty(layout.num_values, dtype=np.float64)
-        dropped = np.empty(len(token_ids) + 1, dtype=np.float64)
-        context = self.convert_rows_numba(layout, token_ids, logits, 0, values, dropped, columns)
-        return DocumentDistributions(layout, values, dropped, context)
+        return token_ids, logits
 
     def convert_rows_numba(
         self, layout, token_ids, logits, first_row, values, dropped, columns: ColumnOrder = ColumnOrder.TEACHER
@@ -153,14 +157,9 @@ class Converter:
         """:meth:`convert_numba` into the fused stream (docs/DESIGN.md, "The fused stream")."""
         from distill.convert_fused import convert_fused_rows
 
-        token_ids = np.asarray(token_ids, dtype=np.int64)
-        logits = np.ascontiguousarray(logits)
-        if logits.dtype not in (np.float32, np.float64):
-            logits = logits.astype(np.float32)
-        self._check_shapes(token_ids, logits.shape)
+        token_ids, logits = self._numba_inputs(token_ids, logits)
         layout = self.fused_layout(token_ids)
-        values = np.empty(layout.num_values, dtype=np.float64)
-        dropped = np.empty(len(token_ids) + 1, dtype=np.float64)
+        values, dropped = _outputs(layout, token_ids)
         context = convert_fused_rows(self.trie, *self.column_tables(columns), layout, logits, 0, values, dropped)
         return DocumentDistributions(layout, values, dropped, context)
 
@@ -200,6 +199,11 @@ class Converter:
         in_range = torch.from_numpy(order[self.trie.node_lo[node] : self.trie.node_hi[node]]).to(row.device)
         kept = torch.from_numpy(np.concatenate([order, end_of_text])).to(row.device)
         return float(torch.logsumexp(row[in_range], 0) - torch.logsumexp(row[kept], 0))
+
+
+def _outputs(layout: StreamLayout, token_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Empty float64 arrays for a document's support values and its dropped mass per teacher row."""
+    return np.empty(layout.num_values, dtype=np.float64), np.empty(len(token_ids) + 1, dtype=np.float64)
 
 
 @numba.njit(cache=True, fastmath=True)
