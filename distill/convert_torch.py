@@ -181,23 +181,11 @@ class TorchConversion:
         # each range read children first, then its exact tokens: the support order
         within = _ranges(np.zeros_like(size), size)
         index = np.repeat(lo, size) + (within + np.repeat(n_exact, size)) % np.repeat(size, size)
-        sizes = torch.from_numpy(size).to(device)
-        row = torch.from_numpy(np.repeat(rows, size)).to(device)
-        logits = block[row, self.order[torch.from_numpy(index).to(device)]]
-        peak = _finite(torch.segment_reduce(logits, "max", lengths=sizes, unsafe=True))
-        p = torch.exp(logits - torch.repeat_interleave(peak, sizes, output_size=len(index)))
-        counts = self.segments.count(nodes)
+        p = self._shifted_probabilities(block, rows, index, size)
         masses = torch.segment_reduce(
             p, "sum", lengths=torch.from_numpy(self.segments.lengths_of(nodes)).to(device), unsafe=True
         )
-        counts_t = torch.from_numpy(counts).to(device)
-        z = torch.segment_reduce(masses, "sum", lengths=counts_t, unsafe=True)
-        total = int(counts.sum())
-        return _normalise(
-            masses,
-            torch.repeat_interleave(z, counts_t, output_size=total),
-            torch.repeat_interleave(counts_t, counts_t, output_size=total),
-        )
+        return self._per_position(masses, self.segments.count(nodes))
 
     def _inner_fused(self, block: torch.Tensor, rows: np.ndarray, nodes: np.ndarray) -> torch.Tensor:
         """Fused values of in-token positions: each node's child ranges (its own exact tokens left
@@ -206,17 +194,26 @@ class TorchConversion:
         lo = t.node_lo[nodes] + t.node_n_exact[nodes]
         size = t.node_hi[nodes] - lo
         index = np.repeat(lo, size) + _ranges(np.zeros_like(size), size)
-        sizes = torch.from_numpy(size).to(device)
-        row = torch.from_numpy(np.repeat(rows, size)).to(device)
-        logits = block[row, self.order[torch.from_numpy(index).to(device)]]
-        peak = _finite(torch.segment_reduce(logits, "max", lengths=sizes, unsafe=True))
-        p = torch.exp(logits - torch.repeat_interleave(peak, sizes, output_size=len(index)))
+        p = self._shifted_probabilities(block, rows, index, size)
         halves = torch.segment_reduce(
             p, "sum", lengths=torch.from_numpy(self.segments.lengths_of(nodes)).to(device), unsafe=True
         )
         masses = halves[torch.from_numpy(self.segments.support_of(nodes)).to(device)]
-        counts = self.segments.count(nodes)
-        counts_t = torch.from_numpy(counts).to(device)
+        return self._per_position(masses, self.segments.count(nodes))
+
+    def _shifted_probabilities(self, block, rows: np.ndarray, index: np.ndarray, size: np.ndarray) -> torch.Tensor:
+        """exp(logit − the range's largest) of sorted positions ``index``: ranges of ``size`` each, of
+        the block's ``rows``, so that no range underflows."""
+        device = self.device
+        sizes = torch.from_numpy(size).to(device)
+        row = torch.from_numpy(np.repeat(rows, size)).to(device)
+        logits = block[row, self.order[torch.from_numpy(index).to(device)]]
+        peak = _finite(torch.segment_reduce(logits, "max", lengths=sizes, unsafe=True))
+        return torch.exp(logits - torch.repeat_interleave(peak, sizes, output_size=len(index)))
+
+    def _per_position(self, masses: torch.Tensor, counts: np.ndarray) -> torch.Tensor:
+        """``masses`` (``counts`` of them per position) normalised over each position."""
+        counts_t = torch.from_numpy(counts).to(self.device)
         z = torch.segment_reduce(masses, "sum", lengths=counts_t, unsafe=True)
         total = int(counts.sum())
         return _normalise(
