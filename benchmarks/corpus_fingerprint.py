@@ -4,9 +4,10 @@ at every dump start), against reading the documents of its share (``writer_docum
 every dump does anyway), on one generated ``.jsonl`` corpus of KJV verses, with 1, 2 and 4
 workers of 8 writers.
 
-    python -m benchmarks.corpus_fingerprint [--megabytes 200]
+    python -m benchmarks.corpus_fingerprint [--megabytes 200] [--smoke]
 
 Prints a table of bytes read (counted by the kernel) and seconds per worker and a ``summary`` line.
+``--smoke``: the first 300 KB of KJV chapters instead: a check that the benchmark runs.
 """
 
 from __future__ import annotations
@@ -23,14 +24,24 @@ from distill.corpus_shares import share_fingerprints, writer_documents
 from distill.sharding import writers_of
 
 WRITERS = 8
+SMOKE_BYTES = 300_000
 
 
-def write_corpus(path: Path, megabytes: int) -> int:
-    """KJV chapters as .jsonl records, repeated to ``megabytes`` MB; returns the file's size."""
-    records = b"".join(json.dumps({"text": text.decode()}).encode() + b"\n" for _, text in kjv_chapters())
+def write_corpus(path: Path, target_bytes: int) -> int:
+    """KJV chapters as .jsonl records, the whole book repeated to about ``target_bytes`` (below
+    one book, its first chapters up to that); returns the file's size."""
+    records = [json.dumps({"text": text.decode()}).encode() + b"\n" for _, text in kjv_chapters()]
+    book = b"".join(records)
     with path.open("wb") as f:
-        for _ in range(max(1, megabytes * 1_000_000 // len(records))):
-            f.write(records)
+        if target_bytes < len(book):
+            written = 0
+            for record in records:
+                if written >= target_bytes:
+                    break
+                written += f.write(record)
+        else:
+            for _ in range(target_bytes // len(book)):
+                f.write(book)
     return path.stat().st_size
 
 
@@ -49,11 +60,14 @@ def measured(step) -> tuple[float, int]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--megabytes", type=int, default=200)
+    parser.add_argument(
+        "--smoke", action="store_true", help=f"{SMOKE_BYTES // 1000} KB (seconds): a check that it runs"
+    )
     args = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "corpus.jsonl"
-        size = write_corpus(path, args.megabytes)
+        size = write_corpus(path, SMOKE_BYTES if args.smoke else args.megabytes * 1_000_000)
         spec = CorpusSpec(str(path))
         listing, _ = measured(lambda: corpus_fingerprint(spec))
         for workers in (1, 2, 4):
@@ -61,7 +75,9 @@ def main() -> None:
             check = measured(lambda mine=mine: share_fingerprints(spec, WRITERS, mine))
             read = measured(lambda mine=mine: sum(1 for _ in writer_documents(spec, WRITERS, mine)))
             rows.append((workers, *check, *read))
-    print(f"corpus: {size / 1e6:,.0f} MB of .jsonl, {WRITERS} writers; manifest fingerprint {listing * 1e3:.1f} ms")
+    print(
+        f"corpus: {size / 1e6:,.{1 if args.smoke else 0}f} MB of .jsonl, {WRITERS} writers; manifest fingerprint {listing * 1e3:.1f} ms"
+    )
     print(f"{'workers':>7} {'check MB':>9} {'check s':>8} {'read MB':>8} {'read s':>7} {'check/read':>10}")
     for workers, check_s, check_b, read_s, read_b in rows:
         print(

@@ -4,7 +4,10 @@ Prints tokens/s and the share of the pass's wall time spent outside the teacher 
 (conversion + encoding + writing that did not overlap it). Goal: at most 10%. Also the time the
 background thread spent converting and writing, as the share of the pass it would take unoverlapped.
 
-    python -m benchmarks.dump [--chapters 40] [--threads N] [--encoding log8]
+    python -m benchmarks.dump [--chapters 40] [--threads N] [--encoding log8] [--smoke]
+
+``--smoke``: 3 chapters through the tiny random teacher of ``benchmarks/smoke.py`` (SmolLM2's
+tokenizer), 256-token windows: seconds, a check that the benchmark runs.
 """
 
 from __future__ import annotations
@@ -32,22 +35,33 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
     parser.add_argument("--encoding", default=DEFAULT_ENCODING, help="store value encoding")
     parser.add_argument("--batch-tokens", type=int, default=4096, help="padded tokens per forward batch")
+    parser.add_argument("--smoke", action="store_true", help="toy sizes (seconds): a check that the benchmark runs")
     args = parser.parse_args()
+    teacher, name, windows = (
+        str(smollm2_gguf()),
+        "SmolLM2-135M (GGUF Q4_1 dequantised to float32)",
+        {"max_length": 2048},
+    )
+    if args.smoke:
+        from benchmarks import smoke
+
+        args.chapters, args.batch_tokens = 3, 1024
+        teacher, name, windows = str(smoke.tiny_teacher()), smoke.TEACHER_NAME, smoke.WINDOWS
     with tempfile.TemporaryDirectory() as tmp:
         corpus = Path(tmp)
         text_bytes = write_corpus(corpus, args.chapters)
         config = DumpConfig(
-            teacher=str(smollm2_gguf()),
+            teacher=teacher,
             corpus=CorpusSpec(str(corpus / "kjv.jsonl")),
             output=str(corpus / "store"),
             encoding=args.encoding,
             batch_tokens=args.batch_tokens,
-            max_length=2048,
+            **windows,
             threads=args.threads,
             progress=False,
         )
         s = run_dump(config)
-    print(f"SmolLM2-135M (GGUF Q4_1 dequantised to float32) on {s.documents} KJV chapters, {text_bytes:,} bytes, CPU")
+    print(f"{name} on {s.documents} KJV chapters, {text_bytes:,} bytes, CPU")
     print(f"{'what':<40}{'value':>16}")
     rows = [
         ("teacher tokens", f"{s.tokens:,}"),

@@ -10,8 +10,12 @@ against peak RSS), and the largest difference between the torch
 conversions of them are bit-identical. One prepared script, a few minutes on one H200:
 
     python -m benchmarks.dump_gpu                                   # 8B shape on cuda
-    python -m benchmarks.dump_gpu --shape tiny --device cpu --tokens 3000 --max-length 256 --stride 64 \\
-        --batch-tokens 1024 --group-tokens 4096 --head-rows 256     # smoke test anywhere
+    python -m benchmarks.dump_gpu --smoke                           # seconds, anywhere
+
+``--smoke``: the tiny shape on the CPU over the SmolLM2 tokenizer of ``benchmarks/smoke.py``
+(49,152 tokens: its tables build in a fraction of the Llama-3 ones' time), toy windows and the
+first Psalms (short chapters, about 500 tokens), with the device conversion forced (``conversion: torch``), so the dump takes the
+GPU's path on the CPU; only the peak GPU memory is not measured.
 """
 
 from __future__ import annotations
@@ -53,11 +57,12 @@ SHAPES = {
 }
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "llama3_8b_gpu" / "dump.yaml"
 BATCH_SETTINGS = ("max_length", "stride", "batch_tokens", "group_tokens", "head_rows", "encoding")
+SMOKE_SETTINGS = {"max_length": 256, "stride": 64, "batch_tokens": 1024, "group_tokens": 4096, "head_rows": 256}
 
 
-def random_teacher(shape: str, device: torch.device) -> Teacher:
-    tokenizer = load_teacher_tokenizer(str(llama3_tokenizer_json()))
-    vocab = vocab_from_tokenizer(tokenizer, name="llama3")
+def random_teacher(shape: str, device: torch.device, tokenizer_source: str, vocabulary: str) -> Teacher:
+    tokenizer = load_teacher_tokenizer(tokenizer_source)
+    vocab = vocab_from_tokenizer(tokenizer, name=vocabulary)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     config = LlamaConfig(
         vocab_size=vocab.size, max_position_embeddings=8192, tie_word_embeddings=False, **SHAPES[shape]
@@ -70,15 +75,15 @@ def random_teacher(shape: str, device: torch.device) -> Teacher:
         model.get_output_embeddings(),
         tokenizer,
         vocab,
-        name=f"random-llama3-{shape}",
+        name=f"random-{vocabulary}-{shape}",
         device=device,
         dtype=dtype,
     )
 
 
-def write_corpus(path: Path, text_bytes: int) -> None:
+def write_corpus(path: Path, text_bytes: int, books: set[str] | None = None) -> None:
     docs, total = [], 0
-    for _, text in kjv_chapters():
+    for _, text in kjv_chapters(books):
         if total >= text_bytes:
             break
         docs.append(text)
@@ -114,20 +119,29 @@ def main() -> None:
             type=type(DumpConfig.__dataclass_fields__[name].default),
             help=f"override {name} of {EXAMPLE.name}",
         )
+    parser.add_argument("--smoke", action="store_true", help="toy sizes on the CPU (seconds): a check that it runs")
     args = parser.parse_args()
     example = yaml.safe_load(EXAMPLE.read_text())
     settings = {k: getattr(args, k) if getattr(args, k) is not None else example[k] for k in BATCH_SETTINGS}
+    tokenizer, vocabulary, conversion, books = str(llama3_tokenizer_json()), "llama3", {}, None
+    if args.smoke:
+        from benchmarks.smoke import tiny_teacher
+
+        args.shape, args.device, args.tokens = "tiny", "cpu", 300
+        settings |= SMOKE_SETTINGS
+        tokenizer, vocabulary, conversion, books = str(tiny_teacher()), "smollm2", {"conversion": "torch"}, {"Psalms"}
     device = torch.device(args.device)
-    teacher = random_teacher(args.shape, device)
+    teacher = random_teacher(args.shape, device, tokenizer, vocabulary)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        write_corpus(tmp / "kjv.jsonl", 4 * args.tokens)
+        write_corpus(tmp / "kjv.jsonl", 4 * args.tokens, books)
         warm = DumpConfig(
             teacher=teacher.name,
             corpus=CorpusSpec(str(tmp / "kjv.jsonl"), max_docs=2),
             output=str(tmp / "warm"),
             progress=False,
             **settings,
+            **conversion,
         )
         dump_with_teacher(warm, teacher)  # compiles kernels, builds the device tables
         if device.type == "cuda":
@@ -139,18 +153,19 @@ def main() -> None:
             output=str(tmp / "store"),
             progress=False,
             **settings,
+            **conversion,
         )
         s = dump_with_teacher(config, teacher)
         wall = time.perf_counter() - start
         peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
     host_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    terms = memory_terms(config, teacher, device.type == "cuda", writers=1)
+    terms = memory_terms(config, teacher, device.type == "cuda" or config.conversion == "torch", writers=1)
     on_device = [t for t in terms if t.on_device or device.type != "cuda"]
     formula = sum(t.bytes for t in on_device)
     host_formula = sum(t.bytes for t in terms if not t.on_device)
     difference, deterministic = conversion_difference(teacher, kjv_chapters()[0][1], settings["max_length"])
     print(
-        f"random Llama-3 {args.shape} teacher ({teacher.dtype} trunk, float32 head) on {device}; "
+        f"random {vocabulary} {args.shape} teacher ({teacher.dtype} trunk, float32 head) on {device}; "
         + ", ".join(f"{k} {v}" for k, v in settings.items())
     )
     rows = [

@@ -1,8 +1,9 @@
 """Held-out BPB of an exported student by how the text reaches it.
 
-    python -m benchmarks.loading_paths [MODEL_FOLDER] [HELDOUT_STORE] [--write-card]
+    python -m benchmarks.loading_paths [MODEL_FOLDER] [HELDOUT_STORE] [--write-card] [--smoke]
 
-Defaults: the quickstart's exported model and held-out store (runs/quickstart). Rows:
+Defaults: the quickstart's exported model and held-out store (runs/quickstart); ``--smoke``: the
+toy quickstart of ``benchmarks/smoke.py`` in a temporary folder instead (seconds). Rows:
 
 - the teacher's BPB on the store (its stored distributions);
 - the student on the store's streams (the teacher's ``<eot>`` marks; what ``train`` reports);
@@ -18,6 +19,7 @@ Every row scores the same bytes with the same windows (``bytedistill score`` def
 from __future__ import annotations
 
 import argparse
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -104,8 +106,16 @@ def main() -> None:
         "store", nargs="?", type=Path, default=Path("runs/quickstart/store/heldout"), help="held-out logit store"
     )
     parser.add_argument("--write-card", action="store_true", help="put the table into the folder's model card")
+    parser.add_argument("--smoke", action="store_true", help="a toy exported student (seconds): a check that it runs")
     args = parser.parse_args()
-    print(report(args.model, args.store, card=args.write_card))
+    if not args.smoke:
+        print(report(args.model, args.store, card=args.write_card))
+        return
+    from benchmarks.smoke import tiny_exported_student
+
+    with tempfile.TemporaryDirectory() as tmp:
+        student = tiny_exported_student(Path(tmp))
+        print(report(student.folder, student.heldout_store, card=args.write_card))
 
 
 if __name__ == "__main__":

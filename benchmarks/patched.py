@@ -16,6 +16,10 @@ shared CPU one thread each, ``OMP_NUM_THREADS=1``, is the fastest).
     OMP_NUM_THREADS=1 python -m benchmarks.patched [--workdir runs/patched] [--steps 64] [--batch-size 4]
     python -m benchmarks.patched --device cuda --workdir runs/patched-gpu --steps 2000 --batch-size 32 \\
         --seq-len 512 --sizes-scale 2     # the prepared GPU line
+    python -m benchmarks.patched --smoke  # seconds: a check that the benchmark runs
+
+``--smoke``: the tiny random teacher of ``benchmarks/smoke.py`` (SmolLM2's tokenizer) on 2 chapters
+each, three students of width 16 to 32 trained 2 steps, short generations, in a temporary folder.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import argparse
 import json
 import math
 import os
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,8 +40,6 @@ from benchmarks.common import smollm2_gguf
 from bytedistill.cli import main as bytedistill
 from examples.quickstart import flags, write_kjv_corpus
 
-TRAIN = (["Genesis"], 24)  # books, chapters
-HELDOUT = (["Ruth", "Jonah"], 8)
 GOAL_STEPS, GOAL_SPEED, GOAL_KV = 1 / 3.5, 2.5, 1 / 3
 
 
@@ -78,11 +81,37 @@ SIZES = [
     Size("patched-384x4", "patched", 384, 4, 6, local_hidden=64, local_layers=1, local_window=64),
     Size("patched-512x4", "patched", 512, 4, 8, local_hidden=64, local_layers=1, local_window=64),
 ]
+SMOKE_SIZES = [
+    Size("flat-16x1", "flat", 16, 1, 1),
+    Size("flat-32x1", "flat", 32, 1, 2),
+    Size("patched-32x1", "patched", 32, 1, 2, local_hidden=16, local_layers=1, local_window=64),
+]
 # the smallest of each family: its per-step time is the overhead of a generation step
 OVERHEAD = [
     Size("flat-32x1", "flat", 32, 1, 1),
     Size("patched-32x1", "patched", 32, 1, 1, local_hidden=16, local_layers=1, local_window=64),
 ]
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """The teacher, the stores' KJV chapters and the students of one comparison."""
+
+    teacher: str
+    teacher_name: str
+    train: tuple[list[str], int]  # books, chapters
+    heldout: tuple[list[str], int]
+    sizes: list[Size]
+
+
+def real_recipe() -> Recipe:
+    return Recipe(str(smollm2_gguf()), "SmolLM2-135M", (["Genesis"], 24), (["Ruth", "Jonah"], 8), SIZES)
+
+
+def smoke_recipe() -> Recipe:
+    from benchmarks.smoke import tiny_teacher
+
+    return Recipe(str(tiny_teacher()), "tiny random", (["Genesis"], 2), (["Ruth", "Jonah"], 2), SMOKE_SIZES)
 
 
 def dump_store(work: Path, name: str, books: list[str], chapters: int, teacher: str) -> Path:
@@ -234,13 +263,13 @@ def interpolate(x: float, xs: list[float], ys: list[float]) -> tuple[float, bool
     return float(ly[i[0]] + slope * (math.log(x) - lx[i[0]])), False
 
 
-def report(rows: list[Row], overheads: dict[str, float], rates, args, plot: Path) -> list[str]:
+def report(rows: list[Row], overheads: dict[str, float], rates, args, recipe: Recipe, plot: Path) -> list[str]:
     flat = [r for r in rows if r.size.architecture == "flat"]
     patched = [r for r in rows if r.size.architecture == "patched"]
     lines = [
         (
-            f"held-out BPB on {', '.join(HELDOUT[0])} (teacher SmolLM2-135M: {rows[0].teacher_bpb:.3f}); "
-            f"train: {TRAIN[1]} chapters of Genesis, {args.steps} steps x {args.batch_size} x {args.seq_len} symbols, "
+            f"held-out BPB on {', '.join(recipe.heldout[0])} (teacher {recipe.teacher_name}: {rows[0].teacher_bpb:.3f}); "
+            f"train: {recipe.train[1]} chapters of {', '.join(recipe.train[0])}, {args.steps} steps x {args.batch_size} x {args.seq_len} symbols, "
             f"alpha 0.9, same schedule; data: {rates.symbols_per_byte:.3f} symbols and {rates.patches_per_byte:.3f} "
             f"patches per text byte"
         ),
@@ -281,7 +310,7 @@ def report(rows: list[Row], overheads: dict[str, float], rates, args, plot: Path
         f"generation bytes/s patched/flat at batch 8 {speed_ratio:.2f} (goal >= {GOAL_SPEED}), "
         f"KV bytes per byte {kv_ratio:.3f} (goal <= {GOAL_KV:.3f})"
     )
-    save_plot(rows, plot)
+    save_plot(rows, plot, recipe.teacher_name)
     plot.with_suffix(".txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
     return lines
 
@@ -308,7 +337,7 @@ def speed_comparison(flat: list[Row], patched: list[Row]) -> tuple[float, float,
     return p.speed_b8 / f.speed_b8, p.kv_per_byte / f.kv_per_byte, basis
 
 
-def save_plot(rows: list[Row], path: Path) -> None:
+def save_plot(rows: list[Row], path: Path, teacher_name: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -326,7 +355,7 @@ def save_plot(rows: list[Row], path: Path) -> None:
     right.set_xscale("log")
     left.set_ylabel("held-out BPB")
     left.legend()
-    fig.suptitle("flat vs patched byte students (SmolLM2-135M teacher, KJV)")
+    fig.suptitle(f"flat vs patched byte students ({teacher_name} teacher, KJV)")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -346,26 +375,41 @@ def main() -> None:
         "--only", nargs="*", default=None, help="train only these students (by name) and stop: runs in parallel"
     )
     parser.add_argument("--plot", type=Path, default=None, help="PNG path (default: WORKDIR/patched.png)")
+    parser.add_argument("--smoke", action="store_true", help="toy sizes in a temporary folder (seconds): a check")
     args = parser.parse_args()
+    if not args.smoke:
+        compare(args, real_recipe())
+        return
+    args.steps, args.batch_size, args.seq_len, args.sizes_scale, args.device = 2, 2, 64, 1, "cpu"
+    args.new_bytes, args.prompt_symbols, args.only = 32, 8, None
+    with tempfile.TemporaryDirectory() as tmp:
+        args.workdir, args.plot = Path(tmp), None
+        compare(args, smoke_recipe())
+
+
+def compare(args, recipe: Recipe) -> None:
+    """Dump the stores, train the students (or only ``args.only``), measure them and print the report."""
     if args.device == "cpu":
         os.environ["ACCELERATE_USE_CPU"] = "1"  # train on the CPU too
 
     from students.cost import StreamRates, rates_of_stores
 
     work = args.workdir
-    teacher = str(smollm2_gguf())
-    stores = (dump_store(work, "train", *TRAIN, teacher), dump_store(work, "heldout", *HELDOUT, teacher))
+    stores = tuple(
+        dump_store(work, name, *books, recipe.teacher)
+        for name, books in (("train", recipe.train), ("heldout", recipe.heldout))
+    )
     rates = StreamRates(**rates_of_stores([stores[0]]))
     if args.only is not None:
-        for size in SIZES:
+        for size in recipe.sizes:
             if size.name in args.only:
                 train(work, size, args, stores)
         return
-    runs = [(size, train(work, size, args, stores)) for size in SIZES]
+    runs = [(size, train(work, size, args, stores)) for size in recipe.sizes]
     torch.manual_seed(0)
     overheads = overhead(args, rates, stores[1])
     rows = [measure(run, size, rates, args, stores[1]) for size, run in runs]
-    print("\n".join(report(rows, overheads, rates, args, args.plot or work / "patched.png")))
+    print("\n".join(report(rows, overheads, rates, args, recipe, args.plot or work / "patched.png")))
 
 
 if __name__ == "__main__":

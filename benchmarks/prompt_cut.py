@@ -1,7 +1,7 @@
 """Greedy continuations of prompts cut inside a word, with and without healing, against cuts at
 the word boundary before them.
 
-    python -m benchmarks.prompt_cut [MODEL_FOLDER] [--books Ruth] [--cuts 200] [--seed 0]
+    python -m benchmarks.prompt_cut [MODEL_FOLDER] [--books Ruth] [--cuts 200] [--seed 0] [--prompts] [--smoke]
 
 Documents: KJV chapters of ``--books`` (default Ruth, the quickstart's held-out book). Cuts are
 drawn at uniformly random byte offsets (at least 16 bytes from either end) until ``--cuts`` of
@@ -21,11 +21,14 @@ continuation goes through the documented path (``AutoTokenizer(..., trust_remote
 the folder's ``tokenization_bytedistill.py``) and ``students.generate.continue_stream`` (greedy,
 the window sliding past the trained context). Goal: healed ≥ 0.95 × at boundary. ``--prompts``
 also prints the four hand-made prompts' continuations through ``model.generate(**tokenizer.prompt(p))``.
+``--smoke``: 5 cuts in 2 chapters, and the prompts, with the toy exported student of
+``benchmarks/smoke.py`` (built in a temporary folder): seconds, a check that the benchmark runs.
 """
 
 from __future__ import annotations
 
 import argparse
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -129,8 +132,20 @@ def main() -> None:
     parser.add_argument("--cuts", type=int, default=200, help="cuts inside a word to measure")
     parser.add_argument("--seed", type=int, default=0, help="random seed of the cut offsets")
     parser.add_argument("--prompts", action="store_true", help="also print the hand-made prompts' table")
+    parser.add_argument("--smoke", action="store_true", help="a toy exported student (seconds): a check that it runs")
     args = parser.parse_args()
+    if not args.smoke:
+        measure_and_print(args)
+        return
+    from benchmarks.smoke import tiny_exported_student
 
+    args.cuts, args.chapters, args.prompts = 5, 2, True
+    with tempfile.TemporaryDirectory() as tmp:
+        args.model = tiny_exported_student(Path(tmp)).folder
+        measure_and_print(args)
+
+
+def measure_and_print(args) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

