@@ -76,7 +76,8 @@ def main() -> None:
             read = measured(lambda mine=mine: sum(1 for _ in writer_documents(spec, WRITERS, mine)))
             rows.append((workers, *check, *read))
     print(
-        f"corpus: {size / 1e6:,.{1 if args.smoke else 0}f} MB of .jsonl, {WRITERS} writers; manifest fingerprint {listing * 1e3:.1f} ms"
+        f"corpus: {size / 1e6:,.{1 if args.smoke else 0}f} MB of .jsonl, {WRITERS} writers; "
+        f"manifest fingerprint {listing * 1e3:.1f} ms"
     )
     print(f"{'workers':>7} {'check MB':>9} {'check s':>8} {'read MB':>8} {'read s':>7} {'check/read':>10}")
     for workers, check_s, check_b, read_s, read_b in rows:

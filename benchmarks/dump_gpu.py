@@ -14,8 +14,8 @@ conversions of them are bit-identical. One prepared script, a few minutes on one
 
 ``--smoke``: the tiny shape on the CPU over the SmolLM2 tokenizer of ``benchmarks/smoke.py``
 (49,152 tokens: its tables build in a fraction of the Llama-3 ones' time), toy windows and the
-first Psalms (short chapters, about 500 tokens), with the device conversion forced (``conversion: torch``), so the dump takes the
-GPU's path on the CPU; only the peak GPU memory is not measured.
+first Psalm (about 170 tokens), with the device conversion forced (``conversion: torch``), so
+the dump takes the GPU's path on the CPU; only the peak GPU memory is not measured.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ SHAPES = {
 }
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "llama3_8b_gpu" / "dump.yaml"
 BATCH_SETTINGS = ("max_length", "stride", "batch_tokens", "group_tokens", "head_rows", "encoding")
-SMOKE_SETTINGS = {"max_length": 256, "stride": 64, "batch_tokens": 1024, "group_tokens": 4096, "head_rows": 256}
+SMOKE_SETTINGS = {"max_length": 128, "stride": 32, "batch_tokens": 1024, "group_tokens": 4096, "head_rows": 256}
 
 
 def random_teacher(shape: str, device: torch.device, tokenizer_source: str, vocabulary: str) -> Teacher:
@@ -127,7 +127,7 @@ def main() -> None:
     if args.smoke:
         from benchmarks.smoke import tiny_teacher
 
-        args.shape, args.device, args.tokens = "tiny", "cpu", 300
+        args.shape, args.device, args.tokens = "tiny", "cpu", 100
         settings |= SMOKE_SETTINGS
         tokenizer, vocabulary, conversion, books = str(tiny_teacher()), "smollm2", {"conversion": "torch"}, {"Psalms"}
     device = torch.device(args.device)

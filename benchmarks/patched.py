@@ -109,9 +109,9 @@ def real_recipe() -> Recipe:
 
 
 def smoke_recipe() -> Recipe:
-    from benchmarks.smoke import tiny_teacher
+    from benchmarks.smoke import TEACHER_NAME, tiny_teacher
 
-    return Recipe(str(tiny_teacher()), "tiny random", (["Genesis"], 2), (["Ruth", "Jonah"], 2), SMOKE_SIZES)
+    return Recipe(str(tiny_teacher()), TEACHER_NAME, (["Genesis"], 2), (["Ruth", "Jonah"], 2), SMOKE_SIZES)
 
 
 def dump_store(work: Path, name: str, books: list[str], chapters: int, teacher: str) -> Path:
@@ -268,8 +268,10 @@ def report(rows: list[Row], overheads: dict[str, float], rates, args, recipe: Re
     patched = [r for r in rows if r.size.architecture == "patched"]
     lines = [
         (
-            f"held-out BPB on {', '.join(recipe.heldout[0])} (teacher {recipe.teacher_name}: {rows[0].teacher_bpb:.3f}); "
-            f"train: {recipe.train[1]} chapters of {', '.join(recipe.train[0])}, {args.steps} steps x {args.batch_size} x {args.seq_len} symbols, "
+            f"held-out BPB on {', '.join(recipe.heldout[0])} "
+            f"(teacher {recipe.teacher_name}: {rows[0].teacher_bpb:.3f}); "
+            f"train: {recipe.train[1]} chapters of {', '.join(recipe.train[0])}, "
+            f"{args.steps} steps x {args.batch_size} x {args.seq_len} symbols, "
             f"alpha 0.9, same schedule; data: {rates.symbols_per_byte:.3f} symbols and {rates.patches_per_byte:.3f} "
             f"patches per text byte"
         ),
