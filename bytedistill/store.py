@@ -6,6 +6,7 @@ import json
 from dataclasses import dataclass, field
 
 from bytestream.ranges import POSITIVE
+from logit_store.file_names import SKIP_LIST
 
 
 @dataclass
@@ -59,7 +60,7 @@ def inspect(config: InspectConfig) -> int:
         f"text bytes:      {stats['text_bytes']:,}",
         f"positions:       {stats['positions']:,}",
         f"tokens:          {stats['tokens']:,}",
-        f"skipped:         {stats['skipped_documents']:,} documents the teacher could not encode (skipped-*.jsonl)",
+        f"skipped:         {stats['skipped_documents']:,} documents the teacher could not encode ({SKIP_LIST.shown})",
         f"shards/chunks:   {stats['shards']} / {stats['chunks']}",
         f"size on disk:    {_human(stats['size_on_disk'])} ({stats['size_on_disk']:,} bytes)",
         f"bytes/text byte: {bpb:.2f} "
