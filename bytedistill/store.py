@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from bytestream.ranges import POSITIVE
+from configs.ranges import POSITIVE
 from logit_store.file_names import SKIP_LIST
 
 

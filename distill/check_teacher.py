@@ -21,7 +21,7 @@ import numpy as np
 
 from bytestream.alphabet import ALPHABET_SIZE, EOS, EOT
 from bytestream.errors import UserError
-from bytestream.ranges import SEED
+from configs.ranges import SEED
 from distill.teacher_weights import describe_names, missing_weights
 from logit_store.file_names import SKIP_LIST
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bytestream.errors import UserError
-from bytestream.ranges import COUNT, FRACTION
+from configs.ranges import COUNT, FRACTION
 from distill.corpus_files import RECORD_SUFFIXES, TEXT_SUFFIXES, CorpusListing, file_suffix, list_corpus
 from distill.corpus_formats import JSONL_PIECE_BYTES, DatasetRows, Piece, file_formats
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from bytestream.ranges import COUNT, NON_NEGATIVE, at_least
+from configs.ranges import COUNT, NON_NEGATIVE, at_least
 from distill.corpus import CorpusSpec
 from logit_store.encoding_names import DEFAULT_ENCODING, ENCODINGS
 from logit_store.file_names import SKIP_LIST
