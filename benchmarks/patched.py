@@ -116,12 +116,13 @@ def smoke_recipe() -> Recipe:
 
 def dump_store(work: Path, name: str, books: list[str], chapters: int, teacher: str) -> Path:
     """A logit store of the first ``chapters`` chapters of ``books`` (dump resumes: a rerun reuses it)."""
+    from logit_store.file_names import MANIFEST
     from logit_store.store import LogitStore
 
     store = work / "store" / name
     corpus = work / "corpus" / name
     write_kjv_corpus(corpus, books, max_chapters=chapters)
-    if (store / "manifest.json").is_file():
+    if (store / MANIFEST).is_file():
         done = LogitStore(store)
         if not done.unfinished_writers and len(done) == chapters_in(corpus / "kjv.jsonl"):
             return store  # complete: skip loading the teacher

@@ -27,10 +27,11 @@ VERSES_PER_DOCUMENT = 12
 def benchmark_store(kilobytes: int) -> Path:
     """A logit store of the first ``kilobytes`` KB of KJV chapters (built once, then cached)."""
     from bytedistill.cli import main as bytedistill
+    from logit_store.file_names import MANIFEST
     from tests.teachers import save_tiny_llama3_teacher
 
     store = CACHE / f"train-store-{kilobytes}kb"
-    if (store / "manifest.json").is_file() and not list(store.glob("*.tmp")):
+    if (store / MANIFEST).is_file() and not list(store.glob("*.tmp")):
         return store
     CACHE.mkdir(parents=True, exist_ok=True)
     teacher = CACHE / "tiny-llama3-teacher"

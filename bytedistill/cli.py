@@ -20,9 +20,9 @@ from jsonargparse import ArgumentParser
 
 from bytedistill import check_teacher, dump, export, generate, push, score, store, threads, train
 from bytedistill.config import check_config_files, config_files_first, config_from_namespace, config_parser, error_line
-from bytestream.config_fields import leaves
 from bytestream.errors import UserError
-from bytestream.ranges import check_ranges
+from configs.fields import leaves
+from configs.ranges import range_problem
 
 # subcommand -> function(config) -> exit status, in the order a user meets them
 COMMANDS: dict[str, Callable[[typing.Any], int]] = {
@@ -90,7 +90,10 @@ def main(argv: list[str] | None = None) -> int:
         if name is not None and _printing_config(args) != args:  # --print-config: the ranges a run checks
             printed = build_parser().parse_args(_printing_config(args))
             config_cls = config_class(COMMANDS[name])
-            check_ranges(config_cls, {leaf.name: printed[name][leaf.name] for leaf in leaves(config_cls)})
+            if problem := range_problem(
+                config_cls, {leaf.name: printed[name][leaf.name] for leaf in leaves(config_cls)}
+            ):
+                raise UserError(problem)
         namespace = build_parser().parse_args(args)
     except (ArgumentError, UserError) as exc:
         print(f"{prefix}: error: {_without_command_prefix(error_line(exc), name)}", file=sys.stderr)

@@ -2,7 +2,7 @@
 
 Each command declares one dataclass, which may be composed of the dataclasses of the modules
 that read its settings; :func:`config_parser` turns its settings (the leaves,
-:mod:`bytestream.config_fields`) into the flat arguments of a ``jsonargparse`` parser, which
+:mod:`configs.fields`) into the flat arguments of a ``jsonargparse`` parser, which
 coerces every value to the field's type (from flags and from files alike: ``lr: 3e-4`` in YAML is
 a float), refuses unknown keys, reads ``--config FILE`` (flags win, wherever they stand) and
 writes a run's full config with ``--print-config``. Field metadata drives the rest: ``help`` (the
@@ -29,9 +29,9 @@ from typing import Any, TypeVar
 import yaml
 from jsonargparse import ActionConfigFile, ArgumentParser, Namespace, get_loader, set_loader
 
-from bytestream.config_fields import Leaf, from_flat, leaves
 from bytestream.errors import UserError
-from bytestream.ranges import check_ranges, flag_name
+from configs.fields import Leaf, from_flat, leaves
+from configs.ranges import flag_name, range_problem
 
 T = TypeVar("T")
 
@@ -152,7 +152,8 @@ def config_parser(config_cls: type, prog: str | None = None, description: str | 
 def config_from_namespace(config_cls: type[T], namespace: Namespace) -> T:
     """The (nested) dataclass from a namespace that :func:`config_parser`'s parser produced, its ranges checked."""
     values = {leaf.name: namespace[leaf.name] for leaf in leaves(config_cls)}
-    check_ranges(config_cls, values)
+    if problem := range_problem(config_cls, values):
+        raise UserError(problem)
     return from_flat(config_cls, values)
 
 

@@ -6,7 +6,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bytestream.ranges import NON_NEGATIVE, POSITIVE
+from configs.ranges import NON_NEGATIVE, POSITIVE
 
 
 @dataclass

@@ -3,15 +3,10 @@
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-from bytestream.errors import UserError
-from bytestream.ranges import POSITIVE
-
-if TYPE_CHECKING:  # the store is imported where a command reads one: `--help` loads no Numba
-    from logit_store.store import LogitStore
+from configs.ranges import POSITIVE
+from logit_store.file_names import SKIP_LIST
 
 
 @dataclass
@@ -65,7 +60,7 @@ def inspect(config: InspectConfig) -> int:
         f"text bytes:      {stats['text_bytes']:,}",
         f"positions:       {stats['positions']:,}",
         f"tokens:          {stats['tokens']:,}",
-        f"skipped:         {stats['skipped_documents']:,} documents the teacher could not encode (skipped-*.jsonl)",
+        f"skipped:         {stats['skipped_documents']:,} documents the teacher could not encode ({SKIP_LIST.shown})",
         f"shards/chunks:   {stats['shards']} / {stats['chunks']}",
         f"size on disk:    {_human(stats['size_on_disk'])} ({stats['size_on_disk']:,} bytes)",
         f"bytes/text byte: {bpb:.2f} "
@@ -87,43 +82,6 @@ def inspect(config: InspectConfig) -> int:
     return 0
 
 
-def verify_store(store: LogitStore, tolerance: float = 1e-3) -> dict:
-    """Read every chunk and decode every document; raise :class:`UserError` at the first problem."""
-    import numpy as np
-
-    start = time.time()
-    positions = 0
-    worst = 0.0
-    chunks = store.check_chunks()
-    for i in range(len(store)):
-        doc = store.document(i)
-        sums = (
-            np.add.reduceat(doc.values.astype(np.float64), doc.layout.offsets[:-1]) if len(doc.values) else np.zeros(0)
-        )
-        err = float(np.abs(sums - 1).max()) if len(sums) else 0.0
-        if not np.all(np.isfinite(doc.values)) or err > tolerance or (len(doc.values) and doc.values.min() < 0):
-            shard, local = store.document_location(i)
-            raise UserError(
-                f"shard {shard} document {local} (store document {i}): distributions "
-                f"not normalised (max |sum - 1| = {err:.3g} > {tolerance})"
-            )
-        if len(doc.dropped_mass) != len(doc.token_ids) + 1:
-            raise UserError(f"document {i}: dropped mass has the wrong length (corrupt)")
-        positions += doc.num_positions
-        worst = max(worst, err)
-    return {
-        "ok": True,
-        "shards": len(store.shards),
-        "chunks": chunks,
-        "documents": len(store),
-        "unfinished_writers": store.unfinished_writers,
-        "missing_writers": store.missing_writers,
-        "positions": positions,
-        "max_normalisation_error": worst,
-        "seconds": round(time.time() - start, 3),
-    }
-
-
 def verify(config: VerifyConfig) -> int:
     """Check every checksum and decode every document of a logit store.
 
@@ -132,6 +90,7 @@ def verify(config: VerifyConfig) -> int:
     shard/chunk/document.
     """
     from logit_store.store import LogitStore
+    from logit_store.verify import verify_store
 
     store = LogitStore(config.store)
     summary = verify_store(store, config.tolerance)

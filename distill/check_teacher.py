@@ -21,8 +21,9 @@ import numpy as np
 
 from bytestream.alphabet import ALPHABET_SIZE, EOS, EOT
 from bytestream.errors import UserError
-from bytestream.ranges import SEED
+from configs.ranges import SEED
 from distill.teacher_weights import describe_names, missing_weights
+from logit_store.file_names import SKIP_LIST
 
 if TYPE_CHECKING:  # the tokenizer and the conversion are imported where they run: `--help` loads no torch
     from bytestream.vocab import TeacherVocab
@@ -111,7 +112,7 @@ class TeacherCheck:
         listed = " ".join(f"0x{b:02X}" for b in missing)
         return (
             f"no single-byte token for {listed}: dump skips a document that needs one "
-            "(listed in the store's skipped-*.jsonl; --strict refuses it instead)"
+            f"(listed in the store's {SKIP_LIST.shown}; --strict refuses it instead)"
         )
 
     def verdict(self) -> str:

@@ -1,21 +1,23 @@
-"""Corpus readers: every source yields ``(key, document bytes)`` in a deterministic order.
+"""A corpus: which documents to read (:class:`CorpusSpec`), its pieces in a deterministic order,
+and the selection on top of them.
 
 Sources (by what ``--corpus`` names):
 
 * a ``.txt`` file or a folder of them: one document per file, or, with ``separator``, the
-  file split on that exact string (e.g. ``"\\n\\n\\n"``). Files are read as bytes, so binary
-  or invalid-UTF-8 input is distilled as bytes;
+  file split on that exact string (e.g. ``"\\n\\n\\n"``);
 * ``.jsonl`` / ``.jsonl.zst`` / ``.parquet`` files (or folders of them): one document per record,
   the text in ``text_field``;
 * a folder written by ``datasets``' ``save_to_disk`` is opened with ``load_from_disk``;
 * anything else is handed to ``datasets.load_dataset`` as a dataset name, with ``split``,
   ``config`` and ``streaming``.
 
-A local document's key is its file's path relative to the corpus folder (or the file's name),
-with ``:line`` or ``#part``, so keys do not depend on where the corpus lies or how its path was
-spelled. Selection is applied on top: a deterministic held-out split by a hash of each
-document's content, ``max_docs`` and ``max_bytes``. Empty documents are skipped and counted;
-corpus entries that are not read are counted by reason (:mod:`distill.corpus_files`).
+Each format has one reader, which lists a file's pieces and reads a piece's documents with their
+keys (:mod:`distill.corpus_formats`); the source is its files' pieces in sorted order, and reading
+it whole is reading every piece in turn (:func:`raw_documents`), as a dump's workers read their
+shares of it (:mod:`distill.corpus_shares`). Selection is applied on top: a deterministic held-out
+split by a hash of each document's content, ``max_docs`` and ``max_bytes``. Empty documents are
+skipped and counted; corpus entries that are not read are counted by reason
+(:mod:`distill.corpus_files`).
 """
 
 from __future__ import annotations
@@ -27,8 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bytestream.errors import UserError
-from bytestream.ranges import COUNT, FRACTION
-from distill.corpus_files import RECORD_SUFFIXES, TEXT_SUFFIXES, CorpusListing, file_suffix, list_corpus, zstd_lines
+from configs.ranges import COUNT, FRACTION
+from distill.corpus_files import RECORD_SUFFIXES, TEXT_SUFFIXES, CorpusListing, file_suffix, list_corpus
+from distill.corpus_formats import JSONL_PIECE_BYTES, DatasetRows, Piece, file_formats
 
 
 @dataclass
@@ -92,89 +95,6 @@ def corpus_files(source: Path) -> list[Path]:
     return files
 
 
-def text_documents(path: Path, name: str, separator: str | None) -> Iterator[tuple[str, bytes]]:
-    data = path.read_bytes()
-    if separator is None:
-        yield name, data
-        return
-    for i, part in enumerate(data.split(separator.encode("utf-8"))):
-        yield f"{name}#{i}", part
-
-
-def record_text(record: dict, text_field: str, where: str) -> bytes:
-    if text_field not in record:
-        raise UserError(
-            f"{where}: no field {text_field!r} (fields: {', '.join(sorted(record)) or 'none'}); use --text-field"
-        )
-    value = record[text_field]
-    if value is None:
-        return b""
-    if isinstance(value, bytes):
-        return value
-    if not isinstance(value, str):
-        raise UserError(f"{where}: field {text_field!r} holds {type(value).__name__}, not text")
-    try:
-        return value.encode("utf-8")
-    except UnicodeEncodeError as exc:  # a lone surrogate such as "\ud800": valid JSON, not text
-        raise UserError(
-            f"{where}: field {text_field!r} holds a lone surrogate ({value[exc.start]!r} at character {exc.start}), "
-            "which is not text"
-        ) from None
-
-
-def jsonl_documents(path: Path, name: str, text_field: str) -> Iterator[tuple[str, bytes]]:
-    lines = zstd_lines(path) if path.name.lower().endswith(".zst") else _file_lines(path)
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        yield f"{name}:{number}", jsonl_text(line, text_field, f"{path}:{number}")
-
-
-def _file_lines(path: Path) -> Iterator[bytes]:
-    with path.open("rb") as f:
-        yield from f
-
-
-def jsonl_text(line: bytes, text_field: str, where: str) -> bytes:
-    """The text of one (non-blank) JSON line."""
-    try:
-        record = json.loads(line)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise UserError(f"{where}: not valid JSON ({exc.msg if hasattr(exc, 'msg') else exc})") from None
-    except RecursionError:
-        raise UserError(f"{where}: JSON nested too deeply to read") from None
-    if not isinstance(record, dict):
-        raise UserError(f"{where}: a JSON line must be an object with a {text_field!r} field")
-    return record_text(record, text_field, where)
-
-
-def _parquet_documents(path: Path, name: str, text_field: str) -> Iterator[tuple[str, bytes]]:
-    import pyarrow.parquet as pq
-
-    try:
-        table = pq.ParquetFile(path)
-    except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for a bad file
-        raise UserError(f"{path}: not a readable parquet file ({str(exc).splitlines()[0]})") from None
-    if text_field not in table.schema_arrow.names:
-        raise UserError(
-            f"{path}: no column {text_field!r} (columns: {', '.join(table.schema_arrow.names)}); use --text-field"
-        )
-    row = 0
-    for batch in table.iter_batches(columns=[text_field]):
-        for value in batch.column(0).to_pylist():
-            yield f"{name}#{row}", record_text({text_field: value}, text_field, f"{path}#{row}")
-            row += 1
-
-
-def _dataset_documents(spec: CorpusSpec, from_disk: bool = False) -> Iterator[tuple[str, bytes]]:
-    """A Hugging Face dataset: a Hub name, or a folder written by ``Dataset.save_to_disk``."""
-    dataset = load_dataset(spec, from_disk)
-    name = Path(spec.source).name if from_disk else spec.source  # a key never holds a local path
-    for i, record in enumerate(dataset):
-        where = f"{spec.source}[{spec.split}][{i}]"
-        yield f"{name}[{spec.split}][{i}]", record_text(record, spec.text_field, where)
-
-
 def load_dataset(spec: CorpusSpec, from_disk: bool = False):
     import datasets
 
@@ -216,27 +136,24 @@ def is_saved_dataset(path: Path) -> bool:
     return path.is_dir() and ((path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists())
 
 
-def raw_documents(spec: CorpusSpec) -> Iterator[tuple[str, bytes]]:
-    """Every document of the source, before selection."""
+def corpus_pieces(spec: CorpusSpec, jsonl_piece_bytes: int = JSONL_PIECE_BYTES) -> list[Piece]:
+    """The source's pieces in corpus order, each read by its format (:mod:`distill.corpus_formats`);
+    a dataset is loaded here, once."""
     check_source(spec)
     path = Path(spec.source)
-    if not path.exists():
-        yield from _dataset_documents(spec)
-        return
-    if is_saved_dataset(path):
-        yield from _dataset_documents(spec, from_disk=True)
-        return
-    for file in corpus_files(path):
-        suffix, name = file_suffix(file), file_key(file, path)
-        try:
-            if suffix in (".jsonl", ".jsonl.zst"):
-                yield from jsonl_documents(file, name, spec.text_field)
-            elif suffix == ".parquet":
-                yield from _parquet_documents(file, name, spec.text_field)
-            else:
-                yield from text_documents(file, name, spec.separator)
-        except OSError as exc:
-            raise UserError(f"cannot read the corpus file {file}: {exc.strerror or exc}") from None
+    if not path.exists() or is_saved_dataset(path):
+        name = path.name if path.exists() else spec.source  # a key never holds a local path
+        return DatasetRows(load_dataset(spec, from_disk=path.exists()), name, spec).pieces()
+    formats = file_formats(spec, jsonl_piece_bytes)
+    return [
+        piece for file in corpus_files(path) for piece in formats[file_suffix(file)].pieces(file, file_key(file, path))
+    ]
+
+
+def raw_documents(spec: CorpusSpec) -> Iterator[tuple[str, bytes]]:
+    """Every document of the source, before selection: all its pieces in order."""
+    for piece in corpus_pieces(spec):
+        yield from piece.documents()
 
 
 def file_key(file: Path, source: Path) -> str:

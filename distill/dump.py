@@ -46,6 +46,7 @@ from distill.sharding import WriterLock, writers_of
 from distill.teacher import Teacher, load_teacher
 from distill.teacher_pass import TeacherPass
 from logit_store.encodings import get_encoding
+from logit_store.file_names import SHARD, WRITER_LOCK
 from logit_store.ownership import check_store_files
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -209,7 +210,7 @@ def dump_with_teacher(
         finally:
             bar.close()
             skipper.close()
-    store_bytes = sum(p.stat().st_size for w in mine for p in Path(config.output).glob(f"shard-{w:05d}-*.bds"))
+    store_bytes = sum(p.stat().st_size for w in mine for p in SHARD.paths(Path(config.output), w))
     seconds = time.perf_counter() - started
     times = teacher_pass.times()
     return DumpSummary(
@@ -273,9 +274,7 @@ def _replace_unfinished(config: DumpConfig, exc, mine: list[int], num_writers: i
     output = Path(config.output)
     if exc.finished:
         raise UserError(f"{exc}; it holds finished documents: choose another --output, or move it away") from None
-    others = sorted(
-        {int(p.name[len(".writer-") : -len(".lock")]) for p in output.glob(".writer-?????.lock")} - set(mine)
-    )
+    others = sorted({WRITER_LOCK.numbers(p.name)[0] for p in WRITER_LOCK.paths(output)} - set(mine))
     if len(mine) < num_writers or not _all_free(output, others):
         raise UserError(
             f"{exc}; it holds no finished document: rerun this dump in one process to replace it, "

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from bytestream.ranges import COUNT, NON_NEGATIVE, at_least
+from configs.ranges import COUNT, NON_NEGATIVE, at_least
 from distill.corpus import CorpusSpec
 from logit_store.encoding_names import DEFAULT_ENCODING, ENCODINGS
+from logit_store.file_names import SKIP_LIST
 
 
 @dataclass
@@ -119,7 +120,7 @@ class DumpConfig:
         default=False,
         metadata={
             "help": "refuse the first document the teacher cannot encode, instead of skipping it "
-            "(skipped documents are listed in the store's skipped-*.jsonl)"
+            f"(skipped documents are listed in the store's {SKIP_LIST.shown})"
         },
     )
     max_document_bytes: int | None = field(

@@ -25,6 +25,7 @@ from distill import dump_memory
 from distill.convert import Converter
 from distill.encode import DocumentEncoder, UnencodableDocument
 from distill.windows import Window, plan_windows
+from logit_store.file_names import SKIP_LIST
 from logit_store.skips import Skip, SkipList
 
 
@@ -82,7 +83,7 @@ class Skipper:
         listed = sum(len(skips.skips) for skips in self._lists.values())
         if strict and listed:
             raise UserError(
-                f"--strict: the store {output} already lists {listed} skipped documents (skipped-*.jsonl); "
+                f"--strict: the store {output} already lists {listed} skipped documents ({SKIP_LIST.shown}); "
                 "resume it without --strict"
             )
 

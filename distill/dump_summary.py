@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from logit_store.file_names import SKIP_LIST
 from logit_store.skips import Skip
 
 SHOWN_SKIPS = 5  # skipped documents named in the summary (all are in the store's skip lists)
@@ -97,7 +98,7 @@ class DumpSummary(WrittenCounts):
         return [
             head,
             *shown,
-            f"  {'… ' + format(more, ',') + ' more; ' if more else ''}all in {Path(self.store) / 'skipped-*.jsonl'}",
+            f"  {'… ' + format(more, ',') + ' more; ' if more else ''}all in {Path(self.store) / SKIP_LIST.shown}",
         ]
 
     def lines(self) -> list[str]:

@@ -19,6 +19,7 @@ from typing import Self
 
 from bytestream.errors import UserError
 from bytestream.files import lock_file
+from logit_store.file_names import WRITER_LOCK
 
 
 def writers_of(worker: int, workers: int, writers: int) -> list[int]:
@@ -36,7 +37,7 @@ class WriterLock:
 
     def __init__(self, directory: Path, writer_id: int):
         directory.mkdir(parents=True, exist_ok=True)
-        self.path = directory / f".writer-{writer_id:05d}.lock"
+        self.path = directory / WRITER_LOCK(writer_id)
         self._fd = lock_file(self.path)  # a link planted there is refused, never followed
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -10,10 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bytestream.errors import UserError
+from logit_store.file_names import COMPLETION_RECORD, SHARD
 from logit_store.manifest import write_atomic
-from logit_store.shard import SHARD_PATTERN, ShardReader, shard_name
-
-COMPLETION_PATTERN = "writer-{:05d}.json"
+from logit_store.shard import ShardReader
 
 
 @dataclass(frozen=True)
@@ -26,14 +25,14 @@ class Completion:
 
 
 def completion_path(directory: Path, writer_id: int) -> Path:
-    return Path(directory) / COMPLETION_PATTERN.format(writer_id)
+    return Path(directory) / COMPLETION_RECORD(writer_id)
 
 
 def write_completion(directory: Path, completion: Completion) -> None:
     text = json.dumps(
         {"writer_id": completion.writer_id, "shards": completion.shards, "documents": completion.documents}
     )
-    write_atomic(completion_path(directory, completion.writer_id), (text + "\n").encode(), f"w{completion.writer_id}")
+    write_atomic(completion_path(directory, completion.writer_id), (text + "\n").encode(), completion.writer_id)
 
 
 def read_completion(directory: Path, writer_id: int) -> Completion | None:
@@ -53,17 +52,16 @@ def read_completion(directory: Path, writer_id: int) -> Completion | None:
 def shard_sequences(directory: Path) -> dict[int, list[int]]:
     """Writer id → sorted sequence numbers of its complete shards in ``directory``."""
     found: dict[int, list[int]] = {}
-    for path in Path(directory).iterdir():
-        match = SHARD_PATTERN.match(path.name)
-        if match:
-            found.setdefault(int(match.group(1)), []).append(int(match.group(2)))
+    for path in SHARD.paths(directory):
+        writer_id, sequence = SHARD.numbers(path.name)
+        found.setdefault(writer_id, []).append(sequence)
     return {w: sorted(seqs) for w, seqs in sorted(found.items())}
 
 
 def check_sequence(directory: Path, writer_id: int, sequences: list[int]) -> None:
     missing = sorted(set(range(max(sequences) + 1)) - set(sequences)) if sequences else []
     if missing:
-        names = ", ".join(shard_name(writer_id, s) for s in missing[:3]) + (" …" if len(missing) > 3 else "")
+        names = ", ".join(SHARD(writer_id, s) for s in missing[:3]) + (" …" if len(missing) > 3 else "")
         raise UserError(
             f"{directory}: shard {names} of writer {writer_id} is missing "
             f"(found {len(sequences)} shards up to number {max(sequences)})"
@@ -78,8 +76,7 @@ def check_writer(directory: Path, writer_id: int, shards: list[ShardReader], ide
         if record is not None:
             if (record.writer_id, record.sequence) != (writer_id, sequence):
                 raise UserError(
-                    f"shard {shard.name} was written as {shard_name(record.writer_id, record.sequence)} "
-                    "(renamed or moved)"
+                    f"shard {shard.name} was written as {SHARD(record.writer_id, record.sequence)} (renamed or moved)"
                 )
             if record.first_document != documents:
                 raise UserError(
@@ -106,12 +103,7 @@ def check_writer(directory: Path, writer_id: int, shards: list[ShardReader], ide
 
 def completed_writers(directory: Path) -> list[int]:
     """Writer ids that left a completion record (whether or not any of their shards remain)."""
-    ids = []
-    for path in Path(directory).glob("writer-*.json"):
-        stem = path.name[len("writer-") : -len(".json")]
-        if len(stem) == 5 and stem.isdigit():
-            ids.append(int(stem))
-    return sorted(ids)
+    return sorted(COMPLETION_RECORD.numbers(path.name)[0] for path in COMPLETION_RECORD.paths(directory))
 
 
 def recorded_writers(manifest: dict) -> int | None:

@@ -8,8 +8,8 @@ import os
 from pathlib import Path
 
 from bytestream.errors import UserError
+from logit_store.file_names import MANIFEST, partial_name
 
-MANIFEST = "manifest.json"
 FORMAT_NAME = "bytedistill-logit-store"
 FORMAT_VERSION = 2  # what writers write
 READABLE_VERSIONS = (1, 2)
@@ -94,8 +94,9 @@ def is_store_directory(directory: Path) -> bool:
     return True
 
 
-def write_atomic(path: Path, data: bytes, unique: str) -> None:
-    tmp = path.with_name(f"{path.name}.{unique}.tmp")
+def write_atomic(path: Path, data: bytes, writer_id: int) -> None:
+    """Write ``path`` whole or not at all: writer ``writer_id`` writes a partial file, then renames it."""
+    tmp = path.with_name(partial_name(path.name, writer_id))
     try:
         with open(tmp, "wb") as handle:
             handle.write(data)

@@ -1,7 +1,8 @@
 """Which files in a store directory a store writer wrote, so that it never overwrites or deletes
 another's (FORMAT.md, "Directory").
 
-A writer creates, replaces or deletes only files with a store's names (:func:`store_file_kind`).
+A writer creates, replaces or deletes only files with a store's names
+(:func:`logit_store.file_names.store_file_kind`).
 Before it touches anything, :func:`check_store_files` refuses a directory where such a name holds
 something no writer wrote: any store file in a directory without ``manifest.json`` (a writer
 writes the manifest first), a ``.bds.tmp`` that does not begin as a shard, a completion record or
@@ -11,31 +12,16 @@ skip list that is not one. Other files in the directory are never touched.
 from __future__ import annotations
 
 import json
-import re
 import stat
 from pathlib import Path
 
 from bytestream.errors import UserError
-from logit_store.manifest import FORMAT_NAME, MANIFEST
+from logit_store.file_names import MANIFEST, store_file_kind
+from logit_store.manifest import FORMAT_NAME
 from logit_store.shard import SHARD_MAGIC
 from logit_store.source_record import SOURCE_START
 
 MANIFEST_START = b'{\n  "compression": '  # how every manifest a writer writes begins (sorted keys, indent 2)
-STORE_NAMES = {
-    "manifest": re.compile(r"^manifest\.json$"),
-    "vocab": re.compile(r"^vocab\.bin$"),
-    "shard": re.compile(r"^shard-\d{5}-\d{5}\.bds$"),
-    "partial shard": re.compile(r"^shard-\d{5}-\d{5}\.bds\.tmp$"),
-    "completion record": re.compile(r"^writer-\d{5}\.json$"),
-    "skip list": re.compile(r"^skipped-\d{5}\.jsonl$"),
-    "source record": re.compile(r"^source-\d{5}\.json$"),
-    "partial file": re.compile(r"^(manifest\.json|vocab\.bin|writer-\d{5}\.json|source-\d{5}\.json)\.w\d+\.tmp$"),
-}
-
-
-def store_file_kind(name: str) -> str | None:
-    """What a file of this name is in a store, or None for a name a writer never uses."""
-    return next((kind for kind, pattern in STORE_NAMES.items() if pattern.match(name)), None)
 
 
 def check_store_files(directory: Path) -> None:

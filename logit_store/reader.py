@@ -18,6 +18,7 @@ from bytestream.trie import VocabTrie, build_trie
 from bytestream.vocab import TeacherVocab
 from logit_store.chunk import ChunkData, EncodedDocument
 from logit_store.encodings import get_encoding
+from logit_store.file_names import MANIFEST, SHARD, VOCAB_FILE
 from logit_store.integrity import (
     WriterStates,
     check_sequence,
@@ -26,9 +27,9 @@ from logit_store.integrity import (
     shard_sequences,
     writer_states,
 )
-from logit_store.manifest import MANIFEST, identity_hash, read_manifest
-from logit_store.shard import ShardReader, shard_name
-from logit_store.vocab_file import VOCAB_FILE, vocab_from_bytes
+from logit_store.manifest import identity_hash, read_manifest
+from logit_store.shard import ShardReader
+from logit_store.vocab_file import vocab_from_bytes
 
 
 def layout_text_bytes(layout: StreamLayout) -> int:
@@ -148,8 +149,7 @@ class LogitStore(StoreBase):
         for writer_id in sorted(set(sequences) | set(completed_writers(self.directory))):
             check_sequence(self.directory, writer_id, sequences.get(writer_id, []))
             own = [
-                ShardReader(self.directory / shard_name(writer_id, s), self.encoding)
-                for s in sequences.get(writer_id, [])
+                ShardReader(self.directory / SHARD(writer_id, s), self.encoding) for s in sequences.get(writer_id, [])
             ]
             for shard in own:
                 if shard.version != self.format_version:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +34,7 @@ from logit_store.chunk import (
     parse_chunk,
 )
 from logit_store.encodings import Encoding
+from logit_store.file_names import PARTIAL_SHARD
 from logit_store.manifest import FORMAT_VERSION
 from logit_store.vocab_file import decompress_bounded
 
@@ -43,7 +43,6 @@ TRAILER_MAGIC = b"BDSHEND\0"
 HEADER_SIZE = 16
 TRAILER_SIZE = 64
 MAX_CHUNK_RAW = 1 << 28  # raw bytes of one chunk: a writer refuses more, a reader never allocates more
-SHARD_PATTERN = re.compile(r"^shard-(\d{5})-(\d{5})\.bds$")
 
 CHUNK_DTYPE = np.dtype(
     [
@@ -69,10 +68,6 @@ DOC_DTYPE = np.dtype(
 RECORD_DTYPE = np.dtype([("writer_id", "<u4"), ("sequence", "<u4"), ("first_document", "<u8"), ("identity", "V16")])
 
 
-def shard_name(writer_id: int, sequence: int) -> str:
-    return f"shard-{writer_id:05d}-{sequence:05d}.bds"
-
-
 def checksum(data: bytes, size: int = 16) -> bytes:
     return hashlib.blake2b(data, digest_size=size).digest()
 
@@ -90,7 +85,7 @@ class ShardFile:
 
     def __init__(self, final_path: Path, compression_level: int, record: ShardRecord, encoding: Encoding):
         self.final_path = Path(final_path)
-        self.tmp_path = self.final_path.with_name(self.final_path.name + ".tmp")
+        self.tmp_path = self.final_path.with_name(PARTIAL_SHARD(record.writer_id, record.sequence))
         self.record = record
         self.encoding = encoding
         self._file = open(self.tmp_path, "wb")  # noqa: SIM115 - open until finish() or abandon()

@@ -18,8 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from bytestream.errors import UserError
-
-SKIP_PATTERN = "skipped-{:05d}.jsonl"
+from logit_store.file_names import SKIP_LIST
 
 
 @dataclass(frozen=True)
@@ -30,7 +29,7 @@ class Skip:
 
 
 def skip_path(directory: Path, writer_id: int) -> Path:
-    return Path(directory) / SKIP_PATTERN.format(writer_id)
+    return Path(directory) / SKIP_LIST(writer_id)
 
 
 class SkipList:
@@ -91,5 +90,5 @@ def _read(path: Path, keep_partial: bool) -> list[Skip]:
 
 def read_skips(directory: Path) -> list[Skip]:
     """Every writer's skips in a store, writer by writer, each in the order it was dealt them."""
-    lists = [_read(path, keep_partial=True) for path in sorted(Path(directory).glob("skipped-*.jsonl"))]
+    lists = [_read(path, keep_partial=True) for path in SKIP_LIST.paths(directory)]
     return [s for skips in lists for s in sorted(skips, key=lambda s: s.index)]

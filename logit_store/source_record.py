@@ -12,15 +12,15 @@ import json
 from pathlib import Path
 
 from bytestream.errors import UserError
+from logit_store.file_names import SOURCE_RECORD
 from logit_store.manifest import write_atomic
 
-SOURCE_PATTERN = "source-{:05d}.json"
 SOURCE_START = b'{"writer_id": '  # how every source record begins
 MAX_RECORD_BYTES = 256 << 20  # a label and a digest per 32 MiB piece: far beyond any corpus
 
 
 def source_path(directory: Path, writer_id: int) -> Path:
-    return Path(directory) / SOURCE_PATTERN.format(writer_id)
+    return Path(directory) / SOURCE_RECORD(writer_id)
 
 
 def read_source_record(directory: Path, writer_id: int) -> dict[str, str] | None:
@@ -69,4 +69,4 @@ def keep_source_record(directory: Path, writer_id: int, pieces: dict[str, str], 
             "restore the corpus, or choose another --output"
         )
     text = json.dumps({"writer_id": writer_id, "pieces": dict(sorted(pieces.items()))})
-    write_atomic(source_path(directory, writer_id), (text + "\n").encode(), f"w{writer_id}")
+    write_atomic(source_path(directory, writer_id), (text + "\n").encode(), writer_id)

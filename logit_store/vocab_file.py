@@ -16,7 +16,6 @@ import zstandard
 from bytestream.errors import UserError
 from bytestream.vocab import TeacherVocab
 
-VOCAB_FILE = "vocab.bin"
 VOCAB_MAGIC = b"BDVOCAB\0"
 MAX_VOCAB_BODY = 64 << 20  # decompressed vocabulary bytes (Llama-3's is 1.6 MB)
 MAX_VOCAB_SIZE = 1 << 22

@@ -16,6 +16,7 @@ from bytestream.trie import VocabTrie, build_trie
 from bytestream.vocab import TeacherVocab
 from logit_store.chunk import EncodedDocument
 from logit_store.encodings import DEFAULT_ENCODING, Encoding, get_encoding
+from logit_store.file_names import MANIFEST, PARTIAL_SHARD, SHARD, VOCAB_FILE
 from logit_store.integrity import (
     Completion,
     check_sequence,
@@ -28,7 +29,6 @@ from logit_store.manifest import (
     FORMAT_NAME,
     FORMAT_VERSION,
     IDENTITY_FIELDS,
-    MANIFEST,
     identity_hash,
     read_manifest,
     settings_hash,
@@ -41,10 +41,9 @@ from logit_store.shard import (
     ShardReader,
     ShardRecord,
     fsync_directory,
-    shard_name,
 )
 from logit_store.source_record import keep_source_record
-from logit_store.vocab_file import VOCAB_FILE, vocab_to_bytes
+from logit_store.vocab_file import vocab_to_bytes
 
 
 def _differences(name: str, stored, new) -> str:
@@ -159,21 +158,21 @@ class StoreWriter:
                 )
             vocab_path = self.directory / VOCAB_FILE
             if not vocab_path.is_file():
-                write_atomic(vocab_path, vocab_to_bytes(self.vocab), f"w{self.writer_id}")
+                write_atomic(vocab_path, vocab_to_bytes(self.vocab), self.writer_id)
         else:  # the manifest first: a store file in a directory without one is not a store's
             text = json.dumps(self.manifest, indent=2, sort_keys=True) + "\n"
-            write_atomic(manifest_path, text.encode(), f"w{self.writer_id}")
-            write_atomic(self.directory / VOCAB_FILE, vocab_to_bytes(self.vocab), f"w{self.writer_id}")
+            write_atomic(manifest_path, text.encode(), self.writer_id)
+            write_atomic(self.directory / VOCAB_FILE, vocab_to_bytes(self.vocab), self.writer_id)
         fsync_directory(self.directory)
         sequences = shard_sequences(self.directory).get(self.writer_id, [])  # finished shards
         if self.source_pieces is not None:  # before anything of this writer's is touched
             keep_source_record(self.directory, self.writer_id, self.source_pieces, len(sequences))
 
-        for tmp in self.directory.glob(f"shard-{self.writer_id:05d}-*.tmp"):
+        for tmp in PARTIAL_SHARD.paths(self.directory, self.writer_id):
             tmp.unlink()
         completion_path(self.directory, self.writer_id).unlink(missing_ok=True)  # writing again: not finished
         check_sequence(self.directory, self.writer_id, sequences)
-        existing = [ShardReader(self.directory / shard_name(self.writer_id, s), self.encoding) for s in sequences]
+        existing = [ShardReader(self.directory / SHARD(self.writer_id, s), self.encoding) for s in sequences]
         check_writer(self.directory, self.writer_id, existing, self._identity)
         self.num_existing_documents = sum(r.num_docs for r in existing)
         self.existing_text_bytes = sum(int(r.docs["text_bytes"].sum()) for r in existing)
@@ -256,7 +255,7 @@ class StoreWriter:
             return
         if self._shard is None:
             record = ShardRecord(self.writer_id, self._next_sequence, self._writer_documents, self._identity)
-            path = self.directory / shard_name(self.writer_id, self._next_sequence)
+            path = self.directory / SHARD(self.writer_id, self._next_sequence)
             self._shard = ShardFile(path, self.compression_level, record, self.encoding)
         contexts = self._chunk_contexts() if self.encoding.needs_contexts else None
         self._shard.write_chunk(self._pending, contexts)

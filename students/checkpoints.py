@@ -26,7 +26,7 @@ from safetensors import SafetensorError
 
 from bytestream.errors import UserError, first_line
 from bytestream.files import read_text, write_new
-from bytestream.ranges import NON_NEGATIVE
+from configs.ranges import NON_NEGATIVE
 
 CHECKPOINTS = "checkpoints"
 METRICS = "metrics.jsonl"

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from bytestream.alphabet import NUM_BYTES
 from bytestream.errors import UserError
-from bytestream.ranges import COUNT, NON_NEGATIVE, at_least
+from configs.ranges import COUNT, NON_NEGATIVE, at_least
 
 if TYPE_CHECKING:  # torch is imported where it runs: `bytedistill train --help` loads none
     import torch

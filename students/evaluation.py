@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from bytestream.alphabet import ALPHABET_SIZE, PAD
 from bytestream.errors import UserError
-from bytestream.ranges import NON_NEGATIVE
+from configs.ranges import NON_NEGATIVE
 from students.data import to_device, utf8_bytes
 from students.loss import kl_per_position
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from bytestream.ranges import COUNT, NON_NEGATIVE, POSITIVE, SEED, Range
+from configs.ranges import COUNT, NON_NEGATIVE, POSITIVE, SEED, Range
 
 
 @dataclass

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from bytestream.errors import UserError
-from bytestream.ranges import FRACTION, POSITIVE
+from configs.ranges import FRACTION, POSITIVE
 
 if TYPE_CHECKING:  # torch is imported where it runs: `bytedistill train --help` loads none
     import torch

@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from bytestream.ranges import NON_NEGATIVE, POSITIVE
+from configs.ranges import NON_NEGATIVE, POSITIVE
 
 if TYPE_CHECKING:  # torch is imported where it runs: `bytedistill train --help` loads none
     import torch

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from bytestream.ranges import COUNT, at_least
+from configs.ranges import COUNT, at_least
 
 MODES = ("stream", "plain", "plain-renormalised")
 

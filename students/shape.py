@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from bytestream.ranges import COUNT, POSITIVE
+from configs.ranges import COUNT, POSITIVE
 from students.model import PRESETS
 
 ARCHITECTURES = ("flat", "patched")

@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bytestream.config_fields import flat_values
 from bytestream.errors import UserError
-from bytestream.ranges import COUNT, SEED, check_ranges
+from configs.fields import flat_values
+from configs.ranges import COUNT, SEED, range_problem
 from students.checkpoints import CheckpointConfig
 from students.data import BatchConfig
 from students.evaluation import EvalConfig
@@ -40,7 +40,7 @@ class LogConfig:
 @dataclass
 class TrainConfig:
     """A training run, composed of the settings of the modules that read them; its flags and
-    config-file keys are the flat names of :mod:`bytestream.config_fields` (``--lr``, not ``--optim.lr``)."""
+    config-file keys are the flat names of :mod:`configs.fields` (``--lr``, not ``--optim.lr``)."""
 
     train_stores: list[str] = field(metadata={"help": "logit store directories to train on"})
     output_dir: str = field(metadata={"help": "directory for checkpoints, metrics.jsonl, run_info.json and logs"})
@@ -91,7 +91,8 @@ class TrainConfig:
             raise UserError("give at least one --train-stores directory")
         if self.max_steps is None and self.max_train_bytes is None:
             raise UserError("give --max-steps or --max-train-bytes")
-        check_ranges(type(self), flat_values(self))  # a library caller gets the parser's checks too
+        if problem := range_problem(type(self), flat_values(self)):  # a library caller gets the parser's checks too
+            raise UserError(problem)
         seq_len, max_positions = self.batches.seq_len, self.student.max_positions
         if max_positions is not None and seq_len > max_positions:
             raise UserError(f"--seq-len {seq_len} is more than the model's --max-positions {max_positions}")

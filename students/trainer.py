@@ -12,7 +12,7 @@ computed from the step and byte counters so that a resumed run needs no schedule
 shape (:mod:`students.architectures`), the batches (:mod:`students.data`), the optimiser
 (:mod:`students.optim`), the loss (:mod:`students.loss`), evaluation (:mod:`students.evaluation`),
 checkpoints (:mod:`students.checkpoints`) and logging (here); run_info.json records its flat
-settings (:func:`bytestream.config_fields.flat_values`), as the flags name them.
+settings (:func:`configs.fields.flat_values`), as the flags name them.
 
 Output directory::
 
@@ -44,9 +44,9 @@ from typing import Any
 
 import torch
 
-from bytestream.config_fields import flat_values
 from bytestream.errors import UserError
 from bytestream.files import append_text
+from configs.fields import flat_values
 from students.architectures import build_student_of_shape, require_architecture
 from students.checkpoints import (
     METRICS,

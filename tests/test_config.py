@@ -13,8 +13,8 @@ import pytest
 
 from bytedistill.cli import COMMANDS, config_class
 from bytedistill.cli import main as cli_main
-from bytestream.config_fields import leaves
 from bytestream.errors import UserError
+from configs.fields import leaves
 from distill.dump import DumpConfig
 from students.trainer import TrainConfig
 from tests.configs import parse_config

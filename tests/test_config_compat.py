@@ -24,7 +24,7 @@ import yaml
 
 from bytedistill.cli import COMMANDS, build_parser, config_class
 from bytedistill.cli import main as cli_main
-from bytestream.config_fields import flat_values
+from configs.fields import flat_values
 from tests.configs import parse_config
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from distill.corpus import CorpusSpec, corpus_fingerprint, select_documents
-from distill.corpus_shares import dataset_documents, dataset_pieces, share_fingerprints, writer_documents
+from distill.corpus_formats import DatasetRows
+from distill.corpus_shares import share_fingerprints, writer_documents
 from distill.sharding import writers_of
 
 WRITERS = 6
@@ -148,11 +149,11 @@ def test_streamed_and_saved_datasets_are_dealt_by_shard_and_rows(tmp_path):
         files[-1].write_text("\n".join(json.dumps({"text": _text(100 * s + i)}) for i in range(5)))
     spec = CorpusSpec("parts")
     streamed = datasets.load_dataset("json", data_files=[str(f) for f in files], split="train", streaming=True)
-    pieces = dataset_pieces(streamed, "parts")
+    pieces = DatasetRows(streamed, "parts", spec).pieces()
     assert len(pieces) == 4
-    docs = {k: d for piece in pieces for k, d in dataset_documents(streamed, piece, spec)}
+    docs = {k: d for piece in pieces for k, d in piece.documents()}
     assert docs["parts[train][2:3]"] == _text(203).encode()
     assert len(docs) == 20
     rows = datasets.Dataset.from_dict({"text": [_text(i) for i in range(30)]})
-    saved = {k: d for piece in dataset_pieces(rows, "rows") for k, d in dataset_documents(rows, piece, spec)}
+    saved = {k: d for piece in DatasetRows(rows, "rows", spec).pieces() for k, d in piece.documents()}
     assert saved == {f"rows[train][{i}]": _text(i).encode() for i in range(30)}

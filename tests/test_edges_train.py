@@ -19,7 +19,7 @@ import pytest
 
 from bytedistill.cli import COMMANDS, config_class
 from bytedistill.cli import main as bytedistill
-from bytestream.config_fields import leaves
+from configs.fields import leaves
 from students.checkpoints import latest_checkpoint
 from students.run_directory import LOCK_FILE, RUN_RECORD
 from tests.edges import Edge, check_edge

@@ -188,7 +188,7 @@ def test_evaluation_is_the_same_with_one_and_two_processes(tmp_path):
     script.write_text(
         textwrap.dedent(f"""
         from students.synthetic import SYNTHETIC_SOURCE
-        from bytestream.config_fields import from_flat
+        from configs.fields import from_flat
         from students.trainer import TrainConfig, train
         train(from_flat(TrainConfig, dict(**{settings!r}, output_dir={str(tmp_path / "two")!r})), SYNTHETIC_SOURCE)
     """)

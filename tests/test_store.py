@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 
 from bytedistill.cli import main as cli_main
-from bytedistill.store import verify_store
 from bytestream.alphabet import ALPHABET_SIZE
 from bytestream.errors import UserError
 from bytestream.vocab import load_teacher_tokenizer, vocab_from_tokenizer
@@ -28,6 +27,7 @@ from logit_store import (
     open_stores,
     store_content_hash,
 )
+from logit_store.verify import verify_store
 
 TEXTS = [
     b"In the beginning God created the heaven and the earth.",

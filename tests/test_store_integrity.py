@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from bytedistill.cli import main as cli_main
-from bytedistill.store import verify_store
 from bytestream.errors import UserError
 from logit_store.store import LogitStore, StoreWriter
+from logit_store.verify import verify_store
 from tests.store_data import tiny_documents, tiny_vocab
 
 V1_STORE = Path(__file__).parent / "data" / "store-v1"

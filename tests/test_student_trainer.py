@@ -12,8 +12,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from bytestream.config_fields import flat_values
 from bytestream.errors import UserError
+from configs.fields import flat_values
 from students.checkpoints import checkpoint_dir, latest_checkpoint
 from students.optim import OptimConfig, check_schedule, learning_rate, warmup_steps
 from students.synthetic import SYNTHETIC_SOURCE

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bytestream.config_fields import from_flat
+from configs.fields import from_flat
 from students.trainer import TrainConfig
 
 TINY = {

@@ -1,8 +1,8 @@
 """The values a numeric config field accepts: a :class:`Range` in the field's ``range`` metadata.
 
-Library configs declare their ranges here, and :func:`check_ranges` refuses a value outside one in
-one line naming the flag (the command line checks the same ranges when it parses); a composed
-config's ranges are its settings' (:mod:`bytestream.config_fields`).
+Library configs declare their ranges here, and :func:`range_problem` says, in one line naming the
+flag, which value lies outside one: the command line refuses it when it parses, a library config
+when it is built; a composed config's ranges are its settings' (:mod:`configs.fields`).
 """
 
 from __future__ import annotations
@@ -11,8 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from bytestream.config_fields import leaves
-from bytestream.errors import UserError
+from configs.fields import leaves
 
 
 @dataclass(frozen=True)
@@ -59,15 +58,17 @@ def flag_name(field_name: str) -> str:
     return "--" + field_name.replace("_", "-")
 
 
-def check_ranges(config_cls: type, values: dict[str, Any]) -> None:
-    """Refuse a numeric value outside its setting's ``range``, naming the flag; ``values`` by flat
-    name. NaN and infinities are refused whatever the range: a flag cannot give them, and a YAML
-    file's ``.nan`` compares false with every bound (``grad_clip: .nan`` would turn clipping off)."""
+def range_problem(config_cls: type, values: dict[str, Any]) -> str | None:
+    """The first numeric value outside its setting's ``range``, as a one-line message naming the
+    flag (None if there is none); ``values`` by flat name. NaN and infinities are out of every
+    range: a flag cannot give them, and a YAML file's ``.nan`` compares false with every bound
+    (``grad_clip: .nan`` would turn clipping off)."""
     for leaf in leaves(config_cls):
         allowed, value = leaf.field.metadata.get("range"), values.get(leaf.name)
         if allowed is None or value is None or isinstance(value, bool):
             continue
         if isinstance(value, float) and not math.isfinite(value):
-            raise UserError(f"{flag_name(leaf.name)} must be a finite number ({allowed}), got {value}")
+            return f"{flag_name(leaf.name)} must be a finite number ({allowed}), got {value}"
         if value not in allowed:
-            raise UserError(f"{flag_name(leaf.name)} must be {allowed}, got {value}")
+            return f"{flag_name(leaf.name)} must be {allowed}, got {value}"
+    return None
