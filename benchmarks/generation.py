@@ -30,7 +30,8 @@ from transformers import LlamaConfig, LlamaForCausalLM, LogitsProcessor, LogitsP
 from benchmarks.results import write_section
 from bytestream.alphabet import NUM_BYTES, PAD
 from bytestream.stream_tokenizer import ByteStreamTokenizer
-from students.cost import StreamRates, student_cost
+from students.architectures import student_cost
+from students.cost import StreamRates
 from students.model import build_student, count_parameters, student_config
 from students.patched_model import PatchedStudent, PatchedStudentConfig
 

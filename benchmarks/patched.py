@@ -171,9 +171,9 @@ class Row:
 
 
 def measure(run: Path, size: Size, rates, args, heldout: Path) -> Row:
-    from students.cost import student_cost
-    from students.export import load_student, resolve_checkpoint
+    from students.architectures import student_cost
     from students.speed import generation_speed
+    from students.trained_student import load_student, resolve_checkpoint
 
     model = load_student(resolve_checkpoint(run)).to(args.device)
     cost = student_cost(model)
@@ -200,20 +200,13 @@ def measure(run: Path, size: Size, rates, args, heldout: Path) -> Row:
 
 def overhead(args, rates, heldout: Path) -> dict[str, float]:
     """Milliseconds per generation step of the smallest student of each family (batch 1, untrained)."""
-    from students.architectures import patched_config
-    from students.model import build_student, student_config
-    from students.patched_model import PatchedStudent
+    from students.architectures import architecture_named
+    from students.shape import StudentShape
 
     out = {}
     for size in OVERHEAD:
-        sizes = size.train_flags(1)
-        common = {k: sizes[k] for k in ("hidden_size", "num_layers", "num_heads", "intermediate_size")}
-        torch.manual_seed(0)
-        if size.architecture == "flat":
-            model = build_student(student_config("tiny", max_positions=args.seq_len, **common))
-        else:
-            local = {k: sizes[k] for k in ("local_hidden_size", "local_layers", "local_window")}
-            model = PatchedStudent(patched_config("tiny", max_positions=args.seq_len, **common, **local))
+        shape = StudentShape(**size.train_flags(1))
+        model = architecture_named(size.architecture).build(shape, seq_len=args.seq_len, seed=0)
         prompt = prompts(heldout, 1, args.prompt_symbols)
         out[size.architecture] = 1000 * step_time(model, args.device, prompt, 256)
     return out

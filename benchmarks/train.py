@@ -44,9 +44,9 @@ def main() -> None:
     import torch
     from accelerate import Accelerator
 
-    from students.architectures import StudentShape
     from students.data import STORE_SOURCE, BatchConfig
     from students.loss import LossConfig
+    from students.shape import StudentShape
     from students.trainer import LogConfig, TrainConfig, start_run, train_step
 
     store = benchmark_store(args.kilobytes)

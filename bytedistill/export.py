@@ -34,7 +34,8 @@ class ExportConfig:
 
 def export(config: ExportConfig) -> int:
     """Write a trained student as a Hugging Face model folder."""
-    from students.export import choose_checkpoint, export_student
+    from students.export import export_student
+    from students.trained_student import choose_checkpoint
 
     chosen = choose_checkpoint(Path(config.checkpoint))
     if chosen.unfinished:

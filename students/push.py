@@ -169,7 +169,7 @@ def check_loadable(folder: Path) -> None:
     """Raise a UserError naming why the folder would not load; reads no tensor."""
     from transformers import PreTrainedTokenizerFast
 
-    from students.score import load_model, load_stream_tokenizer
+    from students.exported_folder import load_model, load_stream_tokenizer
 
     folder = Path(folder)
     try:

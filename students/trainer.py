@@ -9,7 +9,7 @@ computed from the step and byte counters so that a resumed run needs no schedule
 ``mixed_precision`` the forward runs under autocast; the loss is computed in float32.
 
 :class:`TrainConfig` is composed of the settings of the modules that read them: the student's
-shape (:mod:`students.architectures`), the batches (:mod:`students.data`), the optimiser
+shape (:mod:`students.shape`), the batches (:mod:`students.data`), the optimiser
 (:mod:`students.optim`), the loss (:mod:`students.loss`), evaluation (:mod:`students.evaluation`),
 checkpoints (:mod:`students.checkpoints`) and logging (here); run_info.json records its flat
 settings (:func:`bytestream.config_fields.flat_values`), as the flags name them.
@@ -47,7 +47,7 @@ import torch
 from bytestream.config_fields import flat_values
 from bytestream.errors import UserError
 from bytestream.files import append_text
-from students.architectures import build_student_of_shape, require_architecture
+from students.architectures import architecture_named, student_cost
 from students.checkpoints import (
     METRICS,
     RUN_INFO,
@@ -57,11 +57,12 @@ from students.checkpoints import (
     latest_checkpoint,
     load_checkpoint,
     prune_checkpoints,
+    require_architecture,
     resolve_resume,
     save_checkpoint,
     write_json,
 )
-from students.cost import StreamRates, student_cost, summary_line
+from students.cost import StreamRates, summary_line
 from students.data import STORE_SOURCE, BatchStream, DataSource, to_device, utf8_bytes
 from students.dataset import SplitBatches
 from students.evaluation import EvalMetrics, evaluate
@@ -408,7 +409,8 @@ def _hparams(config: TrainConfig) -> dict[str, Any]:
 
 
 def _model_and_optimizer(config: TrainConfig) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-    model = build_student_of_shape(config.student, seq_len=config.batches.seq_len, seed=config.seed)
+    architecture = architecture_named(config.student.architecture)
+    model = architecture.build(config.student, seq_len=config.batches.seq_len, seed=config.seed)
     return model, adamw(model, config.optim)
 
 

@@ -12,19 +12,16 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 from bytedistill.cli import main as cli_main
 from bytestream.alphabet import EOT
 from bytestream.errors import UserError
-from students.export import (
-    EXPORT_RECORD,
-    export_student,
-    load_student,
-    model_card,
-    resolve_checkpoint,
-)
+from students.card import model_card
+from students.export import export_student
+from students.export_record import EXPORT_RECORD
 from students.generate import (
     GenerateOptions,
     generate_bytes,
     load_folder,
 )
 from students.synthetic import SYNTHETIC_SOURCE
+from students.trained_student import load_student, resolve_checkpoint
 from students.trainer import train
 from tests.tiny_student import tiny_config
 

@@ -23,11 +23,12 @@ from transformers import LogitsProcessor, LogitsProcessorList
 from bytestream.alphabet import BOS, EOT, PAD
 from bytestream.errors import UserError
 from students import patched_model
-from students.architectures import MODELING_FILE
+from students.architectures import student_cost
 from students.checkpoints import checkpoint_dir, latest_checkpoint
-from students.cost import StreamRates, student_cost, summary_line
+from students.cost import StreamRates, summary_line
 from students.export import export_student
 from students.model import build_student, count_parameters, student_config
+from students.patched import MODELING_FILE
 from students.patched_model import PatchedStudent, PatchedStudentConfig
 from students.push import push_folder
 from students.score import ScoreOptions, score
