@@ -149,7 +149,7 @@ def prompts(heldout: Path, batch: int, length: int) -> torch.Tensor:
 
 def step_time(model, device: str, prompt: torch.Tensor, new_symbols: int) -> float:
     """Seconds per generated symbol (caches on)."""
-    from students.speed import generation_speed
+    from students.models.speed import generation_speed
 
     speed = generation_speed(model.to(device), prompt.to(device), new_symbols)
     return speed.seconds / speed.new_symbols
@@ -171,9 +171,9 @@ class Row:
 
 
 def measure(run: Path, size: Size, rates, args, heldout: Path) -> Row:
-    from students.architectures import student_cost
-    from students.speed import generation_speed
-    from students.trained_student import load_student, resolve_checkpoint
+    from students.models.architectures import student_cost
+    from students.models.speed import generation_speed
+    from students.release.trained_student import load_student, resolve_checkpoint
 
     model = load_student(resolve_checkpoint(run)).to(args.device)
     cost = student_cost(model)
@@ -200,8 +200,8 @@ def measure(run: Path, size: Size, rates, args, heldout: Path) -> Row:
 
 def overhead(args, rates, heldout: Path) -> dict[str, float]:
     """Milliseconds per generation step of the smallest student of each family (batch 1, untrained)."""
-    from students.architectures import architecture_named
-    from students.shape import StudentShape
+    from students.models.architectures import architecture_named
+    from students.models.shape import StudentShape
 
     out = {}
     for size in OVERHEAD:
@@ -343,7 +343,7 @@ def main() -> None:
     if args.device == "cpu":
         os.environ["ACCELERATE_USE_CPU"] = "1"  # train on the CPU too
 
-    from students.cost import StreamRates, rates_of_stores
+    from students.models.cost import StreamRates, rates_of_stores
 
     work = args.workdir
     teacher = str(smollm2_gguf())

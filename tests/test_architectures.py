@@ -11,19 +11,19 @@ from pathlib import Path
 import pytest
 import torch
 
-from students.architectures import ARCHITECTURES
-from students.flat import FLAT
-from students.patched import PATCHED
+from students.models.architectures import ARCHITECTURES
+from students.models.flat import FLAT
+from students.models.patched import PATCHED
 from tests.toy_architecture import TOY, ToyBigram
 
 ROOT = Path(__file__).resolve().parents[1]
-OWN_MODULES = {"students/flat.py", "students/patched.py", "students/patched_model.py"}
+OWN_MODULES = {"students/models/flat.py", "students/models/patched.py", "students/models/patched_model.py"}
 
 
 def test_each_architecture_is_told_by_its_configs_model_type():
     from transformers import LlamaConfig
 
-    from students.patched_model import PatchedStudentConfig
+    from students.models.patched_model import PatchedStudentConfig
 
     assert FLAT.model_type == LlamaConfig.model_type and PATCHED.model_type == PatchedStudentConfig.model_type
     assert list(ARCHITECTURES) == ["flat", "patched"]
@@ -50,12 +50,12 @@ def toy_registered(monkeypatch):
 
 @pytest.mark.slow
 def test_a_toy_architecture_trains_exports_and_scores(toy_registered, tmp_path, llama3_tokenizer_path):
-    from students.export import export_student
-    from students.exported_folder import load_model
-    from students.score import ScoreOptions, score
-    from students.synthetic import SYNTHETIC_SOURCE
-    from students.trained_student import load_student, resolve_checkpoint
-    from students.trainer import train
+    from students.release.export import export_student
+    from students.release.exported_folder import load_model
+    from students.release.score import ScoreOptions, score
+    from students.release.trained_student import load_student, resolve_checkpoint
+    from students.training.synthetic import SYNTHETIC_SOURCE
+    from students.training.trainer import train
     from tests.tiny_student import tiny_config
 
     run = tmp_path / "run"

@@ -9,12 +9,12 @@ import pytest
 
 from bytedistill.cli import main as cli_main
 from bytestream.errors import UserError
-from students import exported_folder
-from students.export import export_student
-from students.export_record import EXPORT_RECORD
-from students.push import ENDPOINT_TOKEN, push_folder, resolve_target, upload_plan
-from students.synthetic import SYNTHETIC_SOURCE
-from students.trainer import train
+from students.release import exported_folder
+from students.release.export import export_student
+from students.release.export_record import EXPORT_RECORD
+from students.release.push import ENDPOINT_TOKEN, push_folder, resolve_target, upload_plan
+from students.training.synthetic import SYNTHETIC_SOURCE
+from students.training.trainer import train
 from tests.fake_hub import FakeHub, serve
 from tests.tiny_student import tiny_config
 

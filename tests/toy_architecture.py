@@ -1,5 +1,5 @@
 """A toy architecture, added the way any architecture is: this one module and one line in the
-registry (:data:`students.architectures.ARCHITECTURES`, which tests/test_architectures.py sets).
+registry (:data:`students.models.architectures.ARCHITECTURES`, which tests/test_architectures.py sets).
 
 The toy is a bigram model (each symbol's embedding, straight to the head): the next symbol depends
 on the current one only, so it needs no cache to generate.
@@ -16,8 +16,8 @@ from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from bytestream.alphabet import ALPHABET_SIZE, BOS, EOS, PAD
-from students.architecture import Architecture, load_weights
-from students.cost import StreamRates, StudentCost, split_parameters
+from students.models.architecture import Architecture, load_weights
+from students.models.cost import StreamRates, StudentCost, split_parameters
 
 
 class ToyConfig(PretrainedConfig):

@@ -35,8 +35,8 @@ from bytestream.alphabet import BOS, EOS, NUM_BYTES, PAD
 from bytestream.errors import UserError
 from bytestream.stream_tokenizer import TEACHER_TOKENIZER_FILE, ByteStreamTokenizer
 from distill.corpus import RECORD_SUFFIXES, TEXT_SUFFIXES, CorpusSpec, raw_documents
-from students.exported_folder import load_model, load_stream_tokenizer
-from students.score_options import MODES, ScoreOptions
+from students.release.exported_folder import load_model, load_stream_tokenizer
+from students.release.score_options import MODES, ScoreOptions
 
 
 @dataclass
@@ -208,7 +208,7 @@ def require_own_teacher(folder: Path, stores: list[Path]) -> None:
 
     from bytestream.vocab import vocab_from_tokenizer
     from logit_store.store import LogitStore
-    from students.teacher_check import same_tokens
+    from students.release.teacher_check import same_tokens
 
     vocab = vocab_from_tokenizer(Tokenizer.from_file(str(folder / TEACHER_TOKENIZER_FILE)))
     for path in stores:

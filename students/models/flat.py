@@ -1,4 +1,4 @@
-"""The flat student: a stock Llama over symbols (:mod:`students.model`), exported with no code of
+"""The flat student: a stock Llama over symbols (:mod:`students.models.llama`), exported with no code of
 its own, so that ``AutoModelForCausalLM.from_pretrained(folder)`` loads it without remote code."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from students.architecture import Architecture, load_weights
-from students.cost import StreamRates, StudentCost, block_weights, split_parameters
-from students.model import build_student, student_config
+from students.models.architecture import Architecture, load_weights
+from students.models.cost import StreamRates, StudentCost, block_weights, split_parameters
+from students.models.llama import build_student, student_config
 
 
 @dataclass(frozen=True)

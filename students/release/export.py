@@ -1,26 +1,26 @@
 """Export a trained student as a Hugging Face model folder.
 
 The folder holds ``config.json`` + ``model.safetensors`` (the student of a checkpoint,
-:mod:`students.trained_student`, whose ``max_position_embeddings`` is the trained context, with
+:mod:`students.release.trained_student`, whose ``max_position_embeddings`` is the trained context, with
 any files its architecture ships), ``generation_config.json`` (``<eos>`` stops generation;
 ``<bos>``/``<pad>`` never generated), two tokenizers and a model card ``README.md``
-(:mod:`students.card`):
+(:mod:`students.release.card`):
 
 - the stream tokenizer (``AutoTokenizer.from_pretrained(folder, trust_remote_code=True)``):
   ``tokenization_bytedistill.py`` (a copy of :mod:`bytestream.stream_tokenizer`) and the teacher's
-  ``teacher_tokenizer.json`` (checked against the training store, :mod:`students.teacher_check`); it gives the student the training stream with the teacher's
+  ``teacher_tokenizer.json`` (checked against the training store, :mod:`students.release.teacher_check`); it gives the student the training stream with the teacher's
   ``<eot>`` marks;
 - the plain byte tokenizer (``tokenizer.json``; ``PreTrainedTokenizerFast``, no remote code): bytes
   without ``<eot>`` marks, which the student never saw in training (worse BPB, stated in the card);
-- ``custom_generate/generate.py`` (a copy of :mod:`students.custom_generate`): with
+- ``custom_generate/generate.py`` (a copy of :mod:`students.release.custom_generate`): with
   ``trust_remote_code=True`` on the model too, ``model.generate`` heals prompts given as complete
   streams (lm-evaluation-harness's generation tasks).
 
-``bytedistill_export.json`` records every file export wrote (:mod:`students.export_record`); ``push``
+``bytedistill_export.json`` records every file export wrote (:mod:`students.release.export_record`); ``push``
 uploads only those, and a new export into the folder replaces them. A folder holding anything else
 (dotfiles aside), or whose record names anything but regular files inside it, is refused before a
 file is touched. The new export is written beside the old one and swapped in only when complete,
-one export into a folder at a time (:mod:`students.export_staging`): a failure leaves the old one whole.
+one export into a folder at a time (:mod:`students.release.export_staging`): a failure leaves the old one whole.
 """
 
 from __future__ import annotations
@@ -36,14 +36,14 @@ from transformers import GenerationConfig
 from bytestream import stream_tokenizer
 from bytestream.alphabet import BOS, EOS, PAD
 from bytestream.stream_tokenizer import TEACHER_TOKENIZER_FILE
-from students import custom_generate
-from students.architectures import architecture_of_model
-from students.card import card_section, model_card
-from students.export_record import previous_export, write_record, written_files
-from students.export_staging import clean_leftover, export_lock, staging, swap_in
-from students.teacher_check import teacher_tokenizer_json
-from students.tokenizer import build_tokenizer
-from students.trained_student import load_student, read_run_info, resolve_checkpoint, trained_context
+from students.models.architectures import architecture_of_model
+from students.release import custom_generate
+from students.release.card import card_section, model_card
+from students.release.export_record import previous_export, write_record, written_files
+from students.release.export_staging import clean_leftover, export_lock, staging, swap_in
+from students.release.teacher_check import teacher_tokenizer_json
+from students.release.tokenizer import build_tokenizer
+from students.release.trained_student import load_student, read_run_info, resolve_checkpoint, trained_context
 
 REMOTE_CODE_FILE = "tokenization_bytedistill.py"
 CUSTOM_GENERATE_FILE = "custom_generate/generate.py"  # transformers binds it as model.generate (trust_remote_code)

@@ -1,6 +1,6 @@
 """The trained student an export reads: a checkpoint directory itself, or the newest finished
 checkpoint of a training output directory; the student in it (whatever its architecture,
-:mod:`students.architectures`), its ``run_info.json`` and the context it was trained on."""
+:mod:`students.models.architectures`), its ``run_info.json`` and the context it was trained on."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from bytestream.errors import UserError
-from students.architectures import architecture_of_config
-from students.checkpoints import TRAINER_STATE, latest_checkpoint, read_json, require_complete
+from students.models.architectures import architecture_of_config
+from students.training.checkpoints import TRAINER_STATE, latest_checkpoint, read_json, require_complete
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The patched student: the ``<eot>``-patched hierarchical model of :mod:`students.patched_model`
+"""The patched student: the ``<eot>``-patched hierarchical model of :mod:`students.models.patched_model`
 (docs/DESIGN.md, "The patched student"). Its global model of each size preset is the flat preset
 of the same name; the local encoder and decoder are small (:data:`LOCAL_PRESETS`).
 
@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bytestream.errors import UserError
-from students.architecture import Architecture, load_weights
-from students.cost import StreamRates, StudentCost, block_weights, split_parameters
-from students.model import PRESETS
+from students.models.architecture import Architecture, load_weights
+from students.models.cost import StreamRates, StudentCost, block_weights, split_parameters
+from students.models.llama import PRESETS
 
 if TYPE_CHECKING:  # torch is imported where it runs: `bytedistill train --help` loads none
-    from students.patched_model import PatchedStudentConfig
+    from students.models.patched_model import PatchedStudentConfig
 
 MODELING_FILE = "modeling_bytedistill_patched.py"
 
@@ -60,7 +60,7 @@ def patched_config(
 ) -> PatchedStudentConfig:
     """A :class:`PatchedStudentConfig` for the named preset: ``hidden_size`` … ``intermediate_size``
     size the global model, ``local_*`` the local encoder and decoder."""
-    from students.patched_model import PatchedStudentConfig
+    from students.models.patched_model import PatchedStudentConfig
 
     if preset not in PRESETS:
         raise UserError(f"unknown student preset {preset!r}; choose one of {', '.join(PRESETS)}")
@@ -127,7 +127,7 @@ class PatchedArchitecture(Architecture):
     def build(self, shape, *, seq_len: int, seed: int):
         import torch
 
-        from students.patched_model import PatchedStudent
+        from students.models.patched_model import PatchedStudent
 
         if shape.num_kv_heads is not None:
             raise UserError("--num-kv-heads applies to the flat student only")
@@ -147,7 +147,7 @@ class PatchedArchitecture(Architecture):
         return PatchedStudent(model_config)
 
     def load(self, checkpoint: Path, saved_config: dict[str, Any]):
-        from students.patched_model import PatchedStudent, PatchedStudentConfig
+        from students.models.patched_model import PatchedStudent, PatchedStudentConfig
 
         model = PatchedStudent(PatchedStudentConfig.from_json_file(str(Path(checkpoint) / "config.json")))
         load_weights(model, Path(checkpoint) / "model.safetensors", self.name)
@@ -156,7 +156,7 @@ class PatchedArchitecture(Architecture):
     def register_auto_classes(self) -> None:
         from transformers import AutoConfig, AutoModelForCausalLM
 
-        from students.patched_model import PatchedStudent, PatchedStudentConfig
+        from students.models.patched_model import PatchedStudent, PatchedStudentConfig
 
         AutoConfig.register(PatchedStudentConfig.model_type, PatchedStudentConfig, exist_ok=True)
         AutoModelForCausalLM.register(PatchedStudentConfig, PatchedStudent, exist_ok=True)
@@ -173,7 +173,7 @@ class PatchedArchitecture(Architecture):
         """Ship the modeling file and point ``config.json`` at it."""
         import shutil
 
-        from students import patched_model
+        from students.models import patched_model
 
         shutil.copyfile(patched_model.__file__, Path(folder) / MODELING_FILE)
         model.config.auto_map = self.auto_map()

@@ -1,5 +1,5 @@
 """Load an exported student folder with this library's own classes: the model through
-``AutoModelForCausalLM`` (each architecture registers its class, :func:`students.architectures.register_auto_classes`)
+``AutoModelForCausalLM`` (each architecture registers its class, :func:`students.models.architectures.register_auto_classes`)
 and the stream tokenizer as :class:`~bytestream.stream_tokenizer.ByteStreamTokenizer`. No code of the
 folder runs: a folder naming code export does not write is refused.
 """
@@ -11,7 +11,7 @@ from pathlib import Path
 
 from bytestream.errors import UserError, first_line
 from bytestream.stream_tokenizer import TEACHER_TOKENIZER_FILE, ByteStreamTokenizer
-from students.architectures import known_auto_maps, register_auto_classes
+from students.models.architectures import known_auto_maps, register_auto_classes
 
 WEIGHT_PROBLEMS = {"missing_keys": "missing", "unexpected_keys": "unexpected", "mismatched_keys": "mis-shaped"}
 

@@ -1,4 +1,4 @@
-"""The registry of student architectures: every :class:`~students.architecture.Architecture`, by
+"""The registry of student architectures: every :class:`~students.models.architecture.Architecture`, by
 name (``train --architecture``) and by ``model_type`` (what a saved ``config.json`` holds). Adding
 an architecture is one module that defines it and one line in :data:`ARCHITECTURES`.
 
@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from bytestream.errors import UserError
-from students.architecture import Architecture
-from students.flat import FLAT
-from students.patched import PATCHED
+from students.models.architecture import Architecture
+from students.models.flat import FLAT
+from students.models.patched import PATCHED
 
 ARCHITECTURES: dict[str, Architecture] = {architecture.name: architecture for architecture in (FLAT, PATCHED)}
 DEFAULT = FLAT  # what ``train`` builds without ``--architecture``
@@ -43,7 +43,7 @@ def architecture_of_model(model) -> Architecture:
 
 
 def student_cost(model):
-    """What ``model`` costs (:class:`students.cost.StudentCost`), whatever its architecture."""
+    """What ``model`` costs (:class:`students.models.cost.StudentCost`), whatever its architecture."""
     return architecture_of_model(model).cost(model)
 
 

@@ -1,7 +1,7 @@
 """The export record (``bytedistill_export.json``): the files ``export`` wrote into a folder.
 
 A new ``export`` replaces the files the record names with its own (deleting those it does not
-write again, :mod:`students.export_staging`), and ``push`` uploads
+write again, :mod:`students.release.export_staging`), and ``push`` uploads
 exactly them, so the record is trusted only as far as this module checks it: every name is a
 relative path inside the folder (not absolute, no ``..``, no part starting with a dot: export writes
 no dotfile), and what it names, if it exists, is a regular file reached through no symbolic link.

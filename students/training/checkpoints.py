@@ -24,8 +24,8 @@ from typing import Any
 from bytestream.errors import UserError, first_line
 from bytestream.files import read_text, write_new
 from bytestream.ranges import NON_NEGATIVE
-from students.architecture import STATE_ERRORS
-from students.architectures import architecture_of_config
+from students.models.architecture import STATE_ERRORS
+from students.models.architectures import architecture_of_config
 
 CHECKPOINTS = "checkpoints"
 METRICS = "metrics.jsonl"

@@ -1,8 +1,8 @@
 """What a student architecture is to the rest of bytedistill: one :class:`Architecture` object per
-student, in the registry of :mod:`students.architectures`. Training builds it from a
-:class:`~students.shape.StudentShape`, export loads it from a trainer checkpoint, ships its files and
+student, in the registry of :mod:`students.models.architectures`. Training builds it from a
+:class:`~students.models.shape.StudentShape`, export loads it from a trainer checkpoint, ships its files and
 describes it in the card, ``score`` and ``generate`` load its exported folder through
-``AutoModelForCausalLM``, and :mod:`students.cost` counts what it costs; none of them knows which
+``AutoModelForCausalLM``, and :mod:`students.models.cost` counts what it costs; none of them knows which
 architecture it holds.
 
 Importing it loads no torch: ``bytedistill train --help`` lists the architectures by name.
@@ -20,8 +20,8 @@ from safetensors import SafetensorError
 from bytestream.errors import UserError, first_line
 
 if TYPE_CHECKING:
-    from students.cost import StudentCost
-    from students.shape import StudentShape
+    from students.models.cost import StudentCost
+    from students.models.shape import StudentShape
 
 # what torch, safetensors and pickle raise for a file that is truncated or not theirs, or a full disk
 STATE_ERRORS = (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError, SafetensorError)
@@ -64,7 +64,7 @@ class Architecture(ABC):
 
     @abstractmethod
     def cost(self, model) -> StudentCost:
-        """Parameters, FLOPs and cache sizes of ``model`` (:mod:`students.cost`)."""
+        """Parameters, FLOPs and cache sizes of ``model`` (:mod:`students.models.cost`)."""
 
 
 def load_weights(model, weights_file: Path, architecture: str, tied: frozenset[str] = frozenset()) -> None:

@@ -59,7 +59,7 @@ def rates_of_stores(paths) -> dict[str, float] | None:
 
 @dataclass(frozen=True)
 class StudentCost:
-    """What one student costs; each architecture's subclass (:meth:`students.architecture.Architecture.cost`)
+    """What one student costs; each architecture's subclass (:meth:`students.models.architecture.Architecture.cost`)
     says how its large model's work grows with the stream."""
 
     architecture: str  # the architecture's name

@@ -1,6 +1,6 @@
 """The model card (``README.md``) of an exported student: Hub metadata, results table, the
 architecture's section (sizes, cost, measured speed), usage, tokenizer notes and trained context.
-What differs by architecture the architecture object says (:mod:`students.architecture`)."""
+What differs by architecture the architecture object says (:mod:`students.models.architecture`)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from typing import Any
 from huggingface_hub import ModelCard, ModelCardData
 
 from bytestream.alphabet import BOS
-from students.architecture import Architecture
-from students.architectures import DEFAULT, architecture_of_model
-from students.teacher_check import is_hub_id
+from students.models.architecture import Architecture
+from students.models.architectures import DEFAULT, architecture_of_model
+from students.release.teacher_check import is_hub_id
 
 USAGE = """```python
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -179,8 +179,8 @@ def card_section(model, info: dict) -> str:
     """The model card's "Architecture" section: sizes, FLOPs and large-model steps per byte, measured speed."""
     import torch
 
-    from students.cost import StreamRates
-    from students.speed import generation_speed
+    from students.models.cost import StreamRates
+    from students.models.speed import generation_speed
 
     architecture = architecture_of_model(model)
     cost = architecture.cost(model)

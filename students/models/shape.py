@@ -1,6 +1,6 @@
 """The student's shape as training sets it (:class:`StudentShape`, the ``train`` flags
-``--architecture`` … ``--local-window``): an architecture, a size preset (:data:`students.model.PRESETS`)
-and any sizes that override it. Each architecture of :mod:`students.architectures` builds a student from it.
+``--architecture`` … ``--local-window``): an architecture, a size preset (:data:`students.models.llama.PRESETS`)
+and any sizes that override it. Each architecture of :mod:`students.models.architectures` builds a student from it.
 
 Importing it loads no torch: ``bytedistill train --help`` builds its parser from it.
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from bytestream.ranges import COUNT, POSITIVE
-from students.architectures import ARCHITECTURES, DEFAULT
-from students.model import PRESETS
+from students.models.architectures import ARCHITECTURES, DEFAULT
+from students.models.llama import PRESETS
 
 # Parameters of each preset (flat / patched), as `--help` prints them; tests/test_student_model.py
 # builds every preset and checks these figures, and the README lists their training FLOPs per byte.
