@@ -1,4 +1,5 @@
-"""``bytedistill push``: the command line over :func:`students.release.push.plan_push` and :func:`students.release.push.upload`."""
+"""``bytedistill push``: the command line over :func:`students.release.push.plan_push` and
+:func:`students.release.push.upload`."""
 
 from __future__ import annotations
 

@@ -8,8 +8,9 @@ any files its architecture ships), ``generation_config.json`` (``<eos>`` stops g
 
 - the stream tokenizer (``AutoTokenizer.from_pretrained(folder, trust_remote_code=True)``):
   ``tokenization_bytedistill.py`` (a copy of :mod:`bytestream.stream_tokenizer`) and the teacher's
-  ``teacher_tokenizer.json`` (checked against the training store, :mod:`students.release.teacher_check`); it gives the student the training stream with the teacher's
-  ``<eot>`` marks;
+  ``teacher_tokenizer.json`` (checked against the training store,
+  :mod:`students.release.teacher_check`); it gives the student the training stream with the
+  teacher's ``<eot>`` marks;
 - the plain byte tokenizer (``tokenizer.json``; ``PreTrainedTokenizerFast``, no remote code): bytes
   without ``<eot>`` marks, which the student never saw in training (worse BPB, stated in the card);
 - ``custom_generate/generate.py`` (a copy of :mod:`students.release.custom_generate`): with

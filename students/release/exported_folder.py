@@ -1,7 +1,8 @@
 """Load an exported student folder with this library's own classes: the model through
-``AutoModelForCausalLM`` (each architecture registers its class, :func:`students.models.architectures.register_auto_classes`)
-and the stream tokenizer as :class:`~bytestream.stream_tokenizer.ByteStreamTokenizer`. No code of the
-folder runs: a folder naming code export does not write is refused.
+``AutoModelForCausalLM``, with which every architecture registers its class first
+(:func:`students.models.architectures.register_auto_classes`), and the stream tokenizer as
+:class:`~bytestream.stream_tokenizer.ByteStreamTokenizer`. No code of the folder runs: a folder
+naming code export does not write is refused.
 """
 
 from __future__ import annotations

@@ -10,9 +10,10 @@ computed from the step and byte counters so that a resumed run needs no schedule
 
 :class:`TrainConfig` is composed of the settings of the modules that read them: the student's
 shape (:mod:`students.models.shape`), the batches (:mod:`students.training.data`), the optimiser
-(:mod:`students.training.optim`), the loss (:mod:`students.training.loss`), evaluation (:mod:`students.training.evaluation`),
-checkpoints (:mod:`students.training.checkpoints`) and logging (here); run_info.json records its flat
-settings (:func:`bytestream.config_fields.flat_values`), as the flags name them.
+(:mod:`students.training.optim`), the loss (:mod:`students.training.loss`), evaluation
+(:mod:`students.training.evaluation`), checkpoints (:mod:`students.training.checkpoints`) and
+logging (here); run_info.json records its flat settings
+(:func:`bytestream.config_fields.flat_values`), as the flags name them.
 
 Output directory::
 
