@@ -9,7 +9,7 @@ the teacher's vocabulary). Every model replays real text (KJV chapters, the stre
 a logits processor that forces the next symbol, so the patched student steps its global model at
 the real patch rate. Per model, batch and thread count: prompt processing and decoding, in text
 bytes per second, separately (prefill = ``generate`` of one symbol; decoding = the rest); the
-per-step time; the FLOPs-implied bound (forward FLOPs per byte from ``students/cost.py`` against
+per-step time; the FLOPs-implied bound (forward FLOPs per byte from ``students/models/cost.py`` against
 a measured matrix-product rate) and the share of it reached. Then a line starting ``summary``
 with the goals of issue 30, each met or missed. ``--smoke`` runs toy sizes in seconds (a test).
 
@@ -30,9 +30,10 @@ from transformers import LlamaConfig, LlamaForCausalLM, LogitsProcessor, LogitsP
 from benchmarks.results import write_section
 from bytestream.alphabet import NUM_BYTES, PAD
 from bytestream.stream_tokenizer import ByteStreamTokenizer
-from students.cost import StreamRates, student_cost
-from students.model import build_student, count_parameters, student_config
-from students.patched_model import PatchedStudent, PatchedStudentConfig
+from students.models.architectures import student_cost
+from students.models.cost import StreamRates
+from students.models.llama import build_student, count_parameters, student_config
+from students.models.patched_model import PatchedStudent, PatchedStudentConfig
 
 TEACHER_VOCAB = 49152
 GOAL_OVERHEAD_MS, GOAL_RATIO, GOAL_BOUND = 1.0, 2.5, 0.5

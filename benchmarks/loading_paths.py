@@ -26,7 +26,8 @@ import numpy as np
 
 from bytestream.alphabet import EOS
 from logit_store.store import LogitStore
-from students.score import Document, ScoreOptions, load_model, score, score_documents
+from students.release.exported_folder import load_model
+from students.release.score import Document, ScoreOptions, score, score_documents
 
 CARD_HEADING = "## Held-out bits per byte by loading path"
 

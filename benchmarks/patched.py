@@ -179,7 +179,7 @@ def prompts(heldout: Path, batch: int, length: int) -> torch.Tensor:
 
 def step_time(model, device: str, prompt: torch.Tensor, new_symbols: int) -> float:
     """Seconds per generated symbol (caches on)."""
-    from students.speed import generation_speed
+    from students.models.speed import generation_speed
 
     speed = generation_speed(model.to(device), prompt.to(device), new_symbols)
     return speed.seconds / speed.new_symbols
@@ -201,9 +201,9 @@ class Row:
 
 
 def measure(run: Path, size: Size, rates, args, heldout: Path) -> Row:
-    from students.cost import student_cost
-    from students.export import load_student, resolve_checkpoint
-    from students.speed import generation_speed
+    from students.models.architectures import student_cost
+    from students.models.speed import generation_speed
+    from students.release.trained_student import load_student, resolve_checkpoint
 
     model = load_student(resolve_checkpoint(run)).to(args.device)
     cost = student_cost(model)
@@ -230,20 +230,13 @@ def measure(run: Path, size: Size, rates, args, heldout: Path) -> Row:
 
 def overhead(args, rates, heldout: Path) -> dict[str, float]:
     """Milliseconds per generation step of the smallest student of each family (batch 1, untrained)."""
-    from students.architectures import patched_config
-    from students.model import build_student, student_config
-    from students.patched_model import PatchedStudent
+    from students.models.architectures import architecture_named
+    from students.models.shape import StudentShape
 
     out = {}
     for size in OVERHEAD:
-        sizes = size.train_flags(1)
-        common = {k: sizes[k] for k in ("hidden_size", "num_layers", "num_heads", "intermediate_size")}
-        torch.manual_seed(0)
-        if size.architecture == "flat":
-            model = build_student(student_config("tiny", max_positions=args.seq_len, **common))
-        else:
-            local = {k: sizes[k] for k in ("local_hidden_size", "local_layers", "local_window")}
-            model = PatchedStudent(patched_config("tiny", max_positions=args.seq_len, **common, **local))
+        shape = StudentShape(**size.train_flags(1))
+        model = architecture_named(size.architecture).build(shape, seq_len=args.seq_len, seed=0)
         prompt = prompts(heldout, 1, args.prompt_symbols)
         out[size.architecture] = 1000 * step_time(model, args.device, prompt, 256)
     return out
@@ -395,7 +388,7 @@ def compare(args, recipe: Recipe) -> None:
     if args.device == "cpu":
         os.environ["ACCELERATE_USE_CPU"] = "1"  # train on the CPU too
 
-    from students.cost import StreamRates, rates_of_stores
+    from students.models.cost import StreamRates, rates_of_stores
 
     work = args.workdir
     stores = tuple(

@@ -18,7 +18,7 @@ cut inside a word at offset ``c`` the target is the true text's next 16 bytes ``
 
 Accuracy is the fraction of the 16 bytes equal to the true byte at the same position. Every
 continuation goes through the documented path (``AutoTokenizer(..., trust_remote_code=True)``,
-the folder's ``tokenization_bytedistill.py``) and ``students.generate.continue_stream`` (greedy,
+the folder's ``tokenization_bytedistill.py``) and ``students.release.generate.continue_stream`` (greedy,
 the window sliding past the trained context). Goal: healed ≥ 0.95 × at boundary. ``--prompts``
 also prints the four hand-made prompts' continuations through ``model.generate(**tokenizer.prompt(p))``.
 ``--smoke``: 5 cuts in 2 chapters, and the prompts, with the toy exported student of
@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.common import kjv_chapters
-from students.generate import GenerateOptions, continue_stream
+from students.release.generate import GenerateOptions, continue_stream
 
 TARGET = 16
 PROMPTS = ["In the begi", "In the beginning God creat", "And God sa", "And God said"]

@@ -44,10 +44,10 @@ def main() -> None:
     import torch
     from accelerate import Accelerator
 
-    from students.architectures import StudentShape
-    from students.data import STORE_SOURCE, BatchConfig
-    from students.loss import LossConfig
-    from students.trainer import LogConfig, TrainConfig, start_run, train_step
+    from students.models.shape import StudentShape
+    from students.training.data import STORE_SOURCE, BatchConfig
+    from students.training.loss import LossConfig
+    from students.training.trainer import LogConfig, TrainConfig, start_run, train_step
 
     store = benchmark_store(args.kilobytes)
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"

@@ -20,7 +20,7 @@ import torch
 
 from benchmarks.results import markdown_table, write_section
 from bytedistill.threads import available_cpus, default_threads
-from students.model import build_student, student_config
+from students.models.llama import build_student, student_config
 
 
 def step_seconds(model, optimizer, batch: torch.Tensor, threads: int, steps: int) -> list[float]:

@@ -1,4 +1,4 @@
-"""``bytedistill export``: the command line over :func:`students.export.export_student`."""
+"""``bytedistill export``: the command line over :func:`students.release.export.export_student`."""
 
 from __future__ import annotations
 
@@ -34,7 +34,8 @@ class ExportConfig:
 
 def export(config: ExportConfig) -> int:
     """Write a trained student as a Hugging Face model folder."""
-    from students.export import choose_checkpoint, export_student
+    from students.release.export import export_student
+    from students.release.trained_student import choose_checkpoint
 
     chosen = choose_checkpoint(Path(config.checkpoint))
     if chosen.unfinished:

@@ -1,4 +1,4 @@
-"""``bytedistill generate``: the command line over :func:`students.generate.generate_batch`."""
+"""``bytedistill generate``: the command line over :func:`students.release.generate.generate_batch`."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bytestream.errors import UserError
-from students.generate_options import GenerateOptions
+from students.release.generate_options import GenerateOptions
 
 
 @dataclass(kw_only=True)
@@ -30,7 +30,7 @@ class GenerateConfig(GenerateOptions):
 
 def generate(config: GenerateConfig) -> int:
     """Continue prompts with an exported student: each continued prompt is printed, one after another."""
-    from students.generate import generate_batch, load_folder
+    from students.release.generate import generate_batch, load_folder
 
     prompts = [require_text(prompt) for prompt in config.prompt] + read_prompts(config.prompts_file)
     prompts = prompts or [""]

@@ -1,4 +1,5 @@
-"""``bytedistill push``: the command line over :func:`students.push.plan_push` and :func:`students.push.upload`."""
+"""``bytedistill push``: the command line over :func:`students.release.push.plan_push` and
+:func:`students.release.push.upload`."""
 
 from __future__ import annotations
 
@@ -46,7 +47,7 @@ class PushConfig:
 
 def push(config: PushConfig) -> int:
     """Upload an exported student folder to the Hugging Face Hub (only the files export wrote)."""
-    from students.push import check_network_options, plan_push, upload
+    from students.release.push import check_network_options, plan_push, upload
 
     check_network_options(config.timeout, config.retries)
     with plan_push(Path(config.folder), config.repo_id, config.endpoint, need_token=not config.dry_run) as plan:

@@ -1,11 +1,11 @@
-"""``bytedistill score``: the command line over :func:`students.score.score`."""
+"""``bytedistill score``: the command line over :func:`students.release.score.score`."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from students.score_options import ScoreOptions
+from students.release.score_options import ScoreOptions
 
 
 @dataclass(kw_only=True)
@@ -23,7 +23,7 @@ class ScoreConfig(ScoreOptions):
 
 def score(config: ScoreConfig) -> int:
     """Bits per byte of an exported student on text, record files or logit stores."""
-    from students.score import score as score_sources
+    from students.release.score import score as score_sources
 
     results = score_sources(Path(config.model), [Path(s) for s in config.sources], config)
     print(f"{'source':<32} {'documents':>9} {'bytes':>12} {'student BPB':>11} {'teacher BPB':>11}")

@@ -16,7 +16,7 @@ from bytedistill.cli import main as cli_main
 from bytestream.errors import UserError
 from configs.fields import leaves
 from distill.dump import DumpConfig
-from students.trainer import TrainConfig
+from students.training.trainer import TrainConfig
 from tests.configs import parse_config
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"

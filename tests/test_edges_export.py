@@ -29,11 +29,11 @@ import pytest
 from safetensors.torch import load_file, save_file
 
 from bytedistill.cli import main as bytedistill
-from students.export import export_student
-from students.export_record import EXPORT_RECORD
-from students.push import ENDPOINT_TOKEN
-from students.synthetic import SYNTHETIC_SOURCE
-from students.trainer import train
+from students.release.export import export_student
+from students.release.export_record import EXPORT_RECORD
+from students.release.push import ENDPOINT_TOKEN
+from students.training.synthetic import SYNTHETIC_SOURCE
+from students.training.trainer import train
 from tests.edges import Edge, check_edge, snapshot
 from tests.fake_hub import FakeHub, Redirects, RefusesUploads, ServerError, closed_port, serve, silent_server
 from tests.kill import REPOSITORY
@@ -607,7 +607,7 @@ shutil.copyfile = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)  # mid-wr
 """
 KILL_MID_SWAP = """
 import os, signal
-import students.export as export
+import students.release.export as export
 real_swap, real_replace, swapping = export.swap_in, os.replace, []
 def replace(*args, **kwargs):
     if swapping:
@@ -639,7 +639,7 @@ def test_export_on_a_full_disk_leaves_the_previous_export_whole(built, tmp_path,
     def full(src, dst, **_):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(dst))
 
-    monkeypatch.setattr("students.export.shutil.copyfile", full)
+    monkeypatch.setattr("students.release.export.shutil.copyfile", full)
     assert bytedistill(export_argv(tmp_path)) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err
@@ -712,7 +712,7 @@ def test_push_sends_the_files_it_checked_though_one_is_swapped_for_a_link_after(
 ):
     """The interleaving of the race, forced: README.md becomes a symlink to a secret after push's
     checks and before the upload. What leaves is the README.md that was checked."""
-    import students.push as push_module
+    import students.release.push as push_module
 
     place(built, tmp_path, monkeypatch)
     monkeypatch.setenv(ENDPOINT_TOKEN, "token_for_the_test_server")

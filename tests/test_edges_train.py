@@ -20,8 +20,8 @@ import pytest
 from bytedistill.cli import COMMANDS, config_class
 from bytedistill.cli import main as bytedistill
 from configs.fields import leaves
-from students.checkpoints import latest_checkpoint
-from students.run_directory import LOCK_FILE, RUN_RECORD
+from students.training.checkpoints import latest_checkpoint
+from students.training.run_directory import LOCK_FILE, RUN_RECORD
 from tests.edges import Edge, check_edge
 from tests.stores import random_texts, write_random_store
 from tests.tiny_student import TINY

@@ -12,20 +12,17 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 from bytedistill.cli import main as cli_main
 from bytestream.alphabet import EOT
 from bytestream.errors import UserError
-from students.export import (
-    EXPORT_RECORD,
-    export_student,
-    load_student,
-    model_card,
-    resolve_checkpoint,
-)
-from students.generate import (
+from students.release.card import model_card
+from students.release.export import export_student
+from students.release.export_record import EXPORT_RECORD
+from students.release.generate import (
     GenerateOptions,
     generate_bytes,
     load_folder,
 )
-from students.synthetic import SYNTHETIC_SOURCE
-from students.trainer import train
+from students.release.trained_student import load_student, resolve_checkpoint
+from students.training.synthetic import SYNTHETIC_SOURCE
+from students.training.trainer import train
 from tests.tiny_student import tiny_config
 
 
@@ -141,7 +138,7 @@ def test_shipped_tokenizer_is_the_librarys_module_and_self_contained(exported):
     import ast
 
     from bytestream import stream_tokenizer
-    from students import custom_generate
+    from students.release import custom_generate
 
     shipped = (exported / "tokenization_bytedistill.py").read_text()
     assert shipped == Path(stream_tokenizer.__file__).read_text()

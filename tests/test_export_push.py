@@ -9,11 +9,12 @@ import pytest
 
 from bytedistill.cli import main as cli_main
 from bytestream.errors import UserError
-from students import score as score_module
-from students.export import EXPORT_RECORD, export_student
-from students.push import ENDPOINT_TOKEN, push_folder, resolve_target, upload_plan
-from students.synthetic import SYNTHETIC_SOURCE
-from students.trainer import train
+from students.release import exported_folder
+from students.release.export import export_student
+from students.release.export_record import EXPORT_RECORD
+from students.release.push import ENDPOINT_TOKEN, push_folder, resolve_target, upload_plan
+from students.training.synthetic import SYNTHETIC_SOURCE
+from students.training.trainer import train
 from tests.fake_hub import FakeHub, serve
 from tests.tiny_student import tiny_config
 
@@ -78,14 +79,14 @@ def test_an_endpoint_from_a_shared_config_file_gets_no_token(hub, folder, tmp_pa
 def test_dry_run_lists_files_uploads_nothing_and_says_so(hub, folder, capsys, monkeypatch):
     monkeypatch.setenv(ENDPOINT_TOKEN, "endpoint_token")
     devices = []  # of every tensor of every model the dry run builds: meta, none read from the file
-    load = score_module.load_model
+    load = exported_folder.load_model
 
     def recording_load(*args, **kwargs):
         model = load(*args, **kwargs)
         devices.extend({p.device.type for p in model.parameters()})
         return model
 
-    monkeypatch.setattr(score_module, "load_model", recording_load)
+    monkeypatch.setattr(exported_folder, "load_model", recording_load)
     assert cli_main(["push", str(folder), "me/student", "--dry-run", "--endpoint", hub]) == 0
     captured = capsys.readouterr()
     printed = captured.out

@@ -19,13 +19,13 @@ from transformers.generation.streamers import BaseStreamer
 from bytedistill.cli import main as cli_main
 from bytestream.alphabet import BOS, PAD
 from bytestream.stream_tokenizer import ByteStreamTokenizer
-from students.export import export_student
-from students.generate import GenerateOptions, generate_batch, generate_bytes, load_folder
-from students.model import build_student, student_config
-from students.patched_model import PatchedStudent, PatchedStudentConfig
-from students.synthetic import SYNTHETIC_SOURCE
-from students.tokenizer import decode_bytes
-from students.trainer import train
+from students.models.llama import build_student, student_config
+from students.models.patched_model import PatchedStudent, PatchedStudentConfig
+from students.release.export import export_student
+from students.release.generate import GenerateOptions, generate_batch, generate_bytes, load_folder
+from students.release.tokenizer import decode_bytes
+from students.training.synthetic import SYNTHETIC_SOURCE
+from students.training.trainer import train
 from tests.tiny_student import tiny_config
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -22,17 +22,18 @@ from transformers import LogitsProcessor, LogitsProcessorList
 
 from bytestream.alphabet import BOS, EOT, PAD
 from bytestream.errors import UserError
-from students import patched_model
-from students.architectures import MODELING_FILE
-from students.checkpoints import checkpoint_dir, latest_checkpoint
-from students.cost import StreamRates, student_cost, summary_line
-from students.export import export_student
-from students.model import build_student, count_parameters, student_config
-from students.patched_model import PatchedStudent, PatchedStudentConfig
-from students.push import push_folder
-from students.score import ScoreOptions, score
-from students.synthetic import SYNTHETIC_SOURCE
-from students.trainer import train
+from students.models import patched_model
+from students.models.architectures import student_cost
+from students.models.cost import StreamRates, summary_line
+from students.models.llama import build_student, count_parameters, student_config
+from students.models.patched import MODELING_FILE
+from students.models.patched_model import PatchedStudent, PatchedStudentConfig
+from students.release.export import export_student
+from students.release.push import push_folder
+from students.release.score import ScoreOptions, score
+from students.training.checkpoints import checkpoint_dir, latest_checkpoint
+from students.training.synthetic import SYNTHETIC_SOURCE
+from students.training.trainer import train
 from tests.launch import cpu_launch
 from tests.stores import random_texts, write_random_store
 from tests.test_export_push import FakeHub, hub  # noqa: F401 - the local Hub server fixture
@@ -187,9 +188,9 @@ def test_evaluation_is_the_same_with_one_and_two_processes(tmp_path):
     script = tmp_path / "run.py"
     script.write_text(
         textwrap.dedent(f"""
-        from students.synthetic import SYNTHETIC_SOURCE
+        from students.training.synthetic import SYNTHETIC_SOURCE
         from configs.fields import from_flat
-        from students.trainer import TrainConfig, train
+        from students.training.trainer import TrainConfig, train
         train(from_flat(TrainConfig, dict(**{settings!r}, output_dir={str(tmp_path / "two")!r})), SYNTHETIC_SOURCE)
     """)
     )
@@ -260,7 +261,7 @@ def test_exported_folder_loads_with_remote_code_and_scores_as_train_evaluates(ex
         from transformers import AutoModelForCausalLM
         model = AutoModelForCausalLM.from_pretrained({str(folder)!r}, trust_remote_code=True).eval()
         assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
-        from students.score import ScoreOptions, documents, score_documents
+        from students.release.score import ScoreOptions, documents, score_documents
         sources = [Path({str(eval_store)!r})]
         options = ScoreOptions(progress=False)
         total = score_documents(model, sources, list(documents(sources, None, options)), options)[-1]

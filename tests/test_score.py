@@ -14,7 +14,7 @@ from transformers import AutoTokenizer
 from bytedistill.cli import main as bytedistill
 from bytestream.alphabet import EOS
 from logit_store.store import LogitStore
-from students.score import ScoreOptions, score, windows
+from students.release.score import ScoreOptions, score, windows
 from tests.exported_student import SEQ_LEN, build
 
 QUIET = ScoreOptions(progress=False)
@@ -93,7 +93,7 @@ def test_score_through_the_tokenizer_equals_the_stores_streams(exported, store_t
 def test_long_text_slides_within_the_trained_context(exported, tmp_path):
     (tmp_path / "long.txt").write_text("And the evening and the morning were the first day. " * 40)
     model_positions = []
-    from students import score as score_module
+    from students.release import score as score_module
 
     load = score_module.load_model
 
@@ -139,7 +139,7 @@ def test_score_cli_prints_per_source_and_total(exported, store_texts, capsys):
 
 @pytest.mark.slow
 def test_generate_slides_past_the_trained_context(exported):
-    from students.generate import GenerateOptions, generate_bytes, load_folder
+    from students.release.generate import GenerateOptions, generate_bytes, load_folder
 
     model, tokenizer = load_folder(exported.folder)
     model.generation_config.suppress_tokens = [257, 258, 259]  # no <eos>: run past the context
@@ -198,7 +198,7 @@ def test_prompts_heal_through_the_card_remote_generate_and_lm_eval(exported, tmp
     from lm_eval.tasks import TaskManager
     from transformers import AutoModelForCausalLM
 
-    from students.tokenizer import decode_bytes
+    from students.release.tokenizer import decode_bytes
 
     tokenizer = AutoTokenizer.from_pretrained(exported.folder, trust_remote_code=True)
     stock = AutoModelForCausalLM.from_pretrained(exported.folder).eval()

@@ -8,7 +8,7 @@ from transformers import AutoTokenizer
 
 from bytestream.alphabet import EOS
 from logit_store.store import LogitStore
-from students.score import ScoreOptions, score
+from students.release.score import ScoreOptions, score
 from tests.exported_student import HELDOUT, build
 from tests.teachers import mistral_sentencepiece_folder, phi3_style, save_tiny_teacher
 from tests.test_sentencepiece import SPECIAL_TEXT

@@ -7,7 +7,7 @@ import torch
 
 from bytestream.alphabet import ALPHABET_SIZE, PAD
 from bytestream.errors import UserError
-from students.loss import distill_loss
+from students.training.loss import distill_loss
 
 
 def _hand_loss(logits, targets, mask, probs, alpha, temperature):

@@ -6,7 +6,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from bytestream.alphabet import ALPHABET_SIZE, BOS, EOS, PAD
 from bytestream.errors import UserError
-from students.model import PRESETS, build_student, count_parameters, student_config
+from students.models.llama import PRESETS, build_student, count_parameters, student_config
 
 
 @pytest.mark.parametrize(
@@ -72,12 +72,13 @@ def _rounded(count: int) -> str:
 @pytest.mark.parametrize("preset", list(PRESETS))
 def test_the_help_states_every_presets_parameters(preset):
     """`train --help` lists each preset's parameters, flat / patched: built on the meta device here."""
-    from students.architectures import StudentShape, build_student_of_shape
-    from students.shape import PRESET_HELP
+    from students.models.architectures import architecture_named
+    from students.models.shape import PRESET_HELP, StudentShape
 
     counts = []
     for architecture in ("flat", "patched"):
         with torch.device("meta"):
-            model = build_student_of_shape(StudentShape(architecture=architecture, preset=preset), seq_len=256, seed=0)
+            shape = StudentShape(architecture=architecture, preset=preset)
+            model = architecture_named(architecture).build(shape, seq_len=256, seed=0)
         counts.append(_rounded(count_parameters(model)))
     assert f"{preset} {counts[0]} / {counts[1]}" in PRESET_HELP

@@ -14,7 +14,7 @@ from bytestream.stream_tokenizer import (
     TeacherTokens,
     stream_symbols,
 )
-from students.tokenizer import build_tokenizer, decode_bytes
+from students.release.tokenizer import build_tokenizer, decode_bytes
 from tests.conftest import SAMPLE_DOCUMENTS
 
 TEXTS = [

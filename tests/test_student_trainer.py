@@ -1,4 +1,4 @@
-"""The trainer: on a synthetic bigram teacher (students.synthetic) for the loop's logic, and on
+"""The trainer: on a synthetic bigram teacher (students.training.synthetic) for the loop's logic, and on
 real logit stores for data loading with workers, resume, several processes and mixed precision."""
 
 import dataclasses
@@ -14,10 +14,10 @@ from safetensors.torch import load_file
 
 from bytestream.errors import UserError
 from configs.fields import flat_values
-from students.checkpoints import checkpoint_dir, latest_checkpoint
-from students.optim import OptimConfig, check_schedule, learning_rate, warmup_steps
-from students.synthetic import SYNTHETIC_SOURCE
-from students.trainer import TrainConfig, train
+from students.training.checkpoints import checkpoint_dir, latest_checkpoint
+from students.training.optim import OptimConfig, check_schedule, learning_rate, warmup_steps
+from students.training.synthetic import SYNTHETIC_SOURCE
+from students.training.trainer import TrainConfig, train
 from tests.configs import parse_config
 from tests.launch import cpu_launch, run_on_two_machines
 from tests.stores import random_texts, write_random_store

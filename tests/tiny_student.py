@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from configs.fields import from_flat
-from students.trainer import TrainConfig
+from students.training.trainer import TrainConfig
 
 TINY = {
     "preset": "tiny",

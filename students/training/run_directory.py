@@ -28,7 +28,7 @@ from pathlib import Path
 
 from bytestream.errors import UserError
 from bytestream.files import check_own, lock_file
-from students.checkpoints import CHECKPOINTS, METRICS, RUN_INFO, latest_checkpoint, read_json, write_json
+from students.training.checkpoints import CHECKPOINTS, METRICS, RUN_INFO, latest_checkpoint, read_json, write_json
 
 RUN_RECORD = "bytedistill_run.json"
 LOCK_FILE = ".train.lock"

@@ -21,7 +21,6 @@ A store also gives the teacher's BPB on the same bytes (its stored distributions
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -33,10 +32,11 @@ import torch
 from tqdm.auto import tqdm
 
 from bytestream.alphabet import BOS, EOS, NUM_BYTES, PAD
-from bytestream.errors import UserError, first_line
+from bytestream.errors import UserError
 from bytestream.stream_tokenizer import TEACHER_TOKENIZER_FILE, ByteStreamTokenizer
 from distill.corpus import RECORD_SUFFIXES, TEXT_SUFFIXES, CorpusSpec, raw_documents
-from students.score_options import MODES, ScoreOptions
+from students.release.exported_folder import load_model, load_stream_tokenizer
+from students.release.score_options import MODES, ScoreOptions
 
 
 @dataclass
@@ -199,108 +199,6 @@ def window_nll(
     return nll
 
 
-WEIGHT_PROBLEMS = {"missing_keys": "missing", "unexpected_keys": "unexpected", "mismatched_keys": "mis-shaped"}
-
-
-def _tensor_name(key) -> str:
-    """A load report's key: a name, or (name, shape in the file, shape the config gives) for a mis-shaped one."""
-    if isinstance(key, tuple):
-        name, in_file, expected = key
-        return f"{name} ({list(in_file)} in the file, {list(expected)} by config.json)"
-    return str(key)
-
-
-def load_model(folder: Path, *, weights: bool = True):
-    """The exported student in eval mode (``weights=False``: on the meta device, no tensor loaded).
-
-    It is first built on the meta device, reading of the weights only their header (names, shapes,
-    file length): a folder that does not load, or whose weights do not match its config.json
-    (missing, unexpected or mis-shaped tensors, which transformers would fill with random values),
-    is refused in one line before any memory is allocated for it; so is a corrupt generation_config.json.
-    """
-    _check_generation_config(Path(folder))
-    model = _from_pretrained(folder, device_map="meta")
-    return _from_pretrained(folder).eval() if weights else model.eval()
-
-
-def _check_generation_config(folder: Path) -> None:
-    """transformers falls back to defaults (no ``<eos>`` stop, ``<bos>`` allowed) when this file is corrupt."""
-    from transformers import GenerationConfig
-
-    if (folder / "generation_config.json").is_file():
-        try:
-            GenerationConfig.from_pretrained(folder)
-        except Exception as exc:  # a corrupt file raises OSError, ValueError or a JSON error
-            raise UserError(f"{folder / 'generation_config.json'} does not load: {first_line(exc)}") from exc
-
-
-def refuse_foreign_code(folder: Path) -> None:
-    """Refuse a folder whose ``config.json`` or ``tokenizer_config.json`` names code (``auto_map``)
-    other than what export writes: the library loads exported folders with its own classes and
-    never runs a folder's code (nor asks whether to: transformers would prompt on standard input)."""
-    from bytestream.stream_tokenizer import auto_map as stream_auto_map
-    from students.architectures import patched_auto_map
-
-    known = {"config.json": [None, patched_auto_map()], "tokenizer_config.json": [None, stream_auto_map()]}
-    for name, recognised in known.items():
-        try:
-            saved = json.loads((Path(folder) / name).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue  # missing or corrupt: the loading below names it
-        named = saved.get("auto_map") if isinstance(saved, dict) else None
-        if named not in recognised:
-            shown = json.dumps(named, ensure_ascii=True)
-            raise UserError(
-                f"{Path(folder) / name} names code of its own that bytedistill does not know (auto_map "
-                f"{shown[:120]}): bytedistill runs no code from a model folder; export the student again"
-            )
-
-
-def _from_pretrained(folder: Path, **options):
-    from transformers import AutoModelForCausalLM
-    from transformers.utils import logging as hf_logging
-
-    import students.architectures  # noqa: F401 - registers the patched student: loaded with this library's class
-
-    folder = Path(folder)
-    if not (folder / "config.json").is_file():
-        raise UserError(f"{folder} is not an exported model folder (no config.json)")
-    refuse_foreign_code(folder)
-    verbosity, bar = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
-    hf_logging.set_verbosity_error()  # its load report would print a table above our one line
-    if options.get("device_map") == "meta":
-        hf_logging.disable_progress_bar()  # the check reads no tensor: no "Loading weights" bar
-    try:
-        model, info = AutoModelForCausalLM.from_pretrained(  # never the folder's code: the library's own classes
-            folder, output_loading_info=True, ignore_mismatched_sizes=True, trust_remote_code=False, **options
-        )
-    except Exception as exc:  # json, safetensors and transformers each raise their own types for a corrupt file
-        raise UserError(f"{folder} does not load as a model: {first_line(exc)}") from exc
-    finally:
-        hf_logging.set_verbosity(verbosity)
-        if bar:
-            hf_logging.enable_progress_bar()
-    problems = [
-        f"{label} {', '.join(sorted(_tensor_name(key) for key in info[field])[:3])}"
-        for field, label in WEIGHT_PROBLEMS.items()
-        if info.get(field)
-    ]
-    if problems:
-        raise UserError(f"{folder}: the weights do not match config.json ({'; '.join(problems)})")
-    return model
-
-
-def load_stream_tokenizer(folder: Path) -> ByteStreamTokenizer:
-    """The folder's stream tokenizer (this library's own class, no remote code run)."""
-    path = Path(folder) / TEACHER_TOKENIZER_FILE
-    if not path.is_file():
-        raise UserError(f"{folder} has no {TEACHER_TOKENIZER_FILE}: export it again with this version of bytedistill")
-    try:
-        return ByteStreamTokenizer(teacher_tokenizer_file=str(path))
-    except Exception as exc:  # the tokenizers library raises a bare Exception for a corrupt file
-        raise UserError(f"{path} is not a teacher tokenizer the stream tokenizer reads: {first_line(exc)}") from exc
-
-
 def require_own_teacher(folder: Path, stores: list[Path]) -> None:
     """Refuse a store dumped with another vocabulary than the teacher tokenizer the folder ships: its
     streams carry another teacher's ``<eot>`` marks, which the student never learnt."""
@@ -310,7 +208,7 @@ def require_own_teacher(folder: Path, stores: list[Path]) -> None:
 
     from bytestream.vocab import vocab_from_tokenizer
     from logit_store.store import LogitStore
-    from students.export import same_tokens
+    from students.release.teacher_check import same_tokens
 
     vocab = vocab_from_tokenizer(Tokenizer.from_file(str(folder / TEACHER_TOKENIZER_FILE)))
     for path in stores:

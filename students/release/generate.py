@@ -17,9 +17,9 @@ from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteria
 
 from bytestream.alphabet import EOS, NUM_BYTES, PAD
 from bytestream.stream_tokenizer import HealingProcessor
-from students.generate_options import GenerateOptions
-from students.score import load_model, load_stream_tokenizer
-from students.tokenizer import decode_bytes
+from students.release.exported_folder import load_model, load_stream_tokenizer
+from students.release.generate_options import GenerateOptions
+from students.release.tokenizer import decode_bytes
 
 
 class _ByteBudget(StoppingCriteria):

@@ -1,6 +1,6 @@
 """The student's shape as training sets it (:class:`StudentShape`, the ``train`` flags
-``--architecture`` … ``--local-window``): an architecture, a size preset (:data:`students.model.PRESETS`)
-and any sizes that override it. :mod:`students.architectures` builds a student from it.
+``--architecture`` … ``--local-window``): an architecture, a size preset (:data:`students.models.llama.PRESETS`)
+and any sizes that override it. Each architecture of :mod:`students.models.architectures` builds a student from it.
 
 Importing it loads no torch: ``bytedistill train --help`` builds its parser from it.
 """
@@ -10,10 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from configs.ranges import COUNT, POSITIVE
-from students.model import PRESETS
-
-ARCHITECTURES = ("flat", "patched")
-
+from students.models.architectures import ARCHITECTURES, DEFAULT
+from students.models.llama import PRESETS
 
 # Parameters of each preset (flat / patched), as `--help` prints them; tests/test_student_model.py
 # builds every preset and checks these figures, and the README lists their training FLOPs per byte.
@@ -29,10 +27,9 @@ class StudentShape:
     """The student to train: its architecture, a size preset and any sizes that override it."""
 
     architecture: str = field(
-        default="flat",
+        default=DEFAULT.name,
         metadata={
-            "help": "flat: a Llama over symbols; patched: a global model over the teacher's tokens with a local "
-            "byte encoder and decoder",
+            "help": "; ".join(f"{a.name}: {a.summary}" for a in ARCHITECTURES.values()),
             "choices": list(ARCHITECTURES),
         },
     )

@@ -1,7 +1,7 @@
 """Upload an exported student folder to the Hugging Face Hub (``bytedistill push``).
 
 **What leaves the machine.** Exactly the files ``export`` recorded (``bytedistill_export.json``),
-each a regular file inside the folder reached through no symlink (:mod:`students.export_record`);
+each a regular file inside the folder reached through no symlink (:mod:`students.release.export_record`);
 a record naming anything else refuses the push before any request. Each file is opened once,
 part by part from the folder with no symlink followed, and checked as opened (a regular file with
 one link: a hard link could be a file from outside the folder); those open files are what is
@@ -45,8 +45,8 @@ from typing import BinaryIO, Self, TypeVar
 from urllib.parse import urlsplit
 
 from bytestream.errors import UserError, first_line
-from students.export_record import recorded_files
-from students.export_staging import export_lock
+from students.release.export_record import recorded_files
+from students.release.export_staging import export_lock
 
 HUB = "https://huggingface.co"
 ENDPOINT_TOKEN = "BYTEDISTILL_ENDPOINT_TOKEN"
@@ -169,7 +169,7 @@ def check_loadable(folder: Path) -> None:
     """Raise a UserError naming why the folder would not load; reads no tensor."""
     from transformers import PreTrainedTokenizerFast
 
-    from students.score import load_model, load_stream_tokenizer
+    from students.release.exported_folder import load_model, load_stream_tokenizer
 
     folder = Path(folder)
     try:

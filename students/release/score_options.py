@@ -1,5 +1,5 @@
 """What ``score`` scores and how (:class:`ScoreOptions`, the ``score`` flags); scoring itself is
-:mod:`students.score`.
+:mod:`students.release.score`.
 
 Importing it loads no torch: ``bytedistill score --help`` builds its parser from it.
 """

@@ -1,11 +1,14 @@
 """The export record (``bytedistill_export.json``): the files ``export`` wrote into a folder.
 
 A new ``export`` replaces the files the record names with its own (deleting those it does not
-write again, :mod:`students.export_staging`), and ``push`` uploads
+write again, :mod:`students.release.export_staging`), and ``push`` uploads
 exactly them, so the record is trusted only as far as this module checks it: every name is a
 relative path inside the folder (not absolute, no ``..``, no part starting with a dot: export writes
 no dotfile), and what it names, if it exists, is a regular file reached through no symbolic link.
 A record that names anything else is refused whole, before any file is deleted or read.
+
+It also says what export owns in a folder (:func:`previous_export`): the files its record names; a
+folder holding anything else (dotfiles aside) is refused before a file is touched.
 """
 
 from __future__ import annotations
@@ -106,3 +109,25 @@ def foreign_entries(folder: Path, recorded: list[str]) -> list[str]:
         if not ((kind == "file" and name in recorded) or (kind == "dir" and name in holders)):
             foreign.append(name)
     return foreign
+
+
+def previous_export(output: Path) -> list[str]:
+    """The files an earlier export wrote into ``output`` (to be replaced); refuses a folder holding anything
+    else (dotfiles aside) or a record naming anything but regular files inside it. Touches nothing."""
+    if not output.exists() and not output.is_symlink():
+        return []
+    if not output.is_dir():
+        raise UserError(f"{output} exists and is not a folder")
+    previous = recorded_files(output) if (output / EXPORT_RECORD).exists() else []
+    others = foreign_entries(output, previous)
+    if others:
+        raise UserError(
+            f"{output} is not empty and not a bytedistill export (it holds {', '.join(others[:3])}); "
+            "give an empty folder (nothing was touched)"
+        )
+    return previous
+
+
+def written_files(output: Path, before: dict[str, str]) -> list[str]:
+    """The regular files in ``output`` that were not in ``before`` (a :func:`visible_entries` listing)."""
+    return sorted(name for name, kind in visible_entries(output).items() if kind == "file" and name not in before)

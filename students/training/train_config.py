@@ -1,8 +1,8 @@
 """A training run's settings (:class:`TrainConfig`), composed of the settings of the modules that
-read them: the student's shape (:mod:`students.shape`), the batches (:mod:`students.data`), the
-optimiser (:mod:`students.optim`), the loss (:mod:`students.loss`), evaluation
-(:mod:`students.evaluation`), checkpoints (:mod:`students.checkpoints`) and logging
-(:class:`LogConfig`, the trainer's own). The trainer is :mod:`students.trainer`.
+read them: the student's shape (:mod:`students.models.shape`), the batches (:mod:`students.training.data`), the
+optimiser (:mod:`students.training.optim`), the loss (:mod:`students.training.loss`), evaluation
+(:mod:`students.training.evaluation`), checkpoints (:mod:`students.training.checkpoints`) and logging
+(:class:`LogConfig`, the trainer's own). The trainer is :mod:`students.training.trainer`.
 
 Importing it loads no torch: ``bytedistill train --help`` builds its parser from these classes.
 """
@@ -15,12 +15,12 @@ from pathlib import Path
 from bytestream.errors import UserError
 from configs.fields import flat_values
 from configs.ranges import COUNT, SEED, range_problem
-from students.checkpoints import CheckpointConfig
-from students.data import BatchConfig
-from students.evaluation import EvalConfig
-from students.loss import LossConfig
-from students.optim import OptimConfig
-from students.shape import StudentShape
+from students.models.shape import StudentShape
+from students.training.checkpoints import CheckpointConfig
+from students.training.data import BatchConfig
+from students.training.evaluation import EvalConfig
+from students.training.loss import LossConfig
+from students.training.optim import OptimConfig
 
 
 @dataclass

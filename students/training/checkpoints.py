@@ -16,17 +16,16 @@ import contextlib
 import dataclasses
 import json
 import logging
-import pickle
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from safetensors import SafetensorError
-
 from bytestream.errors import UserError, first_line
 from bytestream.files import read_text, write_new
 from configs.ranges import NON_NEGATIVE
+from students.models.architecture import STATE_ERRORS
+from students.models.architectures import architecture_of_config
 
 CHECKPOINTS = "checkpoints"
 METRICS = "metrics.jsonl"
@@ -35,8 +34,6 @@ DATA_ORDER = "data_order.json"
 TRAINER_STATE = "trainer_state.json"
 MODEL_CONFIG = "config.json"
 STEP_GLOB = "step-*[0-9]"  # a checkpoint's folder; not step-….partial, one being written
-# what torch, safetensors and pickle raise for a file that is truncated or not theirs, or a full disk
-STATE_ERRORS = (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError, SafetensorError)
 
 
 @dataclass
@@ -211,6 +208,16 @@ def _require_same_model(path: Path, config) -> None:
     if changed:
         detail = ", ".join(f"{key}: checkpoint {saved.get(key)!r}, now {now.get(key)!r}" for key in changed)
         raise UserError(f"cannot resume {path}: it holds another model ({detail}); give the run's own model settings")
+
+
+def require_architecture(checkpoint: Path, architecture: str) -> None:
+    """Refuse to resume ``checkpoint`` as another architecture than the one it was trained as."""
+    config_file = Path(checkpoint) / MODEL_CONFIG
+    saved = architecture_of_config(read_json(config_file), config_file).name
+    if saved != architecture:
+        raise UserError(
+            f"cannot resume {checkpoint}: it is a {saved} student, and this run is --architecture {architecture}"
+        )
 
 
 def keep_metrics_until(path: Path, step: int) -> None:

@@ -2,8 +2,8 @@
 
 The "teacher" is a fixed random bigram model over the 260-symbol alphabet (some transitions
 have probability exactly 0, ``<pad>`` never follows anything). :class:`BigramStreamDataset`
-yields the same dicts as ``students.dataset.PackedStreamDataset``, so the trainer runs on it
-unchanged (and resumes it the same way); ``SYNTHETIC_SOURCE`` plugs it into :func:`students.trainer.train`.
+yields the same dicts as ``students.training.dataset.PackedStreamDataset``, so the trainer runs on it
+unchanged (and resumes it the same way); ``SYNTHETIC_SOURCE`` plugs it into :func:`students.training.trainer.train`.
 The store "paths" only pick the sample: a different name gives different sequences from the same teacher.
 """
 
@@ -15,8 +15,8 @@ import numpy as np
 import torch
 
 from bytestream.alphabet import ALPHABET_SIZE, BOS, PAD
-from students.data import DataSource
-from students.dataset import SplitBatches
+from students.training.data import DataSource
+from students.training.dataset import SplitBatches
 
 
 def bigram_teacher(seed: int = 1234, sharpness: float = 3.0) -> torch.Tensor:
@@ -97,5 +97,5 @@ class BigramStreamDataset(SplitBatches):
 
 SYNTHETIC_SOURCE = DataSource(
     build=BigramStreamDataset,
-    describe=lambda paths: {"teacher": "synthetic bigram (students.synthetic)", "corpus": "synthetic"},
+    describe=lambda paths: {"teacher": "synthetic bigram (students.training.synthetic)", "corpus": "synthetic"},
 )

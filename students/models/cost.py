@@ -1,6 +1,8 @@
 """What a student costs: parameters (global / local), FLOPs per stream symbol, large-model steps
 and KV-cache bytes, for the flat Llama and the patched student alike, so that runs are compared
-at equal compute (docs/DESIGN.md, "The patched student").
+at equal compute (docs/DESIGN.md, "The patched student"). The formulas below are the common ones;
+each architecture's module builds its :class:`StudentCost` and says how its large model's work
+grows with the stream.
 
 FLOPs count multiply-adds twice and only matrix products: per position and layer
 ``2 · (weights of the layer)`` plus attention ``4 · width · keys read`` (scores and the weighted
@@ -16,6 +18,7 @@ reads ``C``, the patched one ``min(C, W)`` locally and ``C × patches per symbol
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from bytestream.alphabet import BOS, EOT
 
@@ -56,7 +59,10 @@ def rates_of_stores(paths) -> dict[str, float] | None:
 
 @dataclass(frozen=True)
 class StudentCost:
-    architecture: str  # "flat" or "patched"
+    """What one student costs; each architecture's subclass (:meth:`students.models.architecture.Architecture.cost`)
+    says how its large model's work grows with the stream."""
+
+    architecture: str  # the architecture's name
     global_parameters: int  # the large model: every layer of a flat student
     local_parameters: int  # embeddings, encoder, decoder, head (a flat student's embeddings and head)
     symbol_flops: float  # forward FLOPs per symbol, without the global model's per-patch part
@@ -68,36 +74,24 @@ class StudentCost:
     local_layers: int
     local_window: int
 
+    # whether the large model runs once per patch (else once per symbol, with no local layers)
+    per_patch: ClassVar[bool] = False
+
     @property
     def parameters(self) -> int:
         return self.global_parameters + self.local_parameters
 
-    def forward_flops_per_symbol(self, rates: StreamRates, keys_global: float, keys_local: float) -> float:
-        """Forward FLOPs per symbol when the large model reads ``keys_global`` keys and local layers ``keys_local``."""
-        attention_local = 4 * self.local_width * self.local_layers * keys_local
-        attention_global = 4 * self.global_width * self.global_layers * keys_global
-        if self.architecture == "flat":
-            return self.symbol_flops + attention_global
-        steps = rates.patches_per_symbol
-        return self.symbol_flops + attention_local + steps * (self.patch_flops + attention_global)
-
     def train_flops_per_symbol(self, rates: StreamRates, seq_len: int) -> float:
         """Training FLOPs (3 × forward) per symbol of windows of ``seq_len`` symbols."""
-        if self.architecture == "flat":
-            return 3 * self.forward_flops_per_symbol(rates, (seq_len + 1) / 2, 0)
-        patches = seq_len * rates.patches_per_symbol + 1
-        local = sum(min(i + 1, self.local_window) for i in range(seq_len)) / seq_len
-        return 3 * self.forward_flops_per_symbol(rates, (patches + 1) / 2, local)
+        raise NotImplementedError
 
     def generate_flops_per_symbol(self, rates: StreamRates, context: int) -> float:
         """Forward FLOPs of one generated symbol after ``context`` symbols (caches on)."""
-        if self.architecture == "flat":
-            return self.forward_flops_per_symbol(rates, context, 0)
-        return self.forward_flops_per_symbol(rates, context * rates.patches_per_symbol, min(context, self.local_window))
+        raise NotImplementedError
 
     def global_steps_per_byte(self, rates: StreamRates) -> float:
         """Sequential steps of the large model per text byte."""
-        return rates.symbols_per_byte if self.architecture == "flat" else rates.patches_per_byte
+        raise NotImplementedError
 
     def kv_bytes_per_byte(self, rates: StreamRates) -> float:
         """KV-cache bytes that each text byte of context adds (the patched local caches are fixed)."""
@@ -108,61 +102,23 @@ class StudentCost:
         return 2 * self.local_width * self.local_layers * self.local_window * BYTES_PER_VALUE
 
 
-def _block_weights(width: int, inner: int, kv_width: int) -> int:
+def block_weights(width: int, inner: int, kv_width: int) -> int:
     """Matrix weights of one pre-norm attention + SwiGLU block."""
     return 2 * width * width + width * kv_width + 3 * width * inner
 
 
-GLOBAL_PARTS = {"flat": ("model.layers.",), "patched": ("global_", "patch_")}
-
-
-def split_parameters(model, architecture: str) -> tuple[int, int]:
-    """(global, local) trainable parameters of ``model``, tied ones counted once."""
+def split_parameters(model, global_parts: tuple[str, ...]) -> tuple[int, int]:
+    """(global, local) trainable parameters of ``model``, tied ones counted once: the global ones are
+    those whose names start with one of ``global_parts``."""
     counts = [0, 0]
     for name, parameter in model.named_parameters():
-        counts[0 if name.startswith(GLOBAL_PARTS[architecture]) else 1] += parameter.numel()
+        counts[0 if name.startswith(global_parts) else 1] += parameter.numel()
     return counts[0], counts[1]
-
-
-def student_cost(model) -> StudentCost:
-    """The cost of ``model``: a flat Llama student or a patched one."""
-    config = model.config
-    if config.model_type == "bytedistill_patched":
-        dl, dg, vocab = config.local_hidden_size, config.global_hidden_size, config.vocab_size
-        local_layers = config.encoder_layers + config.decoder_layers
-        local_block = _block_weights(dl, config.local_intermediate_size, 2 * dl)
-        global_block = _block_weights(dg, config.global_intermediate_size, 2 * dg)
-        return StudentCost(
-            "patched",
-            *split_parameters(model, "patched"),
-            symbol_flops=2 * (local_layers * local_block + dg * dl + dl * vocab),  # + down-projection and head
-            patch_flops=2 * (config.global_layers * global_block + dl * dg),  # + up-projection
-            global_width=dg,
-            global_layers=config.global_layers,
-            kv_width=2 * dg,
-            local_width=dl,
-            local_layers=local_layers,
-            local_window=config.local_window,
-        )
-    d, layers = config.hidden_size, config.num_hidden_layers
-    kv = 2 * d * config.num_key_value_heads // config.num_attention_heads
-    return StudentCost(
-        "flat",
-        *split_parameters(model, "flat"),
-        symbol_flops=2 * (layers * _block_weights(d, config.intermediate_size, kv) + d * config.vocab_size),
-        patch_flops=0.0,
-        global_width=d,
-        global_layers=layers,
-        kv_width=kv,
-        local_width=0,
-        local_layers=0,
-        local_window=0,
-    )
 
 
 def summary_line(cost: StudentCost, rates: StreamRates | None, seq_len: int) -> str:
     """One line for ``train``: the architecture, its parameters and its training FLOPs per symbol."""
-    patched = cost.architecture != "flat"  # a flat student has no local layers and reads no patches
+    patched = cost.per_patch  # a student whose large model runs per symbol has no local layers, reads no patches
     split = f" (global {cost.global_parameters:,}, local {cost.local_parameters:,})" if patched else ""
     parts = [f"student: {cost.architecture}, {cost.parameters:,} parameters{split}"]
     if rates is None and patched:

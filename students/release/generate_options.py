@@ -1,5 +1,5 @@
 """How ``generate`` samples (:class:`GenerateOptions`, the ``generate`` flags); generation itself is
-:mod:`students.generate`.
+:mod:`students.release.generate`.
 
 Importing it loads no torch: ``bytedistill generate --help`` builds its parser from it.
 """

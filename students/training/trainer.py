@@ -3,30 +3,31 @@
 One loop for one CPU, one GPU or many (``accelerate launch``: DDP, or FSDP via an accelerate
 config); ``train`` reads top to bottom: start (or resume) a run, then train steps, evaluations
 and checkpoints until a limit, then finish. Each rank reads its own splits of the stores
-(:mod:`students.dataset`; the loader is not re-sharded by accelerate). Optimiser and schedule:
-:mod:`students.optim`, the run's progress being the nearer of the step and training-byte limits,
+(:mod:`students.training.dataset`; the loader is not re-sharded by accelerate). Optimiser and schedule:
+:mod:`students.training.optim`, the run's progress being the nearer of the step and training-byte limits,
 computed from the step and byte counters so that a resumed run needs no scheduler state. With
 ``mixed_precision`` the forward runs under autocast; the loss is computed in float32.
 
 :class:`TrainConfig` is composed of the settings of the modules that read them: the student's
-shape (:mod:`students.architectures`), the batches (:mod:`students.data`), the optimiser
-(:mod:`students.optim`), the loss (:mod:`students.loss`), evaluation (:mod:`students.evaluation`),
-checkpoints (:mod:`students.checkpoints`) and logging (here); run_info.json records its flat
-settings (:func:`configs.fields.flat_values`), as the flags name them.
+shape (:mod:`students.models.shape`), the batches (:mod:`students.training.data`), the optimiser
+(:mod:`students.training.optim`), the loss (:mod:`students.training.loss`), evaluation
+(:mod:`students.training.evaluation`), checkpoints (:mod:`students.training.checkpoints`) and
+logging (here); run_info.json records its flat settings
+(:func:`configs.fields.flat_values`), as the flags name them.
 
 Output directory::
 
     metrics.jsonl                 one line per evaluation (step, train_bytes, student_bpb, ...)
     run_info.json                 config, teacher/data description, bytes, latest evaluation
     logs/                         TensorBoard (and wandb when asked for)
-    checkpoints/step-00001000/    see :mod:`students.checkpoints`
-    bytedistill_run.json          the run the directory belongs to; see :mod:`students.run_directory`
+    checkpoints/step-00001000/    see :mod:`students.training.checkpoints`
+    bytedistill_run.json          the run the directory belongs to; see :mod:`students.training.run_directory`
 
 A directory holds one run: a new run into one that holds a run is refused unless ``overwrite``,
 and one ``train`` at a time works in it (a lock).
 
 A resumed run (``resume="latest"`` or a checkpoint path) restores weights, optimiser, RNG and
-every rank's data position and seeks there (:mod:`students.data`), so it continues exactly as if
+every rank's data position and seeks there (:mod:`students.training.data`), so it continues exactly as if
 never stopped; evaluation records after the checkpoint's step are dropped from metrics.jsonl.
 A loss that is not finite (NaN, Inf) stops the run with an error before the next checkpoint, as
 do weights that are not finite when a checkpoint is due: the newest checkpoint stays the last good one.
@@ -47,8 +48,10 @@ import torch
 from bytestream.errors import UserError
 from bytestream.files import append_text
 from configs.fields import flat_values
-from students.architectures import build_student_of_shape, require_architecture
-from students.checkpoints import (
+from students.models.architectures import architecture_named, student_cost
+from students.models.cost import StreamRates, summary_line
+from students.models.llama import count_parameters
+from students.training.checkpoints import (
     METRICS,
     RUN_INFO,
     TrainerState,
@@ -57,19 +60,18 @@ from students.checkpoints import (
     latest_checkpoint,
     load_checkpoint,
     prune_checkpoints,
+    require_architecture,
     resolve_resume,
     save_checkpoint,
     write_json,
 )
-from students.cost import StreamRates, student_cost, summary_line
-from students.data import STORE_SOURCE, BatchStream, DataSource, to_device, utf8_bytes
-from students.dataset import SplitBatches
-from students.evaluation import EvalMetrics, evaluate
-from students.loss import distill_loss
-from students.model import count_parameters
-from students.optim import adamw, check_schedule, learning_rate
-from students.run_directory import TRACKER, claim, refuse_foreign, run_lock
-from students.train_config import LogConfig, TrainConfig  # noqa: F401 (the run's settings, re-exported)
+from students.training.data import STORE_SOURCE, BatchStream, DataSource, to_device, utf8_bytes
+from students.training.dataset import SplitBatches
+from students.training.evaluation import EvalMetrics, evaluate
+from students.training.loss import distill_loss
+from students.training.optim import adamw, check_schedule, learning_rate
+from students.training.run_directory import TRACKER, claim, refuse_foreign, run_lock
+from students.training.train_config import LogConfig, TrainConfig  # noqa: F401 (the run's settings, re-exported)
 
 
 def progress(config: TrainConfig, step: int, train_bytes: int) -> float:
@@ -408,7 +410,8 @@ def _hparams(config: TrainConfig) -> dict[str, Any]:
 
 
 def _model_and_optimizer(config: TrainConfig) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-    model = build_student_of_shape(config.student, seq_len=config.batches.seq_len, seed=config.seed)
+    architecture = architecture_named(config.student.architecture)
+    model = architecture.build(config.student, seq_len=config.batches.seq_len, seed=config.seed)
     return model, adamw(model, config.optim)
 
 

@@ -34,7 +34,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from bytestream.errors import UserError, first_line
-from students.export_record import EXPORT_RECORD
+from students.release.export_record import EXPORT_RECORD
 
 MARKER = ".bytedistill-staging.json"
 MARKER_KIND = "bytedistill export staging"

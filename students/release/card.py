@@ -1,0 +1,215 @@
+"""The model card (``README.md``) of an exported student: Hub metadata, results table, the
+architecture's section (sizes, cost, measured speed), usage, tokenizer notes and trained context.
+What differs by architecture the architecture object says (:mod:`students.models.architecture`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from huggingface_hub import ModelCard, ModelCardData
+
+from bytestream.alphabet import BOS
+from students.models.architecture import Architecture
+from students.models.architectures import DEFAULT, architecture_of_model
+from students.release.teacher_check import is_hub_id
+
+USAGE = """```python
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+repo = "{repo}"  # or a local folder
+model = {model_loading}
+# the stream tokenizer places the teacher's <eot> marks the student was trained with
+tokenizer = AutoTokenizer.from_pretrained(repo, trust_remote_code=True)
+
+# a prompt: the teacher's marks up to its last word, whose bytes generate feeds, the student
+# placing the <eot> marks (the word may go on: the student, not the cut, decides where it ends)
+inputs = tokenizer.prompt("The meaning of life is")
+output = model.generate(**inputs, max_new_tokens=100, do_sample=True, top_k=50)
+# skip_special_tokens drops <bos>, <eos> and the <eot> token-boundary symbols
+print(tokenizer.decode(output[0], skip_special_tokens=True))
+
+# a complete text (scoring): tokenizer(text) places the teacher's marks throughout
+text = tokenizer("In the beginning God created", return_tensors="pt")
+nats_per_symbol = model(**text, labels=text.input_ids).loss
+```"""
+
+
+def _fmt(value: Any, digits: int = 4) -> str:
+    return f"{value:.{digits}f}" if isinstance(value, (int, float)) else "not evaluated"
+
+
+def _training_bytes(train_bytes: int, config: dict[str, Any]) -> str:
+    """Bytes read in training, with the training text's own size when its stores are at hand."""
+    from logit_store.store import MANIFEST, LogitStore
+
+    stores = [Path(p) for p in config.get("train_stores", [])]
+    if not stores or not all((p / MANIFEST).is_file() for p in stores):
+        return f"{train_bytes:,} (all epochs)"
+    corpus = sum(LogitStore(p).stats()["text_bytes"] for p in stores)
+    return f"{train_bytes:,}: {train_bytes / corpus:.1f} passes over a {corpus:,}-byte training text"
+
+
+def _no_local_path(name: str) -> str:
+    """A teacher or data name fit for a public card: a local path (one that exists here, or that
+    reads as a path: absolute, ``.``, ``..``, ``~``) becomes its last part."""
+    path = Path(name)
+    local = path.is_absolute() or path.exists() or name.startswith(("~", ".")) or ".." in path.parts
+    return (path.name or name) if local else name
+
+
+def model_card(
+    info: dict[str, Any],
+    context: int,
+    *,
+    repo_id: str | None = None,
+    license: str = "apache-2.0",
+    teacher: str | None = None,
+    data: str | None = None,
+    architecture: Architecture = DEFAULT,
+    architecture_section: str = "",
+) -> ModelCard:
+    """README.md: Hub metadata, results table, usage snippet, tokenizer notes and trained context."""
+    config = info.get("config", {})
+    described = info.get("data", {})
+    teacher = _no_local_path(str(teacher or described.get("teacher") or "unknown"))
+    data = str(
+        data or described.get("corpus") or ", ".join(Path(p).name for p in config.get("train_stores", [])) or "unknown"
+    )
+    evaluation = info.get("last_eval") or {}
+    train_bytes = info.get("train_bytes", 0)
+    hub_teacher = is_hub_id(teacher)
+    metadata = ModelCardData(
+        license=license,
+        library_name="transformers",
+        pipeline_tag="text-generation",
+        base_model=teacher if hub_teacher else None,
+        tags=["byte-level", "distillation", "bytedistill"],
+        teacher=teacher,
+        training_data=data,
+        training_bytes=train_bytes,
+        trained_context=context,
+        heldout_bpb_student=evaluation.get("student_bpb"),
+        heldout_bpb_teacher=evaluation.get("teacher_bpb"),
+        heldout_kl_bits_per_byte=evaluation.get("kl_per_byte"),
+    )
+    body = f"""# Byte-level student of {teacher}
+
+A byte-level causal language model ({architecture.card_name}, {info.get("parameters", 0):,} parameters,
+260-symbol vocabulary) distilled with bytedistill from the token-level
+teacher **{teacher}** using its exact next-byte distributions
+(KL weight alpha = {config.get("alpha")}, temperature = {config.get("temperature")}).
+
+| | value |
+|---|---|
+| teacher | {teacher} |
+| training data | {data} |
+| text bytes read in training | {_training_bytes(train_bytes, config)} |
+| trained context | {context} symbols (bytes and `<eot>` marks) |
+| held-out bits per byte, student | {_fmt(evaluation.get("student_bpb"))} |
+| held-out bits per byte, teacher | {_fmt(evaluation.get("teacher_bpb"))} |
+| KL(teacher ‖ student), bits per byte | {_fmt(evaluation.get("kl_per_byte"))} |
+| evaluated on | {evaluation.get("eval_bytes", 0):,} held-out bytes at step {evaluation.get("step", "-")} |
+
+Bits per byte count every symbol's negative log-likelihood (including the `<eot>` token-boundary
+and `<eos>` symbols) divided by the number of UTF-8 bytes, so student and teacher are comparable.
+
+{architecture_section}## Usage
+
+{USAGE.format(repo=repo_id or "your-name/byte-student", model_loading=architecture.card_loading)}
+
+## Tokenizers: why `trust_remote_code=True`
+
+The student was trained on streams `<bos> bytes(t1) <eot> bytes(t2) <eot> …` whose `<eot>` marks
+sit where the teacher's tokenizer ended its tokens. Its tokenizer (`tokenization_bytedistill.py`,
+loaded with `trust_remote_code=True`; it imports only `tokenizers` and `transformers`) runs the
+teacher's tokenizer (`teacher_tokenizer.json`) on your text only to place those marks; the model
+still reads every byte and, while generating, places its own `<eot>` marks. {architecture.card_code}
+
+## Prompts: the cut is not a token boundary
+
+A prompt may stop inside a word ("In the begi"), where the teacher's tokenizer would end a token
+that the full text would not. `tokenizer.prompt(text)` therefore commits the teacher's marks only
+up to the start of the prompt's last word (its last pre-token) and returns, as `logits_processor`,
+a `HealingProcessor` that `generate` uses to feed that word's bytes one by one: at each of them the
+model's own scores choose between the byte and `<eot>`, so the student segments the word as it
+would had the text gone on, and nothing after the prompt is invented. `bytedistill generate` does
+the same. `tokenizer(text)` is for complete texts (scoring): it places the teacher's marks
+throughout, as in training.
+
+With `trust_remote_code=True` on the model as well
+(`AutoModelForCausalLM.from_pretrained(repo, trust_remote_code=True)`, as lm-evaluation-harness
+loads it), `transformers` binds the folder's `custom_generate/generate.py` as `model.generate`: it
+heals prompts given as `tokenizer(text)` streams the same way (a first pass feeds the last word, a
+second generates with your settings and stopping criteria) and returns your input followed by the
+continuation. Without it `generate` is the stock one.
+
+Without `trust_remote_code`, `AutoTokenizer.from_pretrained(repo)` refuses, asking for
+`trust_remote_code=True`: the stream tokenizer is code. The plain byte tokenizer is there by name,
+`PreTrainedTokenizerFast.from_pretrained(repo)`: `<bos>` + the UTF-8 bytes with no `<eot>` marks,
+inputs the model never saw in training, so it scores and continues text noticeably worse (see the
+table of loading paths, when measured, below).
+
+Ids 0–255 are the bytes themselves; 256 `<eot>` marks the end of a teacher token, 257 `<bos>`
+starts a document, 258 `<eos>` ends it (generation stops there), 259 `<pad>` is padding.
+Generated bytes need not be valid UTF-8 (e.g. a cut-off multi-byte character): `decode` then
+shows U+FFFD (�) for each invalid sequence; for the exact bytes take `bytes(i for i in ids if i < 256)`.
+
+## Context length
+
+The student was trained on windows of {context} symbols (`max_position_embeddings`); positions past
+that were never trained. `bytedistill generate` and `bytedistill score` slide a window of at most
+{context} symbols over longer text; with plain `generate`, keep prompt + output within it.
+
+## Evaluation with lm-evaluation-harness
+
+```bash
+lm_eval --model hf --tasks wikitext \\
+    --model_args pretrained={repo_id or "your-name/byte-student"},trust_remote_code=True
+```
+
+`bits_per_byte` of rolling-loglikelihood tasks matches `bytedistill score --packed false`.
+`trust_remote_code=True` loads the stream tokenizer and binds `custom_generate/generate.py`, so
+generation tasks (`generate_until`) get healed prompts (see "Prompts" above).
+"""
+    return ModelCard(f"---\n{metadata.to_yaml()}\n---\n\n{body}")
+
+
+def card_section(model, info: dict) -> str:
+    """The model card's "Architecture" section: sizes, FLOPs and large-model steps per byte, measured speed."""
+    import torch
+
+    from students.models.cost import StreamRates
+    from students.models.speed import generation_speed
+
+    architecture = architecture_of_model(model)
+    cost = architecture.cost(model)
+    rates = info.get("data", {}).get("rates")
+    context = model.config.max_position_embeddings
+    rows = [
+        ("architecture", architecture.name),
+        ("sizes", architecture.card_sizes(model.config)),
+        ("parameters", f"{cost.parameters:,} (global {cost.global_parameters:,}, local {cost.local_parameters:,})"),
+    ]
+    if rates:
+        r = StreamRates(**rates)
+        rows += [
+            ("training FLOPs per text byte", f"{cost.train_flops_per_symbol(r, context) * r.symbols_per_byte:.3g}"),
+            (
+                f"generation FLOPs per text byte (context {context})",
+                f"{cost.generate_flops_per_symbol(r, context) * r.symbols_per_byte:.3g}",
+            ),
+            ("large-model steps per text byte", f"{cost.global_steps_per_byte(r):.3f}"),
+            ("KV-cache bytes per text byte of context", f"{cost.kv_bytes_per_byte(r):,.0f}"),
+        ]
+    speed = generation_speed(model, torch.full((1, 1), BOS), new_symbols=min(128, context - 1))
+    threads = torch.get_num_threads()
+    cpu = f"CPU with {threads} thread{'' if threads == 1 else 's'}"
+    rows.append(
+        (
+            "generation speed (measured at export)",
+            f"{speed.symbols_per_s:,.0f} symbols/s, batch 1, {cpu}, caches on",
+        )
+    )
+    table = "\n".join(f"| {name} | {value} |" for name, value in rows)
+    return f"## Architecture\n\n| | |\n|---|---|\n{table}\n\n"

@@ -1,0 +1,119 @@
+"""Export a trained student as a Hugging Face model folder.
+
+The folder holds ``config.json`` + ``model.safetensors`` (the student of a checkpoint,
+:mod:`students.release.trained_student`, whose ``max_position_embeddings`` is the trained context, with
+any files its architecture ships), ``generation_config.json`` (``<eos>`` stops generation;
+``<bos>``/``<pad>`` never generated), two tokenizers and a model card ``README.md``
+(:mod:`students.release.card`):
+
+- the stream tokenizer (``AutoTokenizer.from_pretrained(folder, trust_remote_code=True)``):
+  ``tokenization_bytedistill.py`` (a copy of :mod:`bytestream.stream_tokenizer`) and the teacher's
+  ``teacher_tokenizer.json`` (checked against the training store,
+  :mod:`students.release.teacher_check`); it gives the student the training stream with the
+  teacher's ``<eot>`` marks;
+- the plain byte tokenizer (``tokenizer.json``; ``PreTrainedTokenizerFast``, no remote code): bytes
+  without ``<eot>`` marks, which the student never saw in training (worse BPB, stated in the card);
+- ``custom_generate/generate.py`` (a copy of :mod:`students.release.custom_generate`): with
+  ``trust_remote_code=True`` on the model too, ``model.generate`` heals prompts given as complete
+  streams (lm-evaluation-harness's generation tasks).
+
+``bytedistill_export.json`` records every file export wrote (:mod:`students.release.export_record`); ``push``
+uploads only those, and a new export into the folder replaces them. A folder holding anything else
+(dotfiles aside), or whose record names anything but regular files inside it, is refused before a
+file is touched. The new export is written beside the old one and swapped in only when complete,
+one export into a folder at a time (:mod:`students.release.export_staging`): a failure leaves the old one whole.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+from transformers import GenerationConfig
+
+from bytestream import stream_tokenizer
+from bytestream.alphabet import BOS, EOS, PAD
+from bytestream.stream_tokenizer import TEACHER_TOKENIZER_FILE
+from students.models.architectures import architecture_of_model
+from students.release import custom_generate
+from students.release.card import card_section, model_card
+from students.release.export_record import previous_export, write_record, written_files
+from students.release.export_staging import clean_leftover, export_lock, staging, swap_in
+from students.release.teacher_check import teacher_tokenizer_json
+from students.release.tokenizer import build_tokenizer
+from students.release.trained_student import load_student, read_run_info, resolve_checkpoint, trained_context
+
+REMOTE_CODE_FILE = "tokenization_bytedistill.py"
+CUSTOM_GENERATE_FILE = "custom_generate/generate.py"  # transformers binds it as model.generate (trust_remote_code)
+
+
+def generation_config() -> GenerationConfig:
+    """Stop at ``<eos>``. No length of its own: the caller's ``max_new_tokens`` or ``max_length`` (as
+    lm-evaluation-harness passes it) decides, and transformers warns when a config's length and the
+    caller's are both set."""
+    return GenerationConfig(
+        bos_token_id=BOS,
+        eos_token_id=EOS,
+        pad_token_id=PAD,
+        suppress_tokens=[BOS, PAD],  # a document never restarts mid-stream; padding is never a symbol
+    )
+
+
+def export_student(
+    checkpoint: Path,
+    output: Path,
+    *,
+    teacher_tokenizer: str | None = None,
+    repo_id: str | None = None,
+    license: str = "apache-2.0",
+    teacher: str | None = None,
+    data: str | None = None,
+) -> Path:
+    """Write the Hugging Face folder for ``checkpoint`` (or an output dir's newest) to ``output``."""
+    checkpoint = resolve_checkpoint(checkpoint)
+    output = Path(output)
+    with export_lock(output):
+        note = clean_leftover(output)
+        if note:
+            print(f"bytedistill export: {note}", file=sys.stderr)
+        previous = previous_export(output)
+        info = read_run_info(checkpoint)
+        model = load_student(checkpoint)  # before the (slow) tokenizer: a damaged checkpoint is refused at once
+        tokenizer_json = teacher_tokenizer_json(teacher_tokenizer, info)
+        model.config.max_position_embeddings = trained_context(model, info)
+        model.generation_config = generation_config()
+        card = {"repo_id": repo_id, "license": license, "teacher": teacher, "data": data}
+        with staging(output, previous) as staged:
+            write_export(staged, model, tokenizer_json, info, **card)
+        swap_in(staged, output)
+    return output
+
+
+def write_export(folder: Path, model, tokenizer_json: str, info: dict[str, Any], **card: Any) -> None:
+    """Write every file of the export, and its record, into the empty ``folder``."""
+    architecture = architecture_of_model(model)
+    architecture.export_files(model, folder)
+    model.save_pretrained(folder)
+    build_tokenizer().save_pretrained(folder)
+    (folder / TEACHER_TOKENIZER_FILE).write_text(tokenizer_json, encoding="utf-8")
+    shutil.copyfile(stream_tokenizer.__file__, folder / REMOTE_CODE_FILE)
+    (folder / CUSTOM_GENERATE_FILE).parent.mkdir(exist_ok=True)
+    shutil.copyfile(custom_generate.__file__, folder / CUSTOM_GENERATE_FILE)
+    config_file = folder / "tokenizer_config.json"
+    tokenizer_config = json.loads(config_file.read_text(encoding="utf-8"))
+    tokenizer_config["auto_map"] = stream_tokenizer.auto_map()
+    # a class transformers does not have: without trust_remote_code AutoTokenizer refuses, naming it,
+    # instead of silently loading the plain byte tokenizer (which places no <eot>)
+    tokenizer_config["tokenizer_class"] = stream_tokenizer.ByteStreamTokenizer.__name__
+    config_file.write_text(json.dumps(tokenizer_config, indent=2) + "\n", encoding="utf-8")
+    model_card(
+        info,
+        model.config.max_position_embeddings,
+        architecture=architecture,
+        architecture_section=card_section(model, info),
+        **card,
+    ).save(folder / "README.md")
+    write_record(folder, written_files(folder, {}))
