@@ -23,12 +23,12 @@ SMOKED = {
     "train_threads": "summary: one per CPU",
     "convert": "ratio numba(sorted columns)/floor",
     "train_data": "summary: decompressions per epoch",
+    "dump_memory": "summary: worst |estimate - peak| / peak",
 }
 NOT_SMOKED = {
     "corpus_fingerprint": "hundreds of MB of corpus",
     "dump": "the real SmolLM2 teacher",
     "dump_gpu": "a GPU",
-    "dump_memory": "the real Llama-3 vocabulary at scale, in child processes",
     "loading_paths": "the quickstart's exported model",
     "patched": "the real SmolLM2 teacher and two trainings",
     "prompt_cut": "the quickstart's exported model",
