@@ -2,9 +2,9 @@
 
 Nothing in the dump grows with the corpus: the teacher's hidden states live for one forward
 batch (``--batch-tokens``); float32 logits exist for ``--head-rows`` rows at a time, in at most
-``LOGIT_CHUNKS_IN_FLIGHT`` chunks (one being computed, the rest queued for the converting thread),
-and the chunk being computed never coexists with the trunk's activations (the head runs after the
-trunk), so the two overlap by the smaller of them;
+``LOGIT_CHUNKS_IN_FLIGHT`` chunks (one being converted by the sink's thread, the next being
+computed), and the chunk being computed never coexists with the trunk's activations (the head
+runs after the trunk), so the two overlap by the smaller of them;
 converted values wait for their document to be complete, for at most one group
 (``--group-tokens``) plus the longest document that is longer than a group; each store writer
 holds its pending chunk (``--chunk-bytes`` raw bytes: one byte a value for ``pow8-ans``), and one
@@ -33,7 +33,7 @@ POSITIONS_PER_TOKEN = 5.2  # stream positions per token (its bytes and its <eot>
 PENDING_BYTES_PER_TOKEN = int(VALUES_PER_TOKEN * (8 + 2) + POSITIONS_PER_TOKEN * 26 + 32)
 STORED_BYTES_PER_TOKEN = int(VALUES_PER_TOKEN * 1.05)  # a written document's codes, until its chunk goes
 CODING_BYTES_PER_CHUNK_BYTE = 1.5  # coding a chunk: its contexts, rANS words, raw chunk and zstd frame
-LOGIT_CHUNKS_IN_FLIGHT = 3  # CPU: one being computed, two queued for the converting thread
+LOGIT_CHUNKS_IN_FLIGHT = 2  # CPU: one being converted, the next computed (distill/conversion_sink.MAX_IN_FLIGHT + 1)
 MMAP_THRESHOLD = 1 << 20
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
 
@@ -92,12 +92,10 @@ def memory_terms(
 
 
 def host_logits_bytes(chunk: int, forward: int) -> int:
-    """The logits' share of the peak when the converting thread runs on the host: the queued
-    chunks (``LOGIT_CHUNKS_IN_FLIGHT`` − 1) live through the next batch's trunk forward, and the
-    chunk being computed comes after that forward, so the peak is the larger of (forward + queued)
-    and (queued + one more chunk): beyond the forward term, the queued chunks and whatever a chunk
-    exceeds the forward by. Measured on SmolLM2-135M at the default settings (a chunk 0.20 GB, the
-    forward 0.24 GB) the sum of all three chunks and the forward over-counted by 0.2 GB."""
+    """The logits' share of the peak when the sink's thread converts on the host: the chunk being
+    converted lives through the next batch's trunk forward, and the next chunk is computed after
+    that forward, so the peak is the larger of (forward + one chunk) and (two chunks): beyond the
+    forward term, one chunk and whatever a chunk exceeds the forward by."""
     return (LOGIT_CHUNKS_IN_FLIGHT - 1) * chunk + max(0, chunk - forward)
 
 
