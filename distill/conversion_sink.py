@@ -5,8 +5,8 @@ and what was written; the teacher pass hands it immutable messages and nothing e
 :class:`DocumentsPlanned` (a group's documents, in corpus order, before any of their rows),
 :class:`LogitRows` (a head chunk's logits, which the thread converts with Numba: it releases the
 GIL, so the teacher computes on meanwhile) or :class:`ConvertedRows` (a head chunk the device path
-already converted). At most ``MAX_IN_FLIGHT`` messages that carry rows are queued, which bounds
-the logits waiting (:mod:`distill.dump_memory`). A failure in the thread is raised in the sender
+already converted). At most ``MAX_IN_FLIGHT`` messages that carry rows are with the thread, which
+bounds the logits waiting (:mod:`distill.dump_memory`). A failure in the thread is raised in the sender
 at its next hand-over, or when the sink closes; closing hands back the :class:`WrittenCounts`.
 """
 
@@ -27,7 +27,11 @@ from distill.convert import Converter, DocumentDistributions
 from distill.dump_plan import PlannedDocument
 from distill.dump_summary import WrittenCounts
 
-MAX_IN_FLIGHT = 2  # messages carrying rows queued for the sink's thread
+# messages carrying rows held by the sink's thread: the one it converts. The teacher computes the
+# next chunk meanwhile and hands it over when the thread is free, so the thread never waits for a
+# chunk that is ready and at most two chunks of logits exist (a deeper queue holds a third and
+# converts no sooner: measured 0.5 GB more peak RSS over the Llama-3 vocabulary at the defaults)
+MAX_IN_FLIGHT = 1
 
 
 @dataclass(frozen=True)
@@ -94,7 +98,7 @@ class ConversionSink:
         self._in_flight: deque[tuple[Future, bool]] = deque()  # (task, whether its message carries rows)
 
     def send(self, message: Message) -> None:
-        """Queue ``message``; wait while ``MAX_IN_FLIGHT`` messages carrying rows are queued;
+        """Queue ``message``; wait while ``MAX_IN_FLIGHT`` messages carrying rows are with the thread;
         raise the thread's failure, if any."""
         carries_rows = not isinstance(message, DocumentsPlanned)
         while self._in_flight and (

@@ -2,7 +2,9 @@
 
 Nothing in the dump grows with the corpus: the teacher's hidden states live for one forward
 batch (``--batch-tokens``); float32 logits exist for ``--head-rows`` rows at a time, in at most
-``LOGIT_CHUNKS_IN_FLIGHT`` chunks (one being computed, the rest queued for the converting thread);
+``LOGIT_CHUNKS_IN_FLIGHT`` chunks (one being converted by the sink's thread, the next being
+computed), and the chunk being computed never coexists with the trunk's activations (the head
+runs after the trunk), so the two overlap by the smaller of them;
 converted values wait for their document to be complete, for at most one group
 (``--group-tokens``) plus the longest document that is longer than a group; each store writer
 holds its pending chunk (``--chunk-bytes`` raw bytes: one byte a value for ``pow8-ans``), and one
@@ -31,7 +33,7 @@ POSITIONS_PER_TOKEN = 5.2  # stream positions per token (its bytes and its <eot>
 PENDING_BYTES_PER_TOKEN = int(VALUES_PER_TOKEN * (8 + 2) + POSITIONS_PER_TOKEN * 26 + 32)
 STORED_BYTES_PER_TOKEN = int(VALUES_PER_TOKEN * 1.05)  # a written document's codes, until its chunk goes
 CODING_BYTES_PER_CHUNK_BYTE = 1.5  # coding a chunk: its contexts, rANS words, raw chunk and zstd frame
-LOGIT_CHUNKS_IN_FLIGHT = 3  # CPU: one being computed, two queued for the converting thread
+LOGIT_CHUNKS_IN_FLIGHT = 2  # CPU: one being converted, the next computed (distill/conversion_sink.MAX_IN_FLIGHT + 1)
 MMAP_THRESHOLD = 1 << 20
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
 
@@ -71,7 +73,7 @@ def memory_terms(
 
         logits = head_rows * vocab * 4 + 4 * row_chunk(teacher.device) * vocab * 8 + 5 * MAX_ELEMENTS * 8
     else:
-        logits = LOGIT_CHUNKS_IN_FLIGHT * head_rows * vocab * 4
+        logits = host_logits_bytes(head_rows * vocab * 4, activations + attention)
     beyond_group = max(0, longest_document_tokens - group_tokens)
     terms = [
         MemoryTerm("runtime", RUNTIME_BYTES, "", False),
@@ -87,6 +89,14 @@ def memory_terms(
         per_token = PENDING_BYTES_PER_TOKEN + STORED_BYTES_PER_TOKEN
         terms.append(MemoryTerm("longest document", beyond_group * per_token, "a document's length", False))
     return terms
+
+
+def host_logits_bytes(chunk: int, forward: int) -> int:
+    """The logits' share of the peak when the sink's thread converts on the host: the chunk being
+    converted lives through the next batch's trunk forward, and the next chunk is computed after
+    that forward, so the peak is the larger of (forward + one chunk) and (two chunks): beyond the
+    forward term, one chunk and whatever a chunk exceeds the forward by."""
+    return (LOGIT_CHUNKS_IN_FLIGHT - 1) * chunk + max(0, chunk - forward)
 
 
 def attention_bytes(config, batch_tokens: int, max_length: int, dtype_bytes: int) -> int:

@@ -112,6 +112,17 @@ def damaged(name: str):
     return setup
 
 
+def nested_too_deep(name: str):
+    """A run whose checkpoint's ``name`` is valid JSON nested 100,000 deep (crafted: the parser's recursion
+    limit, not its grammar, stops it)."""
+
+    def setup(tmp: Path) -> None:
+        with_run(tmp)
+        (tmp / CHECKPOINT / name).write_text("[" * 100_000 + "]" * 100_000)
+
+    return setup
+
+
 def unrecorded(tmp: Path) -> None:
     """A directory holding another program's metrics.jsonl (no run record)."""
     with_store(tmp)
@@ -366,6 +377,13 @@ EDGES = [
             ("data_order.json", "data_order.json is not valid JSON"),
         ]
     ],
+    Edge(
+        "train-resume-deeply-nested-trainer-state",
+        RESUME,
+        "trainer_state.json is not valid JSON",
+        setup=nested_too_deep("trainer_state.json"),
+        creates_ok=True,
+    ),
     *[
         Edge(f"export-damaged-{name}", EXPORT, expect, setup=damaged(name))
         for name, expect in [

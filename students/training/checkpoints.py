@@ -102,6 +102,8 @@ def read_json(path: Path) -> Any:
         return json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise UserError(f"{path} is not valid JSON ({exc}): the file is damaged") from None
+    except RecursionError:
+        raise UserError(f"{path} is not valid JSON (nested too deep): the file is damaged") from None
 
 
 def write_json(path: Path, data: Any) -> None:
