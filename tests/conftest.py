@@ -30,6 +30,16 @@ INNER_LOOP_SKIPS = (
 )
 
 
+def pytest_configure(config):
+    """Under pytest-xdist (``-n auto``) each worker is one of as many processes as CPUs: one torch
+    thread each, or their threads would wait on each other (the commands they start choose their
+    own threads by the load, ``bytedistill/threads.py``)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        import torch
+
+        torch.set_num_threads(1)
+
+
 def pytest_collection_modifyitems(items):
     for item in items:
         if item.nodeid.split("[")[0] in INNER_LOOP_SKIPS:
