@@ -129,7 +129,7 @@ def decompressions_per_epoch(store: Path, world_size: int, num_workers: int, seq
 def teacher_rows(store: Path, documents: int = 40) -> dict[str, float]:
     """Bytes per position of the forms teacher rows could travel in, and the KL float16 costs."""
     from logit_store import LogitStore
-    from logit_store.store import densify
+    from logit_store.reader import densify
 
     store = LogitStore(store)
     kl, support = [], []

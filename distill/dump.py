@@ -102,7 +102,8 @@ def _device(config: DumpConfig, state) -> torch.device:
 
 def _store_writers(config: DumpConfig, workers: int) -> int:
     """The store's fixed writer count: given, recorded in an existing store, or the workers now."""
-    from logit_store.store import MANIFEST, read_manifest
+    from logit_store.file_names import MANIFEST
+    from logit_store.manifest import read_manifest
 
     if config.writers is not None:
         return config.writers
@@ -236,7 +237,7 @@ def _open_stores(
 ) -> dict:
     """This worker's store writers by writer id (each resumes its own shards). A store of another
     corpus or settings that holds no finished document is replaced when one process runs."""
-    from logit_store.store import StoreWriter
+    from logit_store import StoreWriter
     from logit_store.writer import DifferentStore
 
     settings, fingerprint = store_settings(config, teacher, num_writers), corpus_fingerprint(spec)

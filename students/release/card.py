@@ -41,7 +41,8 @@ def _fmt(value: Any, digits: int = 4) -> str:
 
 def _training_bytes(train_bytes: int, config: dict[str, Any]) -> str:
     """Bytes read in training, with the training text's own size when its stores are at hand."""
-    from logit_store.store import MANIFEST, LogitStore
+    from logit_store import LogitStore
+    from logit_store.file_names import MANIFEST
 
     stores = [Path(p) for p in config.get("train_stores", [])]
     if not stores or not all((p / MANIFEST).is_file() for p in stores):

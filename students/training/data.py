@@ -65,7 +65,7 @@ def _store_dataset(paths: list[str], seq_len: int, batch_size: int, **kwargs: An
 
 def _describe_stores(paths: list[str]) -> dict[str, Any]:
     """Teacher and data as recorded in the stores' manifests (for run_info.json and the model card)."""
-    from logit_store.store import read_manifest
+    from logit_store.manifest import read_manifest
     from students.models.cost import rates_of_stores
 
     manifest = read_manifest(Path(paths[0]))
@@ -83,7 +83,9 @@ def refuse_partial_stores(paths: list[str], allow_partial: bool) -> None:
     incomplete (a writer that never wrote), naming its writers, unless ``allow_partial``: training
     on it would use part of the corpus without a word. Paths that are not stores are left to the
     reading to refuse."""
-    from logit_store.store import MANIFEST, read_manifest, writer_states
+    from logit_store.file_names import MANIFEST
+    from logit_store.integrity import writer_states
+    from logit_store.manifest import read_manifest
 
     for path in paths:
         if allow_partial or not (Path(path) / MANIFEST).is_file():
