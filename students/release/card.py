@@ -12,6 +12,7 @@ from huggingface_hub import ModelCard, ModelCardData
 from bytestream.alphabet import BOS
 from students.models.architecture import Architecture
 from students.models.architectures import DEFAULT, architecture_of_model
+from students.release.card_defaults import LICENSE
 from students.release.teacher_check import is_hub_id
 
 USAGE = """```python
@@ -64,7 +65,7 @@ def model_card(
     context: int,
     *,
     repo_id: str | None = None,
-    license: str = "apache-2.0",
+    license: str = LICENSE,
     teacher: str | None = None,
     data: str | None = None,
     architecture: Architecture = DEFAULT,
