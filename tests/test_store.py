@@ -1,5 +1,5 @@
 """The logit store: encodings, writer/reader round trips, resume, corruption and the
-inspect/verify commands, on the real Llama-3 vocabulary (the training dataset: test_dataset.py)."""
+inspect/verify commands, on the real Llama-3 vocabulary (the training dataset: test_store_windows.py)."""
 
 from __future__ import annotations
 

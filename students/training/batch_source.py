@@ -1,7 +1,7 @@
 """Where the trainer's batches come from, how large they are, and where in them it stands.
 
 :class:`BatchConfig` sizes the batches (the ``train`` flags ``--seq-len`` … ``--num-workers``). A
-:class:`DataSource` builds a :class:`students.training.dataset.SplitBatches` (the logit stores by
+:class:`DataSource` builds a :class:`students.training.store_windows.SplitBatches` (the logit stores by
 default, tests plug in :mod:`students.training.synthetic`); :class:`BatchStream` turns it into endless
 micro-batches over epochs and remembers the position (epoch, batches consumed in the epoch) that
 a checkpoint saves and a resumed run seeks to.
@@ -21,7 +21,7 @@ from configs.ranges import COUNT, NON_NEGATIVE, at_least
 if TYPE_CHECKING:  # torch is imported where it runs: `bytedistill train --help` loads none
     import torch
 
-    from students.training.dataset import SplitBatches
+    from students.training.store_windows import SplitBatches
 
 
 @dataclass
@@ -58,7 +58,7 @@ class DataSource:
 
 
 def _store_dataset(paths: list[str], seq_len: int, batch_size: int, **kwargs: Any) -> SplitBatches:
-    from students.training.dataset import PackedStreamDataset
+    from students.training.store_windows import PackedStreamDataset
 
     return PackedStreamDataset([Path(p) for p in paths], seq_len, batch_size, **kwargs)
 
