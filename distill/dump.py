@@ -68,22 +68,14 @@ def store_settings(config: DumpConfig, teacher: Teacher, writers: int) -> dict:
 
 
 def _validate(config: DumpConfig) -> None:
-    if config.max_length < 2:
-        raise UserError("--max-length must be at least 2")
-    if not 0 <= config.stride < config.max_length - 1:
+    """What no field's range can say (each range is checked when the config is built): the bounds one
+    setting sets for another. A config may be parsed with them unmet, as a file of defaults is."""
+    if config.stride >= config.max_length - 1:
         raise UserError(f"--stride must be in 0..{config.max_length - 2} (below --max-length minus the BOS)")
-    if not 0 <= config.shard_index < config.num_shards:
+    if config.shard_index >= config.num_shards:
         raise UserError(f"--shard-index must be in 0..{config.num_shards - 1}")
     if config.batch_tokens < config.max_length:
         raise UserError("--batch-tokens must be at least --max-length")
-    if config.head_rows < 1:
-        raise UserError("--head-rows must be at least 1")
-    if config.chunk_bytes is not None and config.chunk_bytes < 1:
-        raise UserError("--chunk-bytes must be at least 1")
-    if config.writers is not None and config.writers < 1:
-        raise UserError("--writers must be at least 1")
-    if config.max_document_bytes is not None and config.max_document_bytes < 1:
-        raise UserError("--max-document-bytes must be at least 1")
 
 
 def _device(config: DumpConfig, state) -> torch.device:
@@ -134,7 +126,7 @@ def run_dump(config: DumpConfig) -> DumpSummary:
         end_of_text=config.end_of_text,
     )
     worker = config.shard_index * state.num_processes + state.process_index
-    return dump_with_teacher(config, teacher, worker, config.num_shards * state.num_processes, started)
+    return _dump_pass(config, teacher, worker, config.num_shards * state.num_processes, started)
 
 
 def stage(config: DumpConfig, what: str) -> None:
@@ -150,6 +142,12 @@ def dump_with_teacher(
     """The dump pass of worker ``worker`` of ``workers`` with a loaded teacher (the benchmarks
     build random teachers in memory); ``started`` is when the setup began."""
     _validate(config)
+    return _dump_pass(config, teacher, worker, workers, started)
+
+
+def _dump_pass(config: DumpConfig, teacher: Teacher, worker: int, workers: int, started: float | None) -> DumpSummary:
+    """:func:`dump_with_teacher` with the settings checked (:func:`run_dump` checks them before the
+    teacher loads)."""
     dump_memory.return_freed_blocks()
     spec = config.corpus
     started = time.perf_counter() if started is None else started

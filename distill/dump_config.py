@@ -7,7 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from configs.ranges import COUNT, NON_NEGATIVE, at_least
+from bytestream.errors import UserError
+from configs.fields import flat_values
+from configs.ranges import COUNT, NON_NEGATIVE, at_least, range_problem
 from distill.corpus import CorpusSpec
 from logit_store.encoding_names import DEFAULT_ENCODING, ENCODINGS
 from logit_store.file_names import SKIP_LIST
@@ -127,3 +129,7 @@ class DumpConfig:
         default=None, metadata={"help": "skip (and list) documents longer than this many bytes", "range": COUNT}
     )
     verbose: bool = field(default=False, metadata={"help": "name every corpus entry that is not read, and why"})
+
+    def __post_init__(self) -> None:
+        if problem := range_problem(type(self), flat_values(self)):  # a library caller gets the parser's checks too
+            raise UserError(problem)
