@@ -114,8 +114,6 @@ def run_dump(config: DumpConfig) -> DumpSummary:
     check_store_files(Path(config.output))  # before the teacher loads: a refusal is quick
     started = time.perf_counter()
     state = PartialState(cpu=config.device == "cpu" or not torch.cuda.is_available())
-    if config.threads:
-        torch.set_num_threads(config.threads)
     stage(config, f"loading the teacher {config.teacher}")
     teacher = load_teacher(
         config.teacher,

@@ -110,6 +110,7 @@ class DumpConfig:
     shard_index: int = field(
         default=0, metadata={"help": "which of --num-shards this job is (0-based)", "range": NON_NEGATIVE}
     )
+    # set by the command line before the dump runs (bytedistill/threads.py), the one owner of the count
     threads: int | None = field(
         default=None,
         metadata={
