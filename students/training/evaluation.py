@@ -41,6 +41,8 @@ class EvalConfig:
             "range": NON_NEGATIVE,
         },
     )
+    # stream symbols, as the help of its flag --eval-bytes says: a little more than one per byte
+    # (the stream adds one <eot> per teacher token), what the store windows' max_symbols counts
     max_symbols: int = field(
         default=1_000_000,
         metadata={
