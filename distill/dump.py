@@ -2,7 +2,7 @@
 
 The corpus's pieces are dealt to the store's writers (a fixed number, recorded in the store:
 :mod:`distill.sharding`, :mod:`distill.corpus_shares`), which are dealt to the workers
-(``accelerate`` ranks × ``num_shards`` independent jobs); a worker reads only its writers' pieces
+(``accelerate`` ranks × ``--num-shards`` independent jobs); a worker reads only its writers' pieces
 and each writer writes its own shards, so the result opens as one store. Rerunning the same
 command resumes, with any number of processes.
 
@@ -72,8 +72,8 @@ def _validate(config: DumpConfig) -> None:
     setting sets for another. A config may be parsed with them unmet, as a file of defaults is."""
     if config.stride >= config.max_length - 1:
         raise UserError(f"--stride must be in 0..{config.max_length - 2} (below --max-length minus the BOS)")
-    if config.shard_index >= config.num_shards:
-        raise UserError(f"--shard-index must be in 0..{config.num_shards - 1}")
+    if config.job_index >= config.job_count:
+        raise UserError(f"--shard-index must be in 0..{config.job_count - 1}")
     if config.batch_tokens < config.max_length:
         raise UserError("--batch-tokens must be at least --max-length")
 
@@ -123,8 +123,8 @@ def run_dump(config: DumpConfig) -> DumpSummary:
         dtype=None if config.dtype == "auto" else DTYPES[config.dtype],
         end_of_text=config.end_of_text,
     )
-    worker = config.shard_index * state.num_processes + state.process_index
-    return _dump_pass(config, teacher, worker, config.num_shards * state.num_processes, started)
+    worker = config.job_index * state.num_processes + state.process_index
+    return _dump_pass(config, teacher, worker, config.job_count * state.num_processes, started)
 
 
 def stage(config: DumpConfig, what: str) -> None:

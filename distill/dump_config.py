@@ -101,14 +101,17 @@ class DumpConfig:
             "range": COUNT,
         },
     )
-    docs_per_shard: int | None = field(
+    docs_per_shard: int | None = field(  # a shard: one of the store's files
         default=None, metadata={"help": "close a shard after this many documents (default: by size)", "range": COUNT}
     )
-    num_shards: int = field(
-        default=1, metadata={"help": "split the corpus across this many independent jobs", "range": COUNT}
+    # the jobs the work is split across; their flags say "shards", a name kept for the command line
+    job_count: int = field(
+        default=1,
+        metadata={"flag": "num_shards", "help": "split the corpus across this many independent jobs", "range": COUNT},
     )
-    shard_index: int = field(
-        default=0, metadata={"help": "which of --num-shards this job is (0-based)", "range": NON_NEGATIVE}
+    job_index: int = field(
+        default=0,
+        metadata={"flag": "shard_index", "help": "which of --num-shards this job is (0-based)", "range": NON_NEGATIVE},
     )
     # set by the command line before the dump runs (bytedistill/threads.py), the one owner of the count
     threads: int | None = field(
