@@ -17,6 +17,8 @@ import json
 import tempfile
 from pathlib import Path
 
+import torch
+
 from benchmarks.common import kjv_chapters, smollm2_gguf
 from distill.corpus import CorpusSpec
 from distill.dump import DumpConfig, run_dump
@@ -57,9 +59,10 @@ def main() -> None:
             encoding=args.encoding,
             batch_tokens=args.batch_tokens,
             **windows,
-            threads=args.threads,
             progress=False,
         )
+        if args.threads:
+            torch.set_num_threads(args.threads)  # what the command line's --threads does
         s = run_dump(config)
     print(f"{name} on {s.documents} KJV chapters, {text_bytes:,} bytes, CPU")
     print(f"{'what':<40}{'value':>16}")

@@ -110,10 +110,10 @@ def child(args) -> None:
         corpus=CorpusSpec(args.corpus),
         output=args.output,
         writers=args.writers,
-        threads=1,
         progress=False,
         **json.loads(args.settings),
     )
+    torch.set_num_threads(1)  # what the command line's --threads 1 does
     s = run_dump(config)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     teacher = load_teacher(config.teacher, tokenizer_source=config.tokenizer, device=torch.device("cpu"))

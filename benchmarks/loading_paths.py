@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from bytestream.alphabet import EOS
-from logit_store.store import LogitStore
+from logit_store import LogitStore
 from students.release.exported_folder import load_model
 from students.release.score import Document, ScoreOptions, score, score_documents
 

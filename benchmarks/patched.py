@@ -116,8 +116,8 @@ def smoke_recipe() -> Recipe:
 
 def dump_store(work: Path, name: str, books: list[str], chapters: int, teacher: str) -> Path:
     """A logit store of the first ``chapters`` chapters of ``books`` (dump resumes: a rerun reuses it)."""
+    from logit_store import LogitStore
     from logit_store.file_names import MANIFEST
-    from logit_store.store import LogitStore
 
     store = work / "store" / name
     corpus = work / "corpus" / name
@@ -170,7 +170,7 @@ def train(work: Path, size: Size, args, stores: tuple[Path, Path]) -> Path:
 
 def prompts(heldout: Path, batch: int, length: int) -> torch.Tensor:
     """``batch`` prompts of ``length`` symbols: the starts of the held-out documents' streams."""
-    from logit_store.store import LogitStore
+    from logit_store import LogitStore
 
     store = LogitStore(heldout)
     rows = [store.document(i % len(store)).layout.symbols[:length] for i in range(batch)]

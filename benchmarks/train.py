@@ -45,7 +45,7 @@ def main() -> None:
     from accelerate import Accelerator
 
     from students.models.shape import StudentShape
-    from students.training.data import STORE_SOURCE, BatchConfig
+    from students.training.batch_source import STORE_SOURCE, BatchConfig
     from students.training.loss import LossConfig
     from students.training.trainer import LogConfig, TrainConfig, start_run, train_step
 

@@ -83,7 +83,7 @@ def loader_rates(store: Path, seq_len: int, batch_size: int, num_workers: int, e
     """(seconds to the first batch, target positions per second after it) of a DataLoader over the
     store dataset, teacher rows included, over ``epochs`` epochs (its workers persist across them,
     as in training)."""
-    from students.training.dataset import PackedStreamDataset
+    from students.training.store_windows import PackedStreamDataset
 
     dataset = PackedStreamDataset(store, seq_len, batch_size, num_workers=num_workers, seed=0)
     positions, start, first = 0, time.perf_counter(), None
@@ -101,7 +101,7 @@ def loader_rates(store: Path, seq_len: int, batch_size: int, num_workers: int, e
 def decompressions_per_epoch(store: Path, world_size: int, num_workers: int, seq_len: int) -> int:
     """Chunk decompressions when every split of every rank reads its part of one epoch."""
     from logit_store.shard import ShardReader
-    from students.training.dataset import PackedStreamDataset
+    from students.training.store_windows import PackedStreamDataset
 
     reads = 0
     original = ShardReader.read_chunk
@@ -129,7 +129,7 @@ def decompressions_per_epoch(store: Path, world_size: int, num_workers: int, seq
 def teacher_rows(store: Path, documents: int = 40) -> dict[str, float]:
     """Bytes per position of the forms teacher rows could travel in, and the KL float16 costs."""
     from logit_store import LogitStore
-    from logit_store.store import densify
+    from logit_store.reader import densify
 
     store = LogitStore(store)
     kl, support = [], []

@@ -100,9 +100,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     name = namespace.command
     command = COMMANDS[name]
-    threads.set_threads()
     try:
-        status = int(command(config_from_namespace(config_class(command), namespace[name])) or 0)
+        config = config_from_namespace(config_class(command), namespace[name])
+        threads.set_threads(getattr(config, "threads", None))  # a command's own --threads wins
+        status = int(command(config) or 0)
         sys.stdout.flush()  # here, so that a closed pipe is met while it can be handled
         return status
     except UserError as exc:

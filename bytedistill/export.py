@@ -6,6 +6,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from students.release.card_defaults import LICENSE
+
 
 @dataclass
 class ExportConfig:
@@ -23,7 +25,7 @@ class ExportConfig:
     repo_id: str | None = field(
         default=None, metadata={"help": "Hub repo id to name in the model card's usage snippet"}
     )
-    license: str = field(default="apache-2.0", metadata={"help": "license for the model card metadata"})
+    license: str = field(default=LICENSE, metadata={"help": "license for the model card metadata"})
     teacher: str | None = field(
         default=None, metadata={"help": "teacher name for the card (default: from the logit store)"}
     )

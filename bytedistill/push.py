@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from configs.ranges import NON_NEGATIVE, POSITIVE
+from students.release.push import COMMIT_MESSAGE, RETRIES, TIMEOUT_S
 
 
 @dataclass
@@ -18,7 +19,7 @@ class PushConfig:
     revision: str | None = field(
         default=None, metadata={"help": "branch to push to (created if missing; default main)"}
     )
-    commit_message: str = field(default="Upload byte student", metadata={"help": "commit message"})
+    commit_message: str = field(default=COMMIT_MESSAGE, metadata={"help": "commit message"})
     endpoint: str | None = field(
         default=None,
         metadata={
@@ -27,11 +28,11 @@ class PushConfig:
         },
     )
     timeout: float = field(
-        default=60.0,
+        default=TIMEOUT_S,
         metadata={"help": "seconds to wait for the Hub to connect, and for each read or write", "range": POSITIVE},
     )
     retries: int = field(
-        default=3,
+        default=RETRIES,
         metadata={
             "help": "tries after the first of each Hub call (network error, timeout, 429, 5xx)",
             "range": NON_NEGATIVE,

@@ -37,8 +37,8 @@ def inspect(config: InspectConfig) -> int:
 
     Reads the store's manifest and shard indexes only (nothing is decompressed).
     """
+    from logit_store import LogitStore
     from logit_store.skips import read_skips
-    from logit_store.store import LogitStore
 
     store = LogitStore(config.store)
     stats = store.stats()
@@ -89,7 +89,7 @@ def verify(config: VerifyConfig) -> int:
     its distributions are normalised. Exits 0 with a summary, or 2 naming the first bad
     shard/chunk/document.
     """
-    from logit_store.store import LogitStore
+    from logit_store import LogitStore
     from logit_store.verify import verify_store
 
     store = LogitStore(config.store)

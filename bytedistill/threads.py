@@ -5,7 +5,9 @@ wait for each other at the end of every parallel operation, and a thread the ker
 stalls them all: training ran 11× slower with the default than idle, and 2.6× faster with one
 thread under the same load. So the default is the CPUs this process may run on (its affinity
 mask) less the other tasks the kernel is running right now (``/proc/loadavg``), at least 1;
-``OMP_NUM_THREADS`` (or ``TORCH_NUM_THREADS``) set in the environment always wins.
+``OMP_NUM_THREADS`` (or ``TORCH_NUM_THREADS``) set in the environment wins over that default, and a
+command's own ``--threads`` (``dump``) over both. The router sets them once, before the command
+runs; nothing else sets torch's threads.
 """
 
 from __future__ import annotations
@@ -51,10 +53,11 @@ def default_threads(environ=os.environ) -> tuple[int, str]:
     return max(1, cpus - busy), f"{cpus} CPUs, {busy} other running tasks"
 
 
-def set_threads(environ=os.environ) -> tuple[int, str]:
-    """Set torch's intra-op threads to :func:`default_threads`; returns them and why."""
+def set_threads(requested: int | None = None, environ=os.environ) -> tuple[int, str]:
+    """Set torch's intra-op threads to ``requested`` if given, else :func:`default_threads`; returns
+    them and why."""
     import torch
 
-    threads, why = default_threads(environ)
+    threads, why = (requested, f"--threads {requested}") if requested else default_threads(environ)
     torch.set_num_threads(threads)
     return threads, why

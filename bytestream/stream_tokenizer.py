@@ -45,6 +45,7 @@ from transformers import (
 )
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
+# bytestream/alphabet.py's values, copied (this file runs without the package): tests/test_alphabet_copies.py
 NUM_BYTES, EOT, BOS, EOS, PAD = 256, 256, 257, 258, 259
 SPECIAL_NAMES = {EOT: "<eot>", BOS: "<bos>", EOS: "<eos>", PAD: "<pad>"}
 TEACHER_TOKENIZER_FILE = "teacher_tokenizer.json"

@@ -2,7 +2,7 @@
 
 The corpus's pieces are dealt to the store's writers (a fixed number, recorded in the store:
 :mod:`distill.sharding`, :mod:`distill.corpus_shares`), which are dealt to the workers
-(``accelerate`` ranks × ``num_shards`` independent jobs); a worker reads only its writers' pieces
+(``accelerate`` ranks × ``--num-shards`` independent jobs); a worker reads only its writers' pieces
 and each writer writes its own shards, so the result opens as one store. Rerunning the same
 command resumes, with any number of processes.
 
@@ -68,22 +68,14 @@ def store_settings(config: DumpConfig, teacher: Teacher, writers: int) -> dict:
 
 
 def _validate(config: DumpConfig) -> None:
-    if config.max_length < 2:
-        raise UserError("--max-length must be at least 2")
-    if not 0 <= config.stride < config.max_length - 1:
+    """What no field's range can say (each range is checked when the config is built): the bounds one
+    setting sets for another. A config may be parsed with them unmet, as a file of defaults is."""
+    if config.stride >= config.max_length - 1:
         raise UserError(f"--stride must be in 0..{config.max_length - 2} (below --max-length minus the BOS)")
-    if not 0 <= config.shard_index < config.num_shards:
-        raise UserError(f"--shard-index must be in 0..{config.num_shards - 1}")
+    if config.job_index >= config.job_count:
+        raise UserError(f"--shard-index must be in 0..{config.job_count - 1}")
     if config.batch_tokens < config.max_length:
         raise UserError("--batch-tokens must be at least --max-length")
-    if config.head_rows < 1:
-        raise UserError("--head-rows must be at least 1")
-    if config.chunk_bytes is not None and config.chunk_bytes < 1:
-        raise UserError("--chunk-bytes must be at least 1")
-    if config.writers is not None and config.writers < 1:
-        raise UserError("--writers must be at least 1")
-    if config.max_document_bytes is not None and config.max_document_bytes < 1:
-        raise UserError("--max-document-bytes must be at least 1")
 
 
 def _device(config: DumpConfig, state) -> torch.device:
@@ -102,7 +94,8 @@ def _device(config: DumpConfig, state) -> torch.device:
 
 def _store_writers(config: DumpConfig, workers: int) -> int:
     """The store's fixed writer count: given, recorded in an existing store, or the workers now."""
-    from logit_store.store import MANIFEST, read_manifest
+    from logit_store.file_names import MANIFEST
+    from logit_store.manifest import read_manifest
 
     if config.writers is not None:
         return config.writers
@@ -121,8 +114,6 @@ def run_dump(config: DumpConfig) -> DumpSummary:
     check_store_files(Path(config.output))  # before the teacher loads: a refusal is quick
     started = time.perf_counter()
     state = PartialState(cpu=config.device == "cpu" or not torch.cuda.is_available())
-    if config.threads:
-        torch.set_num_threads(config.threads)
     stage(config, f"loading the teacher {config.teacher}")
     teacher = load_teacher(
         config.teacher,
@@ -132,8 +123,8 @@ def run_dump(config: DumpConfig) -> DumpSummary:
         dtype=None if config.dtype == "auto" else DTYPES[config.dtype],
         end_of_text=config.end_of_text,
     )
-    worker = config.shard_index * state.num_processes + state.process_index
-    return dump_with_teacher(config, teacher, worker, config.num_shards * state.num_processes, started)
+    worker = config.job_index * state.num_processes + state.process_index
+    return _dump_pass(config, teacher, worker, config.job_count * state.num_processes, started)
 
 
 def stage(config: DumpConfig, what: str) -> None:
@@ -149,6 +140,12 @@ def dump_with_teacher(
     """The dump pass of worker ``worker`` of ``workers`` with a loaded teacher (the benchmarks
     build random teachers in memory); ``started`` is when the setup began."""
     _validate(config)
+    return _dump_pass(config, teacher, worker, workers, started)
+
+
+def _dump_pass(config: DumpConfig, teacher: Teacher, worker: int, workers: int, started: float | None) -> DumpSummary:
+    """:func:`dump_with_teacher` with the settings checked (:func:`run_dump` checks them before the
+    teacher loads)."""
     dump_memory.return_freed_blocks()
     spec = config.corpus
     started = time.perf_counter() if started is None else started
@@ -236,7 +233,7 @@ def _open_stores(
 ) -> dict:
     """This worker's store writers by writer id (each resumes its own shards). A store of another
     corpus or settings that holds no finished document is replaced when one process runs."""
-    from logit_store.store import StoreWriter
+    from logit_store import StoreWriter
     from logit_store.writer import DifferentStore
 
     settings, fingerprint = store_settings(config, teacher, num_writers), corpus_fingerprint(spec)

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from configs.ranges import COUNT, NON_NEGATIVE, at_least
+from bytestream.errors import UserError
+from configs.fields import flat_values
+from configs.ranges import COUNT, NON_NEGATIVE, at_least, range_problem
 from distill.corpus import CorpusSpec
 from logit_store.encoding_names import DEFAULT_ENCODING, ENCODINGS
 from logit_store.file_names import SKIP_LIST
@@ -99,15 +101,19 @@ class DumpConfig:
             "range": COUNT,
         },
     )
-    docs_per_shard: int | None = field(
+    docs_per_shard: int | None = field(  # a shard: one of the store's files
         default=None, metadata={"help": "close a shard after this many documents (default: by size)", "range": COUNT}
     )
-    num_shards: int = field(
-        default=1, metadata={"help": "split the corpus across this many independent jobs", "range": COUNT}
+    # the jobs the work is split across; their flags say "shards", a name kept for the command line
+    job_count: int = field(
+        default=1,
+        metadata={"flag": "num_shards", "help": "split the corpus across this many independent jobs", "range": COUNT},
     )
-    shard_index: int = field(
-        default=0, metadata={"help": "which of --num-shards this job is (0-based)", "range": NON_NEGATIVE}
+    job_index: int = field(
+        default=0,
+        metadata={"flag": "shard_index", "help": "which of --num-shards this job is (0-based)", "range": NON_NEGATIVE},
     )
+    # set by the command line before the dump runs (bytedistill/threads.py), the one owner of the count
     threads: int | None = field(
         default=None,
         metadata={
@@ -127,3 +133,7 @@ class DumpConfig:
         default=None, metadata={"help": "skip (and list) documents longer than this many bytes", "range": COUNT}
     )
     verbose: bool = field(default=False, metadata={"help": "name every corpus entry that is not read, and why"})
+
+    def __post_init__(self) -> None:
+        if problem := range_problem(type(self), flat_values(self)):  # a library caller gets the parser's checks too
+            raise UserError(problem)

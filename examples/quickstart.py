@@ -112,7 +112,7 @@ def main() -> None:
 
 def closing_table(work: Path, timings: dict[str, float]) -> str:
     """The run's figures, a line each: store size, BPBs, KL and the time of each stage."""
-    from logit_store.store import LogitStore
+    from logit_store import LogitStore
 
     stats = LogitStore(work / "store/train").stats()
     evals = [json.loads(line) for line in (work / "student/metrics.jsonl").read_text().splitlines()]

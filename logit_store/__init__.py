@@ -17,12 +17,12 @@ _HOMES = {
     "get_encoding": "logit_store.encodings",
     "kl_bits_per_position": "logit_store.encodings",
     "FORMAT_VERSION": "logit_store.manifest",
-    "LogitStore": "logit_store.store",
-    "MultiStore": "logit_store.store",
-    "StoredDocument": "logit_store.store",
-    "StoreWriter": "logit_store.store",
-    "open_stores": "logit_store.store",
-    "store_content_hash": "logit_store.store",
+    "LogitStore": "logit_store.reader",
+    "MultiStore": "logit_store.multi",
+    "StoredDocument": "logit_store.reader",
+    "StoreWriter": "logit_store.writer",
+    "open_stores": "logit_store.multi",
+    "store_content_hash": "logit_store.content_hash",
 }
 
 __all__ = [  # each imported from its module on first use (__getattr__)

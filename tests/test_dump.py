@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM
 
 from bytedistill.cli import main as cli_main
 from distill.windows import plan_windows
-from logit_store.store import LogitStore, store_content_hash
+from logit_store import LogitStore, store_content_hash
 from tests.gguf_teachers import save_small_teacher, write_tiny_gguf
 from tests.kill import kill_after_shards, start_bytedistill
 from tests.launch import cpu_launch, run_on_two_machines

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from bytedistill.cli import main as bytedistill
+from logit_store import LogitStore, store_content_hash
 from logit_store.skips import Skip, SkipList, read_skips
-from logit_store.store import LogitStore, store_content_hash
 from tests.edges import Edge, check_edge
 from tests.gguf_teachers import write_tiny_gguf
 from tests.kill import kill_after_shards, start_bytedistill

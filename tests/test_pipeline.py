@@ -8,7 +8,7 @@ import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from bytedistill.cli import main as bytedistill
-from logit_store.store import LogitStore
+from logit_store import LogitStore
 from tests.teachers import dump_args, save_tiny_llama3_teacher
 
 TRAIN = [

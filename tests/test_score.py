@@ -13,7 +13,7 @@ from transformers import AutoTokenizer
 
 from bytedistill.cli import main as bytedistill
 from bytestream.alphabet import EOS
-from logit_store.store import LogitStore
+from logit_store import LogitStore
 from students.release.score import ScoreOptions, score, windows
 from tests.exported_student import SEQ_LEN, build
 

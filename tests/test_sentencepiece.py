@@ -21,7 +21,7 @@ from bytestream.vocab import BYTE_FALLBACK, vocab_from_tokenizer
 from distill.convert import Converter
 from distill.encode import DocumentEncoder
 from distill.teacher import load_teacher
-from logit_store.store import LogitStore
+from logit_store import LogitStore
 from tests.conftest import SAMPLE_DOCUMENTS, random_logits
 from tests.teachers import (
     PHI3_ADDED,

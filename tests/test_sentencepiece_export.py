@@ -7,7 +7,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from bytestream.alphabet import EOS
-from logit_store.store import LogitStore
+from logit_store import LogitStore
 from students.release.score import ScoreOptions, score
 from tests.exported_student import HELDOUT, build
 from tests.teachers import mistral_sentencepiece_folder, phi3_style, save_tiny_teacher

@@ -22,9 +22,8 @@ import pytest
 import zstandard
 
 from bytestream.errors import UserError
-from logit_store.reader import LogitStore
+from logit_store import LogitStore, StoreWriter
 from logit_store.shard import CHUNK_DTYPE, DOC_DTYPE, RECORD_DTYPE, TRAILER_MAGIC
-from logit_store.store import StoreWriter
 from tests.store_data import tiny_documents, tiny_vocab
 
 V1_STORE = Path(__file__).parent / "data" / "store-v1"

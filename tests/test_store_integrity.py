@@ -12,7 +12,7 @@ import pytest
 
 from bytedistill.cli import main as cli_main
 from bytestream.errors import UserError
-from logit_store.store import LogitStore, StoreWriter
+from logit_store import LogitStore, StoreWriter
 from logit_store.verify import verify_store
 from tests.store_data import tiny_documents, tiny_vocab
 

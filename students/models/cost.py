@@ -20,8 +20,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from bytestream.alphabet import BOS, EOT
-
 BYTES_PER_VALUE = 4  # float32 caches
 
 
@@ -35,13 +33,6 @@ class StreamRates:
     @property
     def patches_per_symbol(self) -> float:
         return self.patches_per_byte / self.symbols_per_byte
-
-
-def rates_of_stream(symbols, text_bytes: int) -> StreamRates:
-    """Rates counted on a stream (a sequence of symbol ids) holding ``text_bytes`` bytes."""
-    symbols = list(symbols)
-    patches = sum(1 for s in symbols if s in (EOT, BOS))
-    return StreamRates(len(symbols) / text_bytes, patches / text_bytes)
 
 
 def rates_of_stores(paths) -> dict[str, float] | None:

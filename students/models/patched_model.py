@@ -38,6 +38,7 @@ from torch import nn
 from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+# bytestream/alphabet.py's values, copied (this file runs without the package): tests/test_alphabet_copies.py
 NUM_SYMBOLS, EOT, BOS, EOS, PAD = 260, 256, 257, 258, 259
 POOLINGS = ("mean", "last")
 # the output field that carries the cache back to generate(): "cache" in recent transformers

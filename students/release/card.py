@@ -12,6 +12,7 @@ from huggingface_hub import ModelCard, ModelCardData
 from bytestream.alphabet import BOS
 from students.models.architecture import Architecture
 from students.models.architectures import DEFAULT, architecture_of_model
+from students.release.card_defaults import LICENSE
 from students.release.teacher_check import is_hub_id
 
 USAGE = """```python
@@ -41,7 +42,8 @@ def _fmt(value: Any, digits: int = 4) -> str:
 
 def _training_bytes(train_bytes: int, config: dict[str, Any]) -> str:
     """Bytes read in training, with the training text's own size when its stores are at hand."""
-    from logit_store.store import MANIFEST, LogitStore
+    from logit_store import LogitStore
+    from logit_store.file_names import MANIFEST
 
     stores = [Path(p) for p in config.get("train_stores", [])]
     if not stores or not all((p / MANIFEST).is_file() for p in stores):
@@ -63,7 +65,7 @@ def model_card(
     context: int,
     *,
     repo_id: str | None = None,
-    license: str = "apache-2.0",
+    license: str = LICENSE,
     teacher: str | None = None,
     data: str | None = None,
     architecture: Architecture = DEFAULT,

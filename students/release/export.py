@@ -40,6 +40,7 @@ from bytestream.stream_tokenizer import TEACHER_TOKENIZER_FILE
 from students.models.architectures import architecture_of_model
 from students.release import custom_generate
 from students.release.card import card_section, model_card
+from students.release.card_defaults import LICENSE
 from students.release.export_record import previous_export, write_record, written_files
 from students.release.export_staging import clean_leftover, export_lock, staging, swap_in
 from students.release.teacher_check import teacher_tokenizer_json
@@ -68,7 +69,7 @@ def export_student(
     *,
     teacher_tokenizer: str | None = None,
     repo_id: str | None = None,
-    license: str = "apache-2.0",
+    license: str = LICENSE,
     teacher: str | None = None,
     data: str | None = None,
 ) -> Path:

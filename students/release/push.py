@@ -53,6 +53,9 @@ ENDPOINT_TOKEN = "BYTEDISTILL_ENDPOINT_TOKEN"
 LOCAL_HOSTS = {"localhost"}
 DEFAULT_PORTS = {"http": 80, "https": 443}
 TRANSIENT_STATUS = {408, 429, 500, 502, 503, 504}
+COMMIT_MESSAGE = "Upload byte student"  # the Hub commit's message (--commit-message)
+TIMEOUT_S = 60.0  # seconds to connect, and for each read or write (--timeout)
+RETRIES = 3  # tries after the first of each Hub call (--retries)
 
 T = TypeVar("T")
 
@@ -323,9 +326,9 @@ def upload(
     *,
     private: bool = False,
     revision: str | None = None,
-    commit_message: str = "Upload byte student",
-    timeout: float = 60.0,
-    retries: int = 3,
+    commit_message: str = COMMIT_MESSAGE,
+    timeout: float = TIMEOUT_S,
+    retries: int = RETRIES,
 ) -> str:
     """Create the repo (and branch) if needed and commit the planned files; returns the commit URL."""
     from huggingface_hub import CommitOperationAdd, HfApi
@@ -360,10 +363,10 @@ def push_folder(
     *,
     private: bool = False,
     revision: str | None = None,
-    commit_message: str = "Upload byte student",
+    commit_message: str = COMMIT_MESSAGE,
     endpoint: str | None = None,
-    timeout: float = 60.0,
-    retries: int = 3,
+    timeout: float = TIMEOUT_S,
+    retries: int = RETRIES,
 ) -> str:
     """Check the folder (:func:`plan_push`) and upload it (:func:`upload`); returns the commit URL."""
     with plan_push(folder, repo_id, endpoint) as plan:

@@ -81,7 +81,8 @@ def _file_documents(path: Path, text_field: str) -> Iterator[bytes]:
 
 
 def _store_documents(path: Path, index: int, mode: str) -> Iterator[Document]:
-    from logit_store.store import LogitStore, densify
+    from logit_store import LogitStore
+    from logit_store.reader import densify
 
     store = LogitStore(path)
     for i in range(len(store)):
@@ -207,7 +208,7 @@ def require_own_teacher(folder: Path, stores: list[Path]) -> None:
     from tokenizers import Tokenizer
 
     from bytestream.vocab import vocab_from_tokenizer
-    from logit_store.store import LogitStore
+    from logit_store import LogitStore
     from students.release.teacher_check import same_tokens
 
     vocab = vocab_from_tokenizer(Tokenizer.from_file(str(folder / TEACHER_TOKENIZER_FILE)))

@@ -29,8 +29,9 @@ def teacher_tokenizer_json(source: str | None, info: dict[str, Any]) -> str:
     ``source`` is given, which is then shipped unchecked (with a warning)."""
     from bytestream.vocab import load_teacher_tokenizer, vocab_from_tokenizer
     from distill.encode import with_specials_marked
-    from logit_store.manifest import tokenizer_location
-    from logit_store.store import MANIFEST, LogitStore, read_manifest
+    from logit_store import LogitStore
+    from logit_store.file_names import MANIFEST
+    from logit_store.manifest import read_manifest, tokenizer_location
 
     stores = training_stores(info)
     found = bool(stores) and (stores[0] / MANIFEST).is_file()

@@ -20,13 +20,13 @@ from typing import TYPE_CHECKING
 from bytestream.alphabet import ALPHABET_SIZE, PAD
 from bytestream.errors import UserError
 from configs.ranges import NON_NEGATIVE
-from students.training.data import to_device, utf8_bytes
+from students.training.batch_source import to_device, utf8_bytes
 from students.training.loss import kl_per_position
 
 if TYPE_CHECKING:  # torch is imported where it runs: `bytedistill train --help` loads none
     import torch
 
-    from students.training.dataset import SplitBatches
+    from students.training.store_windows import SplitBatches
 
 
 @dataclass
@@ -41,6 +41,8 @@ class EvalConfig:
             "range": NON_NEGATIVE,
         },
     )
+    # stream symbols, as the help of its flag --eval-bytes says: a little more than one per byte
+    # (the stream adds one <eot> per teacher token), what the store windows' max_symbols counts
     max_symbols: int = field(
         default=1_000_000,
         metadata={

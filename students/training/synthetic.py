@@ -2,7 +2,7 @@
 
 The "teacher" is a fixed random bigram model over the 260-symbol alphabet (some transitions
 have probability exactly 0, ``<pad>`` never follows anything). :class:`BigramStreamDataset`
-yields the same dicts as ``students.training.dataset.PackedStreamDataset``, so the trainer runs on it
+yields the same dicts as ``students.training.store_windows.PackedStreamDataset``, so the trainer runs on it
 unchanged (and resumes it the same way); ``SYNTHETIC_SOURCE`` plugs it into :func:`students.training.trainer.train`.
 The store "paths" only pick the sample: a different name gives different sequences from the same teacher.
 """
@@ -15,8 +15,8 @@ import numpy as np
 import torch
 
 from bytestream.alphabet import ALPHABET_SIZE, BOS, PAD
-from students.training.data import DataSource
-from students.training.dataset import SplitBatches
+from students.training.batch_source import DataSource
+from students.training.store_windows import SplitBatches
 
 
 def bigram_teacher(seed: int = 1234, sharpness: float = 3.0) -> torch.Tensor:

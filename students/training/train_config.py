@@ -1,5 +1,5 @@
 """A training run's settings (:class:`TrainConfig`), composed of the settings of the modules that
-read them: the student's shape (:mod:`students.models.shape`), the batches (:mod:`students.training.data`), the
+read them: the student's shape (:mod:`students.models.shape`), the batches (:mod:`students.training.batch_source`), the
 optimiser (:mod:`students.training.optim`), the loss (:mod:`students.training.loss`), evaluation
 (:mod:`students.training.evaluation`), checkpoints (:mod:`students.training.checkpoints`) and logging
 (:class:`LogConfig`, the trainer's own). The trainer is :mod:`students.training.trainer`.
@@ -16,8 +16,8 @@ from bytestream.errors import UserError
 from configs.fields import flat_values
 from configs.ranges import COUNT, SEED, range_problem
 from students.models.shape import StudentShape
+from students.training.batch_source import BatchConfig
 from students.training.checkpoints import CheckpointConfig
-from students.training.data import BatchConfig
 from students.training.evaluation import EvalConfig
 from students.training.loss import LossConfig
 from students.training.optim import OptimConfig

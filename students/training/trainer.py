@@ -3,13 +3,13 @@
 One loop for one CPU, one GPU or many (``accelerate launch``: DDP, or FSDP via an accelerate
 config); ``train`` reads top to bottom: start (or resume) a run, then train steps, evaluations
 and checkpoints until a limit, then finish. Each rank reads its own splits of the stores
-(:mod:`students.training.dataset`; the loader is not re-sharded by accelerate). Optimiser and schedule:
+(:mod:`students.training.store_windows`; the loader is not re-sharded by accelerate). Optimiser and schedule:
 :mod:`students.training.optim`, the run's progress being the nearer of the step and training-byte limits,
 computed from the step and byte counters so that a resumed run needs no scheduler state. With
 ``mixed_precision`` the forward runs under autocast; the loss is computed in float32.
 
 :class:`TrainConfig` is composed of the settings of the modules that read them: the student's
-shape (:mod:`students.models.shape`), the batches (:mod:`students.training.data`), the optimiser
+shape (:mod:`students.models.shape`), the batches (:mod:`students.training.batch_source`), the optimiser
 (:mod:`students.training.optim`), the loss (:mod:`students.training.loss`), evaluation
 (:mod:`students.training.evaluation`), checkpoints (:mod:`students.training.checkpoints`) and
 logging (here); run_info.json records its flat settings
@@ -27,7 +27,7 @@ A directory holds one run: a new run into one that holds a run is refused unless
 and one ``train`` at a time works in it (a lock).
 
 A resumed run (``resume="latest"`` or a checkpoint path) restores weights, optimiser, RNG and
-every rank's data position and seeks there (:mod:`students.training.data`), so it continues exactly as if
+every rank's data position and seeks there (:mod:`students.training.batch_source`), so it continues exactly as if
 never stopped; evaluation records after the checkpoint's step are dropped from metrics.jsonl.
 A loss that is not finite (NaN, Inf) stops the run with an error before the next checkpoint, as
 do weights that are not finite when a checkpoint is due: the newest checkpoint stays the last good one.
@@ -51,6 +51,7 @@ from configs.fields import flat_values
 from students.models.architectures import architecture_named, student_cost
 from students.models.cost import StreamRates, summary_line
 from students.models.llama import count_parameters
+from students.training.batch_source import STORE_SOURCE, BatchStream, DataSource, to_device, utf8_bytes
 from students.training.checkpoints import (
     METRICS,
     RUN_INFO,
@@ -65,12 +66,11 @@ from students.training.checkpoints import (
     save_checkpoint,
     write_json,
 )
-from students.training.data import STORE_SOURCE, BatchStream, DataSource, to_device, utf8_bytes
-from students.training.dataset import SplitBatches
 from students.training.evaluation import EvalMetrics, evaluate
 from students.training.loss import distill_loss
 from students.training.optim import adamw, check_schedule, learning_rate
 from students.training.run_directory import TRACKER, claim, refuse_foreign, run_lock
+from students.training.store_windows import SplitBatches
 from students.training.train_config import LogConfig, TrainConfig  # noqa: F401 (the run's settings, re-exported)
 
 

@@ -10,7 +10,7 @@ import torch
 from bytestream.alphabet import ALPHABET_SIZE, BOS, EOS, PAD
 from logit_store import LogitStore
 from logit_store.shard import ShardReader
-from students.training.dataset import PackedStreamDataset
+from students.training.store_windows import PackedStreamDataset
 from tests.stores import random_texts, write_random_store
 
 

@@ -42,7 +42,8 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from bytestream.alphabet import ALPHABET_SIZE, EOS, PAD
 from bytestream.errors import UserError
 from bytestream.stream import stream_layout
-from logit_store.store import as_store, densify
+from logit_store.multi import as_store
+from logit_store.reader import densify
 
 # what padding positions hold, per field of a window
 FILL = {"input_ids": PAD, "target_ids": PAD, "loss_mask": False, "target_probs": 0.0}

@@ -1,7 +1,7 @@
 """Where the trainer's batches come from, how large they are, and where in them it stands.
 
 :class:`BatchConfig` sizes the batches (the ``train`` flags ``--seq-len`` … ``--num-workers``). A
-:class:`DataSource` builds a :class:`students.training.dataset.SplitBatches` (the logit stores by
+:class:`DataSource` builds a :class:`students.training.store_windows.SplitBatches` (the logit stores by
 default, tests plug in :mod:`students.training.synthetic`); :class:`BatchStream` turns it into endless
 micro-batches over epochs and remembers the position (epoch, batches consumed in the epoch) that
 a checkpoint saves and a resumed run seeks to.
@@ -21,7 +21,7 @@ from configs.ranges import COUNT, NON_NEGATIVE, at_least
 if TYPE_CHECKING:  # torch is imported where it runs: `bytedistill train --help` loads none
     import torch
 
-    from students.training.dataset import SplitBatches
+    from students.training.store_windows import SplitBatches
 
 
 @dataclass
@@ -58,14 +58,14 @@ class DataSource:
 
 
 def _store_dataset(paths: list[str], seq_len: int, batch_size: int, **kwargs: Any) -> SplitBatches:
-    from students.training.dataset import PackedStreamDataset
+    from students.training.store_windows import PackedStreamDataset
 
     return PackedStreamDataset([Path(p) for p in paths], seq_len, batch_size, **kwargs)
 
 
 def _describe_stores(paths: list[str]) -> dict[str, Any]:
     """Teacher and data as recorded in the stores' manifests (for run_info.json and the model card)."""
-    from logit_store.store import read_manifest
+    from logit_store.manifest import read_manifest
     from students.models.cost import rates_of_stores
 
     manifest = read_manifest(Path(paths[0]))
@@ -83,7 +83,9 @@ def refuse_partial_stores(paths: list[str], allow_partial: bool) -> None:
     incomplete (a writer that never wrote), naming its writers, unless ``allow_partial``: training
     on it would use part of the corpus without a word. Paths that are not stores are left to the
     reading to refuse."""
-    from logit_store.store import MANIFEST, read_manifest, writer_states
+    from logit_store.file_names import MANIFEST
+    from logit_store.integrity import writer_states
+    from logit_store.manifest import read_manifest
 
     for path in paths:
         if allow_partial or not (Path(path) / MANIFEST).is_file():

@@ -1,0 +1,26 @@
+"""The files an export ships keep their own copy of the alphabet, since an exported folder runs
+without this package: ``bytestream/stream_tokenizer.py`` (the student's tokenizer) and
+``students/models/patched_model.py`` (the patched student's modeling file). Each copy must say
+what ``bytestream/alphabet.py`` says."""
+
+from __future__ import annotations
+
+import pytest
+
+from bytestream import alphabet, stream_tokenizer
+from students.models import patched_model
+
+COPIES = [
+    (stream_tokenizer, {"NUM_BYTES": "NUM_BYTES", "EOT": "EOT", "BOS": "BOS", "EOS": "EOS", "PAD": "PAD"}),
+    (patched_model, {"NUM_SYMBOLS": "ALPHABET_SIZE", "EOT": "EOT", "BOS": "BOS", "EOS": "EOS", "PAD": "PAD"}),
+]
+
+
+@pytest.mark.parametrize(("module", "names"), COPIES, ids=lambda c: getattr(c, "__name__", ""))
+def test_each_shipped_copy_equals_the_alphabet(module, names):
+    for copy_name, alphabet_name in names.items():
+        assert getattr(module, copy_name) == getattr(alphabet, alphabet_name), f"{module.__name__}.{copy_name}"
+
+
+def test_the_tokenizer_copy_names_the_specials_as_the_alphabet_does():
+    assert stream_tokenizer.SPECIAL_NAMES == alphabet.SPECIAL_NAMES
