@@ -33,6 +33,7 @@ import torch
 from tqdm.auto import tqdm
 
 from bytestream.errors import UserError
+from bytestream.stream_kind import StreamKind
 from distill import dump_memory
 from distill.conversion_sink import ConversionSink, DocumentsPlanned, store_errors
 from distill.convert import Converter
@@ -154,6 +155,7 @@ def dump_with_teacher(
     started = time.perf_counter() if started is None else started
     num_writers = _store_writers(config, workers)
     mine = writers_of(worker, workers, num_writers)
+    stream = StreamKind(config.stream)
     on_device = config.conversion == "torch" or (config.conversion == "auto" and teacher.device.type == "cuda")
     stage(config, f"building the conversion tables ({teacher.vocab.size:,} tokens)")
     converter = Converter(teacher.vocab)
@@ -196,8 +198,9 @@ def dump_with_teacher(
                 head_rows=config.head_rows,
                 on_device=on_device,
                 bar=bar,
+                stream=stream,
             )
-            for group in plan_groups(documents, skipper, encoder, converter, grouping):
+            for group in plan_groups(documents, skipper, encoder, converter, grouping, stream):
                 sink.send(DocumentsPlanned(group))
                 teacher_pass.run(group)
             written = sink.close()
@@ -257,6 +260,7 @@ def _open_stores(
             docs_per_shard=config.docs_per_shard,
             chunk_bytes=config.chunk_bytes,
             trie=converter.trie,
+            stream=StreamKind(config.stream),
         )
 
     try:

@@ -6,7 +6,7 @@
 from logit_store.content_hash import store_content_hash
 from logit_store.file_names import MANIFEST, VOCAB_FILE
 from logit_store.integrity import WriterStates, writer_states
-from logit_store.manifest import FORMAT_VERSION, read_manifest
+from logit_store.manifest import FORMAT_VERSION, manifest_stream, read_manifest
 from logit_store.multi import MultiStore, as_store, open_stores
 from logit_store.reader import LogitStore, StoredDocument, densify
 from logit_store.writer import StoreWriter
@@ -22,6 +22,7 @@ __all__ = [
     "WriterStates",
     "as_store",
     "densify",
+    "manifest_stream",
     "open_stores",
     "read_manifest",
     "store_content_hash",
