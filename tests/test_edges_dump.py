@@ -143,6 +143,18 @@ def dumped_without_source_record(tmp: Path) -> None:
     (tmp / "out" / "source-00000.json").unlink()
 
 
+def dumped(*extra: str):
+    """Setup: a finished dump of the corpus by the small teacher, with ``extra`` flags."""
+
+    def setup(tmp: Path) -> None:
+        corpus(tmp)
+        from bytedistill.cli import main
+
+        assert main(dump_args(TEACHERS["small"], tmp / "corpus", tmp / "out", *extra)) == 0
+
+    return setup
+
+
 def dumped_then_weights_changed(kind: str):
     """Setup: a finished dump by a teacher copied into the folder (a saved folder, or a GGUF file),
     then that teacher's weights changed at the same path (same names, same sizes)."""
@@ -247,6 +259,19 @@ EDGES = [
         dump("small"),
         "writer 0 stored documents of another corpus (it kept no record of it)",
         dumped_without_source_record,
+    ),
+    # a store holds one stream: its rows of the other cannot be derived from them
+    Edge(
+        "resume of an <eot> store with --stream fused",
+        dump("small", "--stream", "fused"),
+        "(stream differ): stream: the store holds the <eot> stream, this run writes the fused stream",
+        dumped(),
+    ),
+    Edge(
+        "resume of a fused store without --stream",
+        dump("small"),
+        "(stream differ): stream: the store holds the fused stream, this run writes the <eot> stream",
+        dumped("--stream", "fused"),
     ),
     Edge(
         "foreign completion record in a store",

@@ -82,7 +82,9 @@ def _file_documents(path: Path, text_field: str) -> Iterator[bytes]:
 
 def _store_documents(path: Path, index: int, mode: str) -> Iterator[Document]:
     from logit_store.store import LogitStore, densify
+    from students.training.data import refuse_other_streams
 
+    refuse_other_streams([str(path)])  # the student reads the <eot> stream
     store = LogitStore(path)
     for i in range(len(store)):
         doc = store.document(i)
