@@ -15,6 +15,7 @@ from bytestream.errors import UserError
 from bytestream.stream_kind import StreamKind
 from logit_store import ENCODINGS, LogitStore, StoreWriter, kl_bits_per_position, open_stores
 from logit_store.manifest import read_manifest
+from students.training.data import refuse_other_streams
 from tests.test_store import KL_BOUNDS, TEXTS, llama3, open_store, write_store  # noqa: F401 (fixture)
 
 STORE_DATA = Path(__file__).resolve().parent / "data"
@@ -90,6 +91,7 @@ def test_the_manifest_names_the_stream(tmp_path, llama3, fused_documents):  # no
     assert eot["format_version"] == 2 and "stream" not in eot
     for old in sorted(STORE_DATA.glob("store-v*")):
         assert LogitStore(old).stream is StreamKind.EOT, old
+        refuse_other_streams([str(old)])  # train takes it, as a store of its student's stream
 
 
 @pytest.mark.parametrize("edit", [{"stream": "eot"}, {"stream": "other"}, {"format_version": 2}])
