@@ -314,6 +314,7 @@ def memory_terms(
         writers=writers,
         chunk_bytes=config.chunk_bytes or get_encoding(config.encoding).chunk_bytes,
         longest_document_tokens=longest_document_tokens,
+        stream=StreamKind(config.stream),
     )
 
 
@@ -321,11 +322,12 @@ def _check_memory(config: DumpConfig, teacher: Teacher, on_device: bool, writers
     """Print the peak-memory formula's terms; refuse settings that cannot fit the device. Returns
     what a document longer than a group may add."""
     terms = memory_terms(config, teacher, on_device, writers)
-    print(dump_memory.describe(terms, teacher.device), file=sys.stderr)
+    stream = StreamKind(config.stream)
+    print(dump_memory.describe(terms, teacher.device, stream), file=sys.stderr)
     problem = dump_memory.over_budget(terms, teacher.device)
     if problem:
         raise UserError(problem)
-    return dump_memory.document_budget(terms, teacher.device, config.group_tokens)
+    return dump_memory.document_budget(terms, teacher.device, config.group_tokens, stream)
 
 
 def _report_not_read(spec: CorpusSpec, verbose: bool) -> str | None:

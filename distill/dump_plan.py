@@ -159,7 +159,7 @@ def plan_groups(
         if ids is None:
             continue
         if len(ids) > grouping.group_tokens:
-            extra = dump_memory.long_document_bytes(len(ids), grouping.group_tokens)
+            extra = dump_memory.long_document_bytes(len(ids), grouping.group_tokens, stream)
             print(
                 f"dump memory: {key} has {len(ids):,} tokens, {extra / 1e9:.2f} GB more until written", file=sys.stderr
             )

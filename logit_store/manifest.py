@@ -84,9 +84,8 @@ def read_manifest(directory: Path) -> dict:
         known = ", ".join(map(str, READABLE_VERSIONS))
         raise UserError(f"{path}: unknown store format version {version!r} (this reader knows {known})")
     stream = manifest.get("stream")
-    if (version < STREAM_VERSION) != (stream is None) or (
-        stream is not None and stream not in {k.value for k in StreamKind if k is not StreamKind.EOT}
-    ):
+    named = {kind.value for kind in StreamKind if kind is not StreamKind.EOT}  # the streams a manifest names
+    if not (stream is None if version < STREAM_VERSION else isinstance(stream, str) and stream in named):
         raise UserError(f"{path}: corrupt manifest (stream {stream!r} in a version {version} store)")
     if not isinstance(manifest.get("vocab_hash"), str):
         raise UserError(f"{path}: corrupt manifest (vocab_hash missing or not a string)")

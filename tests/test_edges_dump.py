@@ -14,6 +14,7 @@ import torch
 import zstandard
 from safetensors.torch import load_file, save_file
 
+from bytestream.stream_kind import StreamKind
 from logit_store import StoreWriter
 from tests.edges import Edge, check_edge
 from tests.gguf_teachers import save_small_teacher, write_tiny_gguf
@@ -201,7 +202,7 @@ def one_line_too_long(tmp: Path) -> None:
     follows the machine: the dump's own estimate, 4.7 KB a token, is over the memory it has)."""
     from distill import dump_memory
 
-    per_token = dump_memory.PENDING_BYTES_PER_TOKEN + dump_memory.STORED_BYTES_PER_TOKEN
+    per_token = dump_memory.TOKEN_COSTS[StreamKind.EOT].waiting_bytes
     size = int(dump_memory.capacity(torch.device("cpu")) / per_token * dump_memory.BYTES_PER_TOKEN * 1.2)
     words = b"lorem ipsum dolor sit amet "
     (tmp / "long.jsonl").write_bytes(b'{"text": "' + words * (size // len(words)) + b'"}\n')

@@ -94,7 +94,9 @@ def test_the_manifest_names_the_stream(tmp_path, llama3, fused_documents):  # no
         refuse_other_streams([str(old)])  # train takes it, as a store of its student's stream
 
 
-@pytest.mark.parametrize("edit", [{"stream": "eot"}, {"stream": "other"}, {"format_version": 2}])
+@pytest.mark.parametrize(
+    "edit", [{"stream": "eot"}, {"stream": "other"}, {"stream": ["fused"]}, {"stream": None}, {"format_version": 2}]
+)
 def test_a_manifest_whose_stream_and_version_disagree_is_refused(tmp_path, llama3, fused_documents, edit):  # noqa: F811
     store = write_fused(tmp_path / "s", llama3, fused_documents[:1])
     manifest = read_manifest(store) | edit
