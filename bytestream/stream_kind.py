@@ -1,16 +1,22 @@
 """Which stream a store holds and a student reads: the ``<eot>`` stream or the fused one
-(docs/DESIGN.md, "Stream" and "The fused stream")."""
+(docs/DESIGN.md, "Stream" and "The fused stream").
+
+Importing it loads no Numba (a store's manifest names its stream, and ``--help`` reads neither):
+the layouts are imported when one is made.
+"""
 
 from __future__ import annotations
 
 from enum import Enum
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from bytestream.alphabet import ALPHABET_SIZE, FUSED_ALPHABET_SIZE
-from bytestream.fused_stream import fused_stream_layout
-from bytestream.stream import StreamLayout, stream_layout
-from bytestream.trie import VocabTrie
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from bytestream.stream import StreamLayout
+    from bytestream.trie import VocabTrie
 
 
 class StreamKind(Enum):
@@ -31,6 +37,11 @@ class StreamKind(Enum):
 
     def layout(self, trie: VocabTrie, token_ids: np.ndarray) -> StreamLayout:
         """A document's stream and supports from its teacher token ids (no BOS/EOS ids)."""
+        import numpy as np
+
+        from bytestream.fused_stream import fused_stream_layout
+        from bytestream.stream import stream_layout
+
         ids = np.asarray(token_ids, dtype=np.int64)
         return fused_stream_layout(trie, ids) if self is StreamKind.FUSED else stream_layout(trie, ids)
 

@@ -13,7 +13,8 @@ a float32 copy of its output layer), its tokenizer (and the encoder's exact copy
 trie and conversion tables, and the libraries' code.
 
 The constants per token and per vocabulary entry were measured on the CPU with the Llama-3
-tokenizer over English text (``benchmarks/dump_memory.py`` checks the sum against peak RSS).
+tokenizer over English text (``benchmarks/dump_memory.py`` checks the sum against peak RSS), those
+of the fused stream scaled from the ``<eot>`` stream's by the two layouts' values a token.
 """
 
 from __future__ import annotations
