@@ -10,6 +10,7 @@ from typing import Self
 
 import numpy as np
 
+from bytestream.alphabet import EOT
 from bytestream.errors import UserError
 from bytestream.stream import StreamLayout
 from bytestream.stream_kind import StreamKind
@@ -341,7 +342,7 @@ def _relative_to(source: str | None, directory: Path) -> str | None:
 def _token_ids_of_layout(layout: StreamLayout, trie: VocabTrie) -> np.ndarray:
     """Token ids of a stream: for each token, the lowest id whose byte string it is (the node of
     the position whose input is the token's last byte)."""
-    ends = np.flatnonzero(layout.symbols.astype(np.int64) == 256)
+    ends = np.flatnonzero(layout.symbols.astype(np.int64) == EOT)
     token_nodes = layout.position_node[ends - 1]
     first_id = np.full(trie.num_nodes, np.iinfo(np.int64).max, dtype=np.int64)
     np.minimum.at(first_id, trie.token_node[trie.order], trie.order)

@@ -91,3 +91,17 @@ def test_stream_eot_is_the_store_of_today(teacher_dir, corpus_dir, tmp_path, cap
     assert manifest["format_version"] == 2 and "stream" not in manifest
     assert LogitStore(eot).stream is StreamKind.EOT
     assert store_content_hash(LogitStore(eot)) == store_content_hash(LogitStore(default))
+
+
+def test_fused_dump_in_the_default_encoding_verifies(teacher_dir, corpus_dir, tmp_path, capsys):  # noqa: F811
+    """The entropy-coded default (pow8-ans over the 515-symbol alphabet) holds the pow8 codes of
+    the same rows, and ``verify`` reads it whole."""
+    coded, plain = tmp_path / "coded", tmp_path / "plain"
+    assert cli_main(dump_args(teacher_dir, corpus_dir, coded, "--stream", "fused")) == 0
+    assert cli_main(dump_args(teacher_dir, corpus_dir, plain, "--stream", "fused", "--encoding", "pow8")) == 0
+    assert cli_main(["verify", str(coded)]) == 0
+    assert "positions of the fused stream verified" in capsys.readouterr().out
+    a, b = LogitStore(coded), LogitStore(plain)
+    assert a.encoding.name == "pow8-ans" and len(a) == len(b) == 4
+    for i in range(len(a)):
+        np.testing.assert_array_equal(a.encoded_document(i).value_bytes, b.encoded_document(i).value_bytes)
