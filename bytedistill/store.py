@@ -56,6 +56,7 @@ def inspect(config: InspectConfig) -> int:
         f"teacher:         {stats['teacher']}",
         f"vocab hash:      {stats['vocab_hash']}",
         f"encoding:        {stats['encoding']} {json.dumps(stats['encoding_params'])}",
+        f"stream:          {stats['stream']}",
         f"documents:       {stats['documents']:,}",
         f"text bytes:      {stats['text_bytes']:,}",
         f"positions:       {stats['positions']:,}",
@@ -99,7 +100,7 @@ def verify(config: VerifyConfig) -> int:
     else:
         print(
             f"OK: {summary['shards']} shards, {summary['chunks']} chunks, {summary['documents']:,} documents, "
-            f"{summary['positions']:,} positions verified (max |sum-1| = {summary['max_normalisation_error']:.2e})"
+            f"{summary['positions']:,} positions of the {summary['stream']} stream verified (max |sum-1| = {summary['max_normalisation_error']:.2e})"
             + (f"; unfinished writers: {summary['unfinished_writers']}" if summary["unfinished_writers"] else "")
             + (f"; missing writers: {summary['missing_writers']}" if summary["missing_writers"] else "")
         )

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
-from bytestream.alphabet import BOS, EOS, EOT, NUM_BYTES
+from bytestream.alphabet import ALPHABET_SIZE, BOS, EOS, EOT, FUSED_ALPHABET_SIZE, NUM_BYTES
 from bytestream.trie import VocabTrie
 
 
@@ -44,10 +44,21 @@ class StreamLayout:
     def num_values(self) -> int:
         return len(self.support)
 
+    @property
+    def alphabet_size(self) -> int:
+        """The symbols its stream and supports are drawn from."""
+        return FUSED_ALPHABET_SIZE if self.fused else ALPHABET_SIZE
+
+    def _byte_symbols(self) -> np.ndarray:
+        return self.symbols[self.symbols < (2 * NUM_BYTES if self.fused else NUM_BYTES)]
+
     def text_bytes(self) -> bytes:
         """The document's bytes: the stream's byte symbols in order (without their flags, if fused)."""
-        limit = 2 * NUM_BYTES if self.fused else NUM_BYTES
-        return (self.symbols[self.symbols < limit] % NUM_BYTES).astype(np.uint8).tobytes()
+        return (self._byte_symbols() % NUM_BYTES).astype(np.uint8).tobytes()
+
+    def num_text_bytes(self) -> int:
+        """How many text bytes the stream stands for (a dummy prefix space is context, not stream)."""
+        return len(self._byte_symbols())
 
 
 @numba.njit(cache=True, nogil=True)

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
-from bytestream.alphabet import ALPHABET_SIZE
 from bytestream.fused_stream import fused_stream_layout
 from bytestream.stream import StreamLayout, path_to_node, stream_layout, target_values
 from bytestream.trie import VocabTrie, build_trie
@@ -51,8 +50,8 @@ class DocumentDistributions:
         return float(np.log(self.target_probabilities()).sum())
 
     def dense(self) -> np.ndarray:
-        """(L−1, 260) probabilities over the whole alphabet (zeros off the support)."""
-        out = np.zeros((self.layout.num_positions, ALPHABET_SIZE), dtype=self.values.dtype)
+        """(L−1, A) probabilities over the stream's whole alphabet (zeros off the support)."""
+        out = np.zeros((self.layout.num_positions, self.layout.alphabet_size), dtype=self.values.dtype)
         rows = np.repeat(np.arange(self.layout.num_positions), np.diff(self.layout.offsets))
         out[rows, self.layout.support] = self.values
         return out
@@ -122,12 +121,19 @@ class Converter:
     ) -> float:
         """Fill the document's ``values`` and ``dropped`` for teacher rows ``first_row ..
         first_row + len(logits)`` (a row's positions depend on that row alone, so a document
-        can be converted in row chunks as its logits arrive). Returns the context log mass of
-        row 0 when it is among these rows (see :attr:`DocumentDistributions.context_log_mass`), else 0."""
+        can be converted in row chunks as its logits arrive), into the layout's stream (the
+        ``<eot>`` or the fused one). Returns the context log mass of row 0 when it is among these
+        rows (see :attr:`DocumentDistributions.context_log_mass`), else 0."""
+        order, end_of_text, dropped_ids = self.column_tables(columns)
+        if layout.fused:
+            from distill.convert_fused import convert_fused_rows
+
+            return convert_fused_rows(
+                self.trie, order, end_of_text, dropped_ids, layout, logits, first_row, values, dropped
+            )
         stop = first_row + len(logits)
         first_position = int(np.searchsorted(layout.position_row, first_row))
         t = self.trie
-        order, end_of_text, dropped_ids = self.column_tables(columns)
         return _convert_rows(
             logits,
             token_ids[first_row : min(stop, len(token_ids))],
@@ -155,12 +161,10 @@ class Converter:
         self, token_ids, logits: np.ndarray, columns: ColumnOrder = ColumnOrder.TEACHER
     ) -> DocumentDistributions:
         """:meth:`convert_numba` into the fused stream (docs/DESIGN.md, "The fused stream")."""
-        from distill.convert_fused import convert_fused_rows
-
         token_ids, logits = self._numba_inputs(token_ids, logits)
         layout = self.fused_layout(token_ids)
         values, dropped = _outputs(layout, token_ids)
-        context = convert_fused_rows(self.trie, *self.column_tables(columns), layout, logits, 0, values, dropped)
+        context = self.convert_rows_numba(layout, token_ids, logits, 0, values, dropped, columns)
         return DocumentDistributions(layout, values, dropped, context)
 
     def convert_fused_torch(

@@ -33,6 +33,7 @@ import torch
 from tqdm.auto import tqdm
 
 from bytestream.errors import UserError
+from bytestream.stream_kind import StreamKind
 from distill import dump_memory
 from distill.conversion_sink import ConversionSink, DocumentsPlanned, store_errors
 from distill.convert import Converter
@@ -151,6 +152,7 @@ def _dump_pass(config: DumpConfig, teacher: Teacher, worker: int, workers: int, 
     started = time.perf_counter() if started is None else started
     num_writers = _store_writers(config, workers)
     mine = writers_of(worker, workers, num_writers)
+    stream = StreamKind(config.stream)
     on_device = config.conversion == "torch" or (config.conversion == "auto" and teacher.device.type == "cuda")
     stage(config, f"building the conversion tables ({teacher.vocab.size:,} tokens)")
     converter = Converter(teacher.vocab)
@@ -193,8 +195,9 @@ def _dump_pass(config: DumpConfig, teacher: Teacher, worker: int, workers: int, 
                 head_rows=config.head_rows,
                 on_device=on_device,
                 bar=bar,
+                stream=stream,
             )
-            for group in plan_groups(documents, skipper, encoder, converter, grouping):
+            for group in plan_groups(documents, skipper, encoder, converter, grouping, stream):
                 sink.send(DocumentsPlanned(group))
                 teacher_pass.run(group)
             written = sink.close()
@@ -254,6 +257,7 @@ def _open_stores(
             docs_per_shard=config.docs_per_shard,
             chunk_bytes=config.chunk_bytes,
             trie=converter.trie,
+            stream=StreamKind(config.stream),
         )
 
     try:
@@ -307,6 +311,7 @@ def memory_terms(
         writers=writers,
         chunk_bytes=config.chunk_bytes or get_encoding(config.encoding).chunk_bytes,
         longest_document_tokens=longest_document_tokens,
+        stream=StreamKind(config.stream),
     )
 
 
@@ -314,11 +319,12 @@ def _check_memory(config: DumpConfig, teacher: Teacher, on_device: bool, writers
     """Print the peak-memory formula's terms; refuse settings that cannot fit the device. Returns
     what a document longer than a group may add."""
     terms = memory_terms(config, teacher, on_device, writers)
-    print(dump_memory.describe(terms, teacher.device), file=sys.stderr)
+    stream = StreamKind(config.stream)
+    print(dump_memory.describe(terms, teacher.device, stream), file=sys.stderr)
     problem = dump_memory.over_budget(terms, teacher.device)
     if problem:
         raise UserError(problem)
-    return dump_memory.document_budget(terms, teacher.device, config.group_tokens)
+    return dump_memory.document_budget(terms, teacher.device, config.group_tokens, stream)
 
 
 def _report_not_read(spec: CorpusSpec, verbose: bool) -> str | None:

@@ -60,6 +60,15 @@ class DumpConfig:
             "range": COUNT,
         },
     )
+    stream: str = field(
+        default="eot",
+        metadata={
+            "help": "the stream the store holds: eot (bytes and an <eot> after each teacher token), fused "
+            "(one symbol per text byte that says whether the token ends with it; no <eot>); recorded in the "
+            "store, and a student trains only on stores of its stream",
+            "choices": ["eot", "fused"],
+        },
+    )
     conversion: str = field(
         default="auto",
         metadata={

@@ -13,7 +13,8 @@ a float32 copy of its output layer), its tokenizer (and the encoder's exact copy
 trie and conversion tables, and the libraries' code.
 
 The constants per token and per vocabulary entry were measured on the CPU with the Llama-3
-tokenizer over English text (``benchmarks/dump_memory.py`` checks the sum against peak RSS).
+tokenizer over English text (``benchmarks/dump_memory.py`` checks the sum against peak RSS), those
+of the fused stream scaled from the ``<eot>`` stream's by the two layouts' values a token.
 """
 
 from __future__ import annotations
@@ -24,14 +25,43 @@ from dataclasses import dataclass
 
 import torch
 
+from bytestream.stream_kind import StreamKind
+
 RUNTIME_BYTES = 380_000_000  # Python, torch, transformers, accelerate, numba, tokenizers: code and buffers
 TOKENIZER_BYTES_PER_ENTRY = 2_200  # the teacher's tokenizer and the encoder's exact copy (Llama-3: 0.28 GB)
 TABLE_BYTES_PER_ENTRY = 780  # vocabulary bytes, trie and conversion tables (Llama-3: 0.10 GB)
-VALUES_PER_TOKEN = 410  # converted values per teacher token (Llama-3, English: 99 per text byte)
-POSITIONS_PER_TOKEN = 5.2  # stream positions per token (its bytes and its <eot>)
-# a waiting token: float64 values and int16 support symbols; per position its node, row and offset
-PENDING_BYTES_PER_TOKEN = int(VALUES_PER_TOKEN * (8 + 2) + POSITIONS_PER_TOKEN * 26 + 32)
-STORED_BYTES_PER_TOKEN = int(VALUES_PER_TOKEN * 1.05)  # a written document's codes, until its chunk goes
+
+
+@dataclass(frozen=True)
+class TokenCost:
+    """What one teacher token of a document holds while its document waits, in a stream."""
+
+    values: float  # converted values per teacher token
+    positions: float  # stream positions per token
+
+    @property
+    def pending_bytes(self) -> int:
+        """Float64 values and int16 support symbols; per position its node, row and offset."""
+        return int(self.values * (8 + 2) + self.positions * 26 + 32)
+
+    @property
+    def stored_bytes(self) -> int:
+        """A written document's codes, until its chunk goes."""
+        return int(self.values * 1.05)
+
+    @property
+    def waiting_bytes(self) -> int:
+        return self.pending_bytes + self.stored_bytes
+
+
+BYTES_PER_TOKEN = 4.2  # text bytes per token (Llama-3, English): a document's tokens, guessed from its bytes
+TOKEN_COSTS = {
+    # Llama-3, English: 410 values a token (99 per text byte); its bytes and its <eot>
+    StreamKind.EOT: TokenCost(410, BYTES_PER_TOKEN + 1),
+    # about 1.7 times the <eot> stream's values (a root position holds both halves of each first
+    # byte: 633 against 373 a token over README.md), rounded up; one position per text byte
+    StreamKind.FUSED: TokenCost(720, BYTES_PER_TOKEN),
+}
 CODING_BYTES_PER_CHUNK_BYTE = 1.5  # coding a chunk: its contexts, rANS words, raw chunk and zstd frame
 LOGIT_CHUNKS_IN_FLIGHT = 2  # CPU: one being converted, the next computed (distill/conversion_sink.MAX_IN_FLIGHT + 1)
 MMAP_THRESHOLD = 1 << 20
@@ -57,10 +87,12 @@ def memory_terms(
     writers: int = 1,
     chunk_bytes: int = 16 << 20,
     longest_document_tokens: int = 0,
+    stream: StreamKind = StreamKind.EOT,
 ) -> list[MemoryTerm]:
     """Estimated peak bytes of each part of the dump, with the flag that scales it. ``writers``:
     the store writers this process runs; ``longest_document_tokens``: the longest document, when
-    known (its values beyond a group's wait until it is written)."""
+    known (its values beyond a group's wait until it is written); ``stream``: the one converted into."""
+    cost = TOKEN_COSTS[stream]
     model, config = teacher.model, teacher.model.config
     hidden = config.hidden_size
     vocab = teacher.head.out_features
@@ -82,12 +114,11 @@ def memory_terms(
         MemoryTerm("weights", weights, "--dtype", True),
         MemoryTerm("forward", activations + attention, "--batch-tokens", True),
         MemoryTerm("logits", logits, "--head-rows", True),
-        MemoryTerm("pending values", group_tokens * PENDING_BYTES_PER_TOKEN, "--group-tokens", False),
+        MemoryTerm("pending values", group_tokens * cost.pending_bytes, "--group-tokens", False),
         MemoryTerm("store chunks", int(chunk_bytes * (writers + CODING_BYTES_PER_CHUNK_BYTE)), "--chunk-bytes", False),
     ]
     if beyond_group:
-        per_token = PENDING_BYTES_PER_TOKEN + STORED_BYTES_PER_TOKEN
-        terms.append(MemoryTerm("longest document", beyond_group * per_token, "a document's length", False))
+        terms.append(MemoryTerm("longest document", beyond_group * cost.waiting_bytes, "a document's length", False))
     return terms
 
 
@@ -109,12 +140,9 @@ def attention_bytes(config, batch_tokens: int, max_length: int, dtype_bytes: int
     return batch_tokens * max_length * 4
 
 
-def long_document_bytes(tokens: int, group_tokens: int) -> int:
+def long_document_bytes(tokens: int, group_tokens: int, stream: StreamKind = StreamKind.EOT) -> int:
     """What a document of ``tokens`` adds to the estimate (0 when it fits in a group)."""
-    return max(0, tokens - group_tokens) * (PENDING_BYTES_PER_TOKEN + STORED_BYTES_PER_TOKEN)
-
-
-BYTES_PER_TOKEN = POSITIONS_PER_TOKEN - 1  # text bytes per token (the same measurement): a document's tokens, guessed
+    return max(0, tokens - group_tokens) * TOKEN_COSTS[stream].waiting_bytes
 
 
 @dataclass(frozen=True)
@@ -125,29 +153,33 @@ class DocumentBudget:
 
     free_bytes: int
     group_tokens: int
+    stream: StreamKind = StreamKind.EOT
 
     def refusal(self, key: str, data_bytes: int, tokens: int | None = None) -> str | None:
         """Why document ``key`` cannot be dumped here, or None."""
         guessed = tokens is None
         tokens = int(data_bytes / BYTES_PER_TOKEN) if guessed else tokens
-        extra = long_document_bytes(tokens, self.group_tokens)
+        extra = long_document_bytes(tokens, self.group_tokens, self.stream)
         if extra <= self.free_bytes:
             return None
-        fits = self.group_tokens + max(0, self.free_bytes) // (PENDING_BYTES_PER_TOKEN + STORED_BYTES_PER_TOKEN)
+        per_token = TOKEN_COSTS[self.stream].waiting_bytes
+        fits = self.group_tokens + max(0, self.free_bytes) // per_token
         return (
             f"document {key} ({data_bytes:,} bytes, {'about ' if guessed else ''}{tokens:,} tokens) would add "
             f"about {_gb(extra)} to the dump's memory estimate (its values wait until it is written: "
-            f"{(PENDING_BYTES_PER_TOKEN + STORED_BYTES_PER_TOKEN) / 1e3:.1f} KB a token beyond --group-tokens), "
+            f"{per_token / 1e3:.1f} KB a token beyond --group-tokens), "
             f"and {_gb(max(0, self.free_bytes))} are left: skip and list such documents with --max-document-bytes "
             f"{int(fits * BYTES_PER_TOKEN * 0.9):,}, or split it into smaller documents (--separator for text files)"
         )
 
 
-def document_budget(terms: list[MemoryTerm], device: torch.device, group_tokens: int) -> DocumentBudget:
+def document_budget(
+    terms: list[MemoryTerm], device: torch.device, group_tokens: int, stream: StreamKind = StreamKind.EOT
+) -> DocumentBudget:
     """The host memory the estimate leaves for a document longer than a group."""
     host = torch.device("cpu")
     held = sum(t.bytes for t in terms if not (t.on_device and device.type == "cuda"))
-    return DocumentBudget(capacity(host) - held, group_tokens)
+    return DocumentBudget(capacity(host) - held, group_tokens, stream)
 
 
 def return_freed_blocks() -> None:
@@ -169,14 +201,14 @@ def capacity(device: torch.device) -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def describe(terms: list[MemoryTerm], device: torch.device) -> str:
+def describe(terms: list[MemoryTerm], device: torch.device, stream: StreamKind = StreamKind.EOT) -> str:
     parts = " + ".join(f"{t.name} {_gb(t.bytes)}" + (f" ({t.flag})" if t.flag.startswith("--") else "") for t in terms)
     where = f"{_gb(sum(t.bytes for t in terms if t.on_device or device.type != 'cuda'))} on {device}"
     if device.type == "cuda":
         where += f", {_gb(sum(t.bytes for t in terms if not t.on_device))} on the host"
     return (
         f"dump memory estimate: {parts}; {where} (of {_gb(capacity(device))}); a document longer than "
-        f"--group-tokens adds {(PENDING_BYTES_PER_TOKEN + STORED_BYTES_PER_TOKEN) / 1e3:.1f} KB a token"
+        f"--group-tokens adds {TOKEN_COSTS[stream].waiting_bytes / 1e3:.1f} KB a token"
     )
 
 

@@ -21,6 +21,7 @@ import numpy as np
 
 from bytestream.errors import UserError
 from bytestream.stream import StreamLayout
+from bytestream.stream_kind import StreamKind
 from distill import dump_memory
 from distill.convert import Converter
 from distill.encode import DocumentEncoder, UnencodableDocument
@@ -146,9 +147,11 @@ def plan_groups(
     encoder: DocumentEncoder,
     converter: Converter,
     grouping: Grouping,
+    stream: StreamKind = StreamKind.EOT,
 ) -> Iterator[tuple[PlannedDocument, ...]]:
-    """The encoded documents in groups of at least ``group_tokens`` tokens (the last may be
-    smaller); a document longer than a group is named on stderr with the memory it holds."""
+    """The encoded documents, each with its layout in ``stream``, in groups of at least
+    ``group_tokens`` tokens (the last may be smaller); a document longer than a group is named on
+    stderr with the memory it holds."""
     group: list[PlannedDocument] = []
     tokens = 0
     for index, key, data, writer in documents:
@@ -156,12 +159,13 @@ def plan_groups(
         if ids is None:
             continue
         if len(ids) > grouping.group_tokens:
-            extra = dump_memory.long_document_bytes(len(ids), grouping.group_tokens)
+            extra = dump_memory.long_document_bytes(len(ids), grouping.group_tokens, stream)
             print(
                 f"dump memory: {key} has {len(ids):,} tokens, {extra / 1e9:.2f} GB more until written", file=sys.stderr
             )
         windows = plan_windows(len(ids), grouping.prefix_length, grouping.max_length, grouping.stride)
-        group.append(PlannedDocument(index, key, data, ids, tuple(windows), writer, converter.layout(ids)))
+        layout = stream.layout(converter.trie, ids)
+        group.append(PlannedDocument(index, key, data, ids, tuple(windows), writer, layout))
         tokens += len(ids) + grouping.prefix_length
         if tokens >= grouping.group_tokens:
             yield tuple(group)

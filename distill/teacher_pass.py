@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from bytestream.stream_kind import StreamKind
 from distill.conversion_sink import ConversionSink, ConvertedRows, ConvertedSpan, LogitRows, RowSpan
 from distill.convert import Converter
 from distill.convert_torch import torch_conversion
@@ -95,11 +96,14 @@ class TeacherPass:
         head_rows: int,
         on_device: bool,
         bar,
+        stream: StreamKind = StreamKind.EOT,
     ):
+        """``stream``: the one the documents' layouts are of (the device path converts into it)."""
         self._teacher, self._converter, self._sink, self._bar = teacher, converter, sink, bar
         self._batch_tokens, self._head_rows, self._on_device = batch_tokens, head_rows, on_device
+        self._fused = stream is StreamKind.FUSED
         if on_device:  # the device tables are built now, not in the first chunk's time
-            torch_conversion(converter, teacher.device, teacher.columns)
+            torch_conversion(converter, teacher.device, teacher.columns, self._fused)
         self._forward_seconds = self._device_convert_seconds = 0.0
 
     def run(self, group: tuple[PlannedDocument, ...]) -> None:
@@ -125,7 +129,7 @@ class TeacherPass:
         if logits.tensor.is_cuda:  # the forward's kernels are asynchronous: time the conversion alone
             torch.cuda.synchronize(logits.tensor.device)
         start = time.perf_counter()
-        conversion = torch_conversion(self._converter, self._teacher.device, logits.columns)
+        conversion = torch_conversion(self._converter, self._teacher.device, logits.columns, self._fused)
         converted = tuple(
             ConvertedSpan(
                 span.document,

@@ -27,9 +27,9 @@ Encodings (see FORMAT.md for the exact formulas):
     Defaults: gamma 0.47 for ``pow8`` (and ``pow8-ans``), 0.5 for ``pow12``/``pow16``.
 
 ``pow8-ans`` (the default)
-    the ``pow8`` codes, entropy-coded per chunk with a static two-state rANS over 3900 contexts
-    (support symbol × depth in the token × the code two values before at the position); format
-    2 only.
+    the ``pow8`` codes, entropy-coded per chunk with a static two-state rANS over up to 7725
+    contexts (support symbol of the stream's alphabet, 260 or 515 × depth in the token × the code
+    two values before at the position); format 2 and later.
 
 Their sizes, KL and speeds are measured by ``python -m benchmarks.store``; the README's "Measured
 figures" keeps the table.
@@ -44,7 +44,7 @@ from functools import cached_property
 import numba
 import numpy as np
 
-from bytestream.alphabet import ALPHABET_SIZE
+from bytestream.alphabet import FUSED_ALPHABET_SIZE
 from bytestream.errors import UserError
 from logit_store import rans
 from logit_store.encoding_names import DEFAULT_ENCODING, ENCODINGS  # noqa: F401 (re-exported)
@@ -201,18 +201,23 @@ class ContextCodedEncoding(PowerEncoding):
     chunk_bytes = 16 << 20  # the frequency tables are stored per chunk: large chunks amortise them
     DEPTHS = 3
     PREVIOUS = np.array([1] + [2] * 2 + [3] * 7 + [4] * 246, np.int64)  # code before → 1..4 (0: none)
-    num_contexts = ALPHABET_SIZE * DEPTHS * 5
+    # contexts numbered over the stream's own alphabet, so an <eot> store's stay below 260 × 3 × 5;
+    # the tables are sized for the widest alphabet, the fused one's (a context unused costs nothing)
+    num_contexts = FUSED_ALPHABET_SIZE * DEPTHS * 5
 
     def __init__(self, gamma: float | None = None):
         super().__init__(8, DEFAULT_GAMMA[8] if gamma is None else gamma)
         self.name = "pow8-ans"
 
     def contexts(self, layout, out: np.ndarray | None = None) -> np.ndarray:
-        """(S,) per value: 2 × (symbol + 260 × min(depth, 2)) + (1 if it is its position's first
-        value); into ``out[:S]`` (int16) if given."""
+        """(S,) per value: 2 × (symbol + A × min(depth, 2)) + (1 if it is its position's first
+        value), with A the layout's alphabet size (260, or 515 for the fused stream); into
+        ``out[:S]`` (int16) if given."""
         size = len(layout.support)
-        groups = np.empty(size, np.int16) if out is None else out[:size]  # < 2 × 780
-        _context_groups(layout.position_node, layout.offsets, layout.support, self.DEPTHS - 1, groups)
+        groups = np.empty(size, np.int16) if out is None else out[:size]  # < 2 × 3 × 515
+        _context_groups(
+            layout.position_node, layout.offsets, layout.support, self.DEPTHS - 1, layout.alphabet_size, groups
+        )
         return groups
 
     def pack_values(self, value_bytes, contexts):
@@ -236,12 +241,13 @@ class ContextCodedEncoding(PowerEncoding):
     def _unpack(self, packed: bytes, count: int, layouts: list) -> np.ndarray:
         if sum(layout.num_values for layout in layouts) != count:
             raise ValueError(f"the documents' supports hold other than {count} values")
+        contexts = max((layout.alphabet_size for layout in layouts), default=0) * self.DEPTHS * 5  # its stream's
         (num_used,) = struct.unpack_from("<I", packed, 0)
         at = 4 + 2 * num_used
-        if num_used > self.num_contexts or at + 512 * num_used + 8 > len(packed):
+        if num_used > contexts or at + 512 * num_used + 8 > len(packed):
             raise ValueError("frequency tables larger than the value section")
         used = np.frombuffer(packed, "<u2", num_used, 4).astype(np.int64)
-        if np.any(used >= self.num_contexts) or np.any(np.diff(used) <= 0):
+        if np.any(used >= contexts) or np.any(np.diff(used) <= 0):
             raise ValueError("frequency table contexts out of order or range")
         planes = np.frombuffer(packed, np.uint8, 512 * num_used, at).reshape(2, -1)
         freq = np.ascontiguousarray(planes.T).view("<u2").reshape(num_used, 256)
@@ -261,12 +267,12 @@ class ContextCodedEncoding(PowerEncoding):
 
 
 @numba.njit(cache=True, nogil=True)
-def _context_groups(position_node, offsets, support, max_depth, groups):
+def _context_groups(position_node, offsets, support, max_depth, alphabet_size, groups):
     start = 0  # the last token-start position (node 0); position 0 counts as one
     for p in range(len(offsets) - 1):
         if position_node[p] == 0:
             start = p
-        base = 2 * ALPHABET_SIZE * min(p - start, max_depth)
+        base = 2 * alphabet_size * min(p - start, max_depth)
         for at in range(offsets[p], offsets[p + 1]):  # a loop the compiler vectorises
             groups[at] = 2 * support[at] + base
         if offsets[p] < offsets[p + 1]:

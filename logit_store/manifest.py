@@ -8,11 +8,13 @@ import os
 from pathlib import Path
 
 from bytestream.errors import UserError
+from bytestream.stream_kind import StreamKind
 from logit_store.file_names import MANIFEST, partial_name
 
 FORMAT_NAME = "bytedistill-logit-store"
-FORMAT_VERSION = 2  # what writers write
-READABLE_VERSIONS = (1, 2)
+FORMAT_VERSION = 2  # what writers write for an <eot> store: the stream goes unnamed, as before
+STREAM_VERSION = 3  # what writers write for another stream: the manifest names it
+READABLE_VERSIONS = (1, 2, 3)
 # manifest fields that must agree for a writer to append to an existing store; in format 2 every
 # shard records a hash of them, so an edited manifest is caught (``identity_hash``)
 IDENTITY_FIELDS = (
@@ -24,10 +26,29 @@ IDENTITY_FIELDS = (
     "corpus_hash",
     "settings",
     "encoding",
+    "stream",
 )
 # identity fields that stores written before them lack: left out of the identity hash when absent,
-# so that those stores' shards still match their manifest
-LATER_FIELDS = ("teacher_hash",)
+# so that those stores' shards still match their manifest (an <eot> store names no stream)
+LATER_FIELDS = ("teacher_hash", "stream")
+
+
+def format_version_of(stream: StreamKind) -> int:
+    """The version a writer writes for a store of ``stream``: the lowest that holds it."""
+    return FORMAT_VERSION if stream is StreamKind.EOT else STREAM_VERSION
+
+
+def stream_fields(stream: StreamKind) -> dict:
+    """The manifest fields that say the stream: none for an <eot> store (every store before
+    version 3 is one), ``stream`` for another."""
+    return {"format_version": format_version_of(stream)} | (
+        {} if stream is StreamKind.EOT else {"stream": stream.value}
+    )
+
+
+def manifest_stream(manifest: dict) -> StreamKind:
+    """The stream a (read) manifest's store holds."""
+    return StreamKind(manifest.get("stream", StreamKind.EOT.value))
 
 
 def settings_hash(settings: dict) -> str:
@@ -62,6 +83,10 @@ def read_manifest(directory: Path) -> dict:
     if version not in READABLE_VERSIONS:
         known = ", ".join(map(str, READABLE_VERSIONS))
         raise UserError(f"{path}: unknown store format version {version!r} (this reader knows {known})")
+    stream = manifest.get("stream")
+    named = {kind.value for kind in StreamKind if kind is not StreamKind.EOT}  # the streams a manifest names
+    if not (stream is None if version < STREAM_VERSION else isinstance(stream, str) and stream in named):
+        raise UserError(f"{path}: corrupt manifest (stream {stream!r} in a version {version} store)")
     if not isinstance(manifest.get("vocab_hash"), str):
         raise UserError(f"{path}: corrupt manifest (vocab_hash missing or not a string)")
     encoding = manifest.get("encoding")

@@ -15,7 +15,7 @@ from logit_store.reader import LogitStore, StoreBase, StoredDocument
 
 
 class MultiStore(StoreBase):
-    """Several stores with the same vocabulary, read as one (documents in the given order)."""
+    """Several stores with the same vocabulary and stream, read as one (documents in the given order)."""
 
     def __init__(self, stores: list[LogitStore]):
         if not stores:
@@ -27,8 +27,14 @@ class MultiStore(StoreBase):
                     f"stores {first.directory} and {other.directory} have different vocabularies "
                     f"({first.vocab_hash[:12]}… vs {other.vocab_hash[:12]}…); they cannot be read together"
                 )
+            if other.stream is not first.stream:
+                raise UserError(
+                    f"stores {first.directory} and {other.directory} hold different streams "
+                    f"({first.stream.shown} vs {other.stream.shown}); they cannot be read together"
+                )
         self.stores = list(stores)
         self.vocab_hash = first.vocab_hash
+        self.stream = first.stream
         counts = [s.num_documents for s in self.stores]
         self._start = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         self.num_documents = int(self._start[-1])
@@ -87,6 +93,7 @@ class MultiStore(StoreBase):
         out["encoding"] = sorted({e["encoding"] for e in each})
         out["teacher"] = sorted({e["teacher"] for e in each})
         out["vocab_hash"] = self.vocab_hash
+        out["stream"] = self.stream.value
         return out
 
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import numba
 import numpy as np
 
-from bytestream.alphabet import ALPHABET_SIZE
 from bytestream.errors import UserError
-from bytestream.stream import StreamLayout, stream_layout, target_values
+from bytestream.stream import StreamLayout, target_values
+from bytestream.stream_kind import StreamKind
 from bytestream.trie import VocabTrie, build_trie
 from bytestream.vocab import TeacherVocab
 from logit_store.chunk import ChunkData, EncodedDocument
@@ -27,14 +27,9 @@ from logit_store.integrity import (
     shard_sequences,
     writer_states,
 )
-from logit_store.manifest import identity_hash, read_manifest
+from logit_store.manifest import identity_hash, manifest_stream, read_manifest
 from logit_store.shard import ShardReader
 from logit_store.vocab_file import vocab_from_bytes
-
-
-def layout_text_bytes(layout: StreamLayout) -> int:
-    """The number of text bytes a stream stands for (a dummy prefix space is context, not stream)."""
-    return int(np.count_nonzero(layout.symbols < 256))
 
 
 @dataclass
@@ -51,7 +46,7 @@ class StoredDocument:
         return self.layout.num_positions
 
     def dense(self) -> np.ndarray:
-        """(L−1, 260) float32 probabilities over the alphabet (zeros off the support)."""
+        """(L−1, A) float32 probabilities over the stream's alphabet (zeros off the support)."""
         return densify(self.layout, self.values)
 
     def target_probabilities(self) -> np.ndarray:
@@ -59,10 +54,10 @@ class StoredDocument:
 
 
 def densify(layout: StreamLayout, values: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """(L−1, 260) rows with each position's support values in place (``out`` must hold zeros)."""
+    """(L−1, A) rows over the stream's alphabet with each position's support values in place (``out`` must hold zeros)."""
     if out is None:
-        out = np.zeros((layout.num_positions, ALPHABET_SIZE), dtype=np.float32)
-    if len(values) != layout.num_values or out.shape != (layout.num_positions, ALPHABET_SIZE):
+        out = np.zeros((layout.num_positions, layout.alphabet_size), dtype=np.float32)
+    if len(values) != layout.num_values or out.shape != (layout.num_positions, layout.alphabet_size):
         raise ValueError(f"{len(values)} values into {out.shape} rows for a layout of {layout.num_values} values")
     _scatter_rows(layout.offsets, layout.support, values, out)
     return out
@@ -128,6 +123,7 @@ class LogitStore(StoreBase):
         except UserError as exc:
             raise UserError(f"{self.directory / MANIFEST}: {exc}") from None
         self.teacher = self.manifest.get("teacher", "")
+        self.stream: StreamKind = manifest_stream(self.manifest)
         self.format_version = int(self.manifest["format_version"])
         self.shards, self.unfinished_writers = self._open_shards()
         # writers the manifest counts that left no shard and no completion record
@@ -197,7 +193,7 @@ class LogitStore(StoreBase):
         return s, i - int(self._shard_start[s])
 
     def _layout_of(self, token_ids: np.ndarray) -> StreamLayout:
-        return stream_layout(self.trie, token_ids.astype(np.int64))
+        return self.stream.layout(self.trie, token_ids)
 
     def _chunk(self, s: int, c: int) -> ChunkData:
         key = (s, c)
@@ -241,12 +237,12 @@ class LogitStore(StoreBase):
         layout = enc.layout  # made while decoding the values, for entropy-coded encodings
         if layout is None:
             try:
-                layout = stream_layout(self.trie, token_ids)
+                layout = self._layout_of(token_ids)
             except ValueError as exc:
                 raise UserError(f"{where}: corrupt token ids ({exc})") from None
         if layout.num_values != len(enc.value_bytes) or layout.num_positions != len(enc.position_bytes):
             raise UserError(f"{where}: stored values do not match its tokens' supports (corrupt)")
-        if enc.text_bytes != layout_text_bytes(layout):
+        if enc.text_bytes != layout.num_text_bytes():
             raise UserError(f"{where}: its text byte count does not match its tokens (corrupt)")
         try:
             values = self.encoding.decode(enc.value_bytes, enc.position_bytes, layout.offsets)
@@ -287,6 +283,7 @@ class LogitStore(StoreBase):
             "shard_bytes_per_text_byte": shard_bytes / text if text else None,
             "encoding": self.encoding.name,
             "encoding_params": self.encoding.params,
+            "stream": self.stream.value,
             "teacher": self.teacher,
             "vocab_hash": self.vocab_hash,
             "unfinished_writers": self.unfinished_writers,

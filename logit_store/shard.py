@@ -2,7 +2,7 @@
 
 Layout (all integers little-endian; FORMAT.md is the normative description)::
 
-    header   16 B   b"BDSHARD\\0", u32 format version (1 or 2), u32 0
+    header   16 B   b"BDSHARD\\0", u32 format version (1, 2 or 3: the manifest's), u32 0
     chunk 0  zstd frame (content checksum on) of the chunk's raw bytes (logit_store/chunk.py)
     ...
     index    [v2: shard record, 32 B] chunk table (CHUNK_DTYPE × num_chunks),
@@ -35,7 +35,7 @@ from logit_store.chunk import (
 )
 from logit_store.encodings import Encoding
 from logit_store.file_names import PARTIAL_SHARD
-from logit_store.manifest import FORMAT_VERSION
+from logit_store.manifest import FORMAT_VERSION, READABLE_VERSIONS
 from logit_store.vocab_file import decompress_bounded
 
 SHARD_MAGIC = b"BDSHARD\0"
@@ -83,13 +83,21 @@ class ShardRecord:
 class ShardFile:
     """Writes one shard to ``<final>.tmp``; :meth:`finish` appends the index and renames it."""
 
-    def __init__(self, final_path: Path, compression_level: int, record: ShardRecord, encoding: Encoding):
+    def __init__(
+        self,
+        final_path: Path,
+        compression_level: int,
+        record: ShardRecord,
+        encoding: Encoding,
+        version: int = FORMAT_VERSION,
+    ):
         self.final_path = Path(final_path)
+        self.version = version
         self.tmp_path = self.final_path.with_name(PARTIAL_SHARD(record.writer_id, record.sequence))
         self.record = record
         self.encoding = encoding
         self._file = open(self.tmp_path, "wb")  # noqa: SIM115 - open until finish() or abandon()
-        self._file.write(SHARD_MAGIC + struct.pack("<II", FORMAT_VERSION, 0))
+        self._file.write(SHARD_MAGIC + struct.pack("<II", version, 0))
         self._offset = HEADER_SIZE
         self._compressor = zstandard.ZstdCompressor(level=compression_level, write_checksum=True, threads=0)
         self.chunks: list[tuple] = []
@@ -100,7 +108,7 @@ class ShardFile:
         return len(self.docs)
 
     def write_chunk(self, docs: list[EncodedDocument], contexts: np.ndarray | None = None) -> None:
-        raw = build_chunk(docs, self.encoding, FORMAT_VERSION, contexts)
+        raw = build_chunk(docs, self.encoding, self.version, contexts)
         if len(raw) > MAX_CHUNK_RAW:
             raise UserError(
                 f"a chunk of {len(raw):,} raw bytes exceeds the format's {MAX_CHUNK_RAW:,} (a document too long)"
@@ -171,9 +179,10 @@ class ShardReader:
                 head = trailer[:48]
                 if checksum(head, 8) != trailer[48:56]:
                     raise UserError(f"shard {self.name}: index/footer corrupt (footer checksum mismatch)")
-                if version not in (1, 2):
+                if version not in READABLE_VERSIONS:
+                    known = ", ".join(map(str, READABLE_VERSIONS))
                     raise UserError(
-                        f"shard {self.name}: unknown shard format version {version} (this reader knows 1, 2)"
+                        f"shard {self.name}: unknown shard format version {version} (this reader knows {known})"
                     )
                 offset, length, num_chunks, num_docs = struct.unpack("<QQQQ", head[:32])
                 record_size = RECORD_DTYPE.itemsize if version >= 2 else 0

@@ -41,6 +41,7 @@ def verify_store(store: LogitStore, tolerance: float = 1e-3) -> dict:
         "unfinished_writers": store.unfinished_writers,
         "missing_writers": store.missing_writers,
         "positions": positions,
+        "stream": store.stream.value,
         "max_normalisation_error": worst,
         "seconds": round(time.time() - start, 3),
     }

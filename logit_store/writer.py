@@ -10,8 +10,10 @@ from typing import Self
 
 import numpy as np
 
+from bytestream.alphabet import EOT
 from bytestream.errors import UserError
-from bytestream.stream import StreamLayout, stream_layout
+from bytestream.stream import StreamLayout
+from bytestream.stream_kind import StreamKind
 from bytestream.trie import VocabTrie, build_trie
 from bytestream.vocab import TeacherVocab
 from logit_store.chunk import EncodedDocument
@@ -27,15 +29,15 @@ from logit_store.integrity import (
 )
 from logit_store.manifest import (
     FORMAT_NAME,
-    FORMAT_VERSION,
     IDENTITY_FIELDS,
     identity_hash,
+    manifest_stream,
     read_manifest,
     settings_hash,
+    stream_fields,
     write_atomic,
 )
 from logit_store.ownership import check_store_files
-from logit_store.reader import layout_text_bytes
 from logit_store.shard import (
     ShardFile,
     ShardReader,
@@ -66,7 +68,7 @@ class StoreWriter:
     """Writes documents into ``directory`` as shards ``shard-<writer_id>-<seq>.bds``.
 
     If the directory already holds a store with the same identity (vocabulary, teacher,
-    tokenizer/corpus hashes, settings, encoding), the writer resumes: complete shards of this
+    tokenizer/corpus hashes, settings, encoding, stream), the writer resumes: complete shards of this
     ``writer_id`` are kept, its partial ``.tmp`` files are deleted, and
     :attr:`num_existing_documents` says how many of its documents are stored, so the caller
     skips that many and continues. A differing identity raises :class:`UserError`. Given
@@ -77,6 +79,9 @@ class StoreWriter:
     bytes, whichever comes first; a chunk after ``chunk_bytes`` raw bytes (default: the encoding's,
     2 MiB, or 16 MiB for ``pow8-ans`` whose tables are per chunk). Both depend only on
     the documents, so an interrupted and resumed write gives the same shards.
+
+    ``stream`` is the stream its documents' values are over (every document's layout is of it);
+    an ``<eot>`` store is written as format version 2, another as version 3, which names it.
     """
 
     def __init__(
@@ -99,6 +104,7 @@ class StoreWriter:
         chunk_bytes: int | None = None,
         compression_level: int = 9,
         trie: VocabTrie | None = None,
+        stream: StreamKind = StreamKind.EOT,
     ):
         if not 0 <= writer_id <= 99999:
             raise UserError(f"writer id must be in 0..99999, got {writer_id}")
@@ -111,6 +117,7 @@ class StoreWriter:
         self.chunk_bytes = int(chunk_bytes or self.encoding.chunk_bytes)
         self.compression_level = int(compression_level)
         self._trie = trie
+        self.stream = stream
         self.source_pieces = source_pieces
         settings = dict(settings or {})
         try:
@@ -119,7 +126,7 @@ class StoreWriter:
             raise UserError(f"store settings must be JSON-serialisable: {exc}") from None
         self.manifest = {
             "format": FORMAT_NAME,
-            "format_version": FORMAT_VERSION,
+            **stream_fields(stream),
             "teacher": teacher or vocab.name,
             "teacher_hash": teacher_hash,
             "tokenizer_source": _relative_to(tokenizer_source, self.directory),
@@ -149,8 +156,10 @@ class StoreWriter:
         if manifest_path.exists():
             existing = read_manifest(self.directory)
             differ = [k for k in IDENTITY_FIELDS if existing.get(k) != self.manifest.get(k)]
+            if "stream" in differ and "format_version" in differ:  # the version follows the stream
+                differ.remove("format_version")
             if differ:
-                detail = "; ".join(_differences(k, existing.get(k), self.manifest.get(k)) for k in differ)
+                detail = "; ".join(self._difference(k, existing) for k in differ)
                 raise DifferentStore(
                     f"{self.directory} holds a different store ({', '.join(differ)} differ): {detail}",
                     fields=differ,
@@ -179,6 +188,12 @@ class StoreWriter:
         self._next_sequence = len(sequences)
         self._writer_documents = self.num_existing_documents  # documents in this writer's complete shards
 
+    def _difference(self, field: str, existing: dict) -> str:
+        if field == "stream":
+            held = manifest_stream(existing)
+            return f"stream: the store holds the {held.shown} stream, this run writes the {self.stream.shown} stream"
+        return _differences(field, existing.get(field), self.manifest.get(field))
+
     @property
     def trie(self) -> VocabTrie:
         if self._trie is None:
@@ -193,7 +208,14 @@ class StoreWriter:
         vocabulary has several ids with one byte string (else the lowest such id is stored).
         Returns the values as a reader decodes them (what ``train`` and ``score`` read)."""
         layout = distributions.layout
+        if StreamKind.of_layout(layout) is not self.stream:
+            raise ValueError(
+                f"a document of the {StreamKind.of_layout(layout).shown} stream for a store of the "
+                f"{self.stream.shown} stream"
+            )
         if token_ids is None:
+            if layout.fused:  # a first token that is all dummy prefix has no symbol in the fused stream
+                raise ValueError("a fused-stream document needs its token_ids")
             token_ids = _token_ids_of_layout(layout, self.trie)
         token_ids = np.asarray(token_ids, dtype=np.int64)
         return self._add(token_ids, distributions.values, distributions.dropped_mass, text_bytes, key, layout)
@@ -203,7 +225,7 @@ class StoreWriter:
         special mass (m+1,), its number of text bytes and an optional key."""
         token_ids = np.asarray(token_ids, dtype=np.int64)
         try:
-            layout = stream_layout(self.trie, token_ids)
+            layout = self.stream.layout(self.trie, token_ids)
         except ValueError as exc:
             raise UserError(f"document {self.num_written} ({key or 'no key'}): {exc}") from None
         self._add(token_ids, values, dropped_mass, text_bytes, key, layout)
@@ -217,7 +239,7 @@ class StoreWriter:
         values = np.asarray(values, dtype=np.float64)
         dropped_mass = np.asarray(dropped_mass, dtype=np.float64)
         where = f"document {self.num_written} ({key or 'no key'})"
-        held = layout_text_bytes(layout)
+        held = layout.num_text_bytes()
         if text_bytes is None:
             text_bytes = held
         elif int(text_bytes) != held:
@@ -256,7 +278,9 @@ class StoreWriter:
         if self._shard is None:
             record = ShardRecord(self.writer_id, self._next_sequence, self._writer_documents, self._identity)
             path = self.directory / SHARD(self.writer_id, self._next_sequence)
-            self._shard = ShardFile(path, self.compression_level, record, self.encoding)
+            self._shard = ShardFile(
+                path, self.compression_level, record, self.encoding, self.manifest["format_version"]
+            )
         contexts = self._chunk_contexts() if self.encoding.needs_contexts else None
         self._shard.write_chunk(self._pending, contexts)
         self._pending = []
@@ -269,7 +293,7 @@ class StoreWriter:
         contexts = np.empty(sum(len(d.value_bytes) for d in self._pending), np.int16)
         start = 0
         for doc in self._pending:
-            layout = stream_layout(self.trie, doc.token_ids.astype(np.int64))
+            layout = self.stream.layout(self.trie, doc.token_ids)
             self.encoding.contexts(layout, contexts[start:])
             start += layout.num_values
         return contexts
@@ -318,7 +342,7 @@ def _relative_to(source: str | None, directory: Path) -> str | None:
 def _token_ids_of_layout(layout: StreamLayout, trie: VocabTrie) -> np.ndarray:
     """Token ids of a stream: for each token, the lowest id whose byte string it is (the node of
     the position whose input is the token's last byte)."""
-    ends = np.flatnonzero(layout.symbols.astype(np.int64) == 256)
+    ends = np.flatnonzero(layout.symbols.astype(np.int64) == EOT)
     token_nodes = layout.position_node[ends - 1]
     first_id = np.full(trie.num_nodes, np.iinfo(np.int64).max, dtype=np.int64)
     np.minimum.at(first_id, trie.token_node[trie.order], trie.order)

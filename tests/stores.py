@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bytestream.stream_kind import StreamKind
 from logit_store import StoreWriter
 from tests.conftest import random_logits
 
@@ -39,14 +40,15 @@ def random_texts(count: int, seed: int, min_words: int = 4, max_words: int = 40)
 
 
 def write_random_store(directory: Path, vocab, converter, encoder, texts: list[bytes], seed: int = 0, **writer) -> Path:
-    """A store of ``texts`` under random teacher logits (small chunks unless ``writer`` says otherwise)."""
+    """A store of ``texts`` under random teacher logits (small chunks unless ``writer`` says otherwise),
+    of the stream ``writer`` names (``<eot>`` if it names none)."""
     writer.setdefault("chunk_bytes", 3_000)
     writer.setdefault("docs_per_shard", 16)
+    fused = writer.get("stream") is StreamKind.FUSED
+    convert = converter.convert_fused_numba if fused else converter.convert_numba
     with StoreWriter(directory, vocab, encoding="pow8", teacher="random-llama3", trie=converter.trie, **writer) as out:
         for k, text in enumerate(texts):
             ids = encoder.encode(text)
             logits = random_logits(len(ids) + 1, vocab.size, seed=seed * 100_003 + k, peaked=k % 2 == 1)
-            out.add_distributions(
-                converter.convert_numba(ids, logits), key=f"doc-{k}", text_bytes=len(text), token_ids=ids
-            )
+            out.add_distributions(convert(ids, logits), key=f"doc-{k}", text_bytes=len(text), token_ids=ids)
     return directory

@@ -14,6 +14,7 @@ import torch
 import zstandard
 from safetensors.torch import load_file, save_file
 
+from bytestream.stream_kind import StreamKind
 from logit_store import StoreWriter
 from tests.edges import Edge, check_edge
 from tests.gguf_teachers import save_small_teacher, write_tiny_gguf
@@ -143,6 +144,18 @@ def dumped_without_source_record(tmp: Path) -> None:
     (tmp / "out" / "source-00000.json").unlink()
 
 
+def dumped(*extra: str):
+    """Setup: a finished dump of the corpus by the small teacher, with ``extra`` flags."""
+
+    def setup(tmp: Path) -> None:
+        corpus(tmp)
+        from bytedistill.cli import main
+
+        assert main(dump_args(TEACHERS["small"], tmp / "corpus", tmp / "out", *extra)) == 0
+
+    return setup
+
+
 def dumped_then_weights_changed(kind: str):
     """Setup: a finished dump by a teacher copied into the folder (a saved folder, or a GGUF file),
     then that teacher's weights changed at the same path (same names, same sizes)."""
@@ -189,7 +202,7 @@ def one_line_too_long(tmp: Path) -> None:
     follows the machine: the dump's own estimate, 4.7 KB a token, is over the memory it has)."""
     from distill import dump_memory
 
-    per_token = dump_memory.PENDING_BYTES_PER_TOKEN + dump_memory.STORED_BYTES_PER_TOKEN
+    per_token = dump_memory.TOKEN_COSTS[StreamKind.EOT].waiting_bytes
     size = int(dump_memory.capacity(torch.device("cpu")) / per_token * dump_memory.BYTES_PER_TOKEN * 1.2)
     words = b"lorem ipsum dolor sit amet "
     (tmp / "long.jsonl").write_bytes(b'{"text": "' + words * (size // len(words)) + b'"}\n')
@@ -247,6 +260,19 @@ EDGES = [
         dump("small"),
         "writer 0 stored documents of another corpus (it kept no record of it)",
         dumped_without_source_record,
+    ),
+    # a store holds one stream: its rows of the other cannot be derived from them
+    Edge(
+        "resume of an <eot> store with --stream fused",
+        dump("small", "--stream", "fused"),
+        "(stream differ): stream: the store holds the <eot> stream, this run writes the fused stream",
+        dumped(),
+    ),
+    Edge(
+        "resume of a fused store without --stream",
+        dump("small"),
+        "(stream differ): stream: the store holds the fused stream, this run writes the <eot> stream",
+        dumped("--stream", "fused"),
     ),
     Edge(
         "foreign completion record in a store",

@@ -19,6 +19,7 @@ import pytest
 
 from bytedistill.cli import COMMANDS, config_class
 from bytedistill.cli import main as bytedistill
+from bytestream.stream_kind import StreamKind
 from configs.fields import leaves
 from students.training.checkpoints import latest_checkpoint
 from students.training.run_directory import LOCK_FILE, RUN_RECORD
@@ -26,7 +27,7 @@ from tests.edges import Edge, check_edge
 from tests.stores import random_texts, write_random_store
 from tests.tiny_student import TINY
 
-BUILT: dict[str, Path] = {}  # what the module fixture built: "store", "run", "model"
+BUILT: dict[str, Path] = {}  # what the module fixture built: "store", "run", "model", "half", "fused"
 HELD: list[int] = []  # lock file descriptors a row's setup holds while its command runs
 CHECKPOINT = "run/checkpoints/step-00000002"
 TINY_FLAGS = [
@@ -54,7 +55,11 @@ def built(tmp_path_factory, llama3_vocab, llama3_converter, llama3_encoder, llam
     half = write_random_store(
         root / "half", llama3_vocab, llama3_converter, llama3_encoder, random_texts(4, 2), settings={"writers": 2}
     )
-    BUILT.update(store=store, run=root / "run", model=root / "model", half=half)
+    # a store of the fused stream, which no student reads yet
+    fused = write_random_store(
+        root / "fused", llama3_vocab, llama3_converter, llama3_encoder, random_texts(4, 3), stream=StreamKind.FUSED
+    )
+    BUILT.update(store=store, run=root / "run", model=root / "model", half=half, fused=fused)
     yield BUILT
     BUILT.clear()
 
@@ -82,6 +87,16 @@ def unfinished_store(tmp: Path) -> None:
 def half_store(tmp: Path) -> None:
     """A store whose manifest counts 2 writers, of which only writer 0 wrote (and finished)."""
     shutil.copytree(BUILT["half"], tmp / "train")
+
+
+def fused_store(tmp: Path) -> None:
+    shutil.copytree(BUILT["fused"], tmp / "train")
+
+
+def both_streams(tmp: Path) -> None:
+    """The <eot> store as ``train``, the fused one as ``fused``."""
+    with_store(tmp)
+    shutil.copytree(BUILT["fused"], tmp / "fused")
 
 
 def with_run(tmp: Path) -> None:
@@ -323,6 +338,25 @@ EDGES = [
         "train is partial: writer 1 never wrote (a dump that never ran",
         setup=half_store,
     ),
+    # a store of another stream than the student's: neither stream's rows are derived from the other's
+    Edge(
+        "train-fused-store",
+        [*TRAIN, "--max-steps", "1"],
+        "train is a fused-stream store; this student reads the <eot> stream",
+        setup=fused_store,
+    ),
+    Edge(
+        "train-stores-of-two-streams",
+        ["train", "--train-stores", "{tmp}/train", "{tmp}/fused", *TRAIN[3:], "--max-steps", "1"],
+        "/fused (fused stream) hold different streams",
+        setup=both_streams,
+    ),
+    Edge(
+        "train-eval-store-of-the-other-stream",
+        [*TRAIN, "--max-steps", "1", "--eval-store", "{tmp}/fused"],
+        "/fused (fused stream) hold different streams",
+        setup=both_streams,
+    ),
     Edge(
         "train-eval-store-unfinished",
         ["train", "--train-stores", "{tmp}/whole", *TRAIN[3:], "--max-steps", "1", "--eval-store", "{tmp}/train"],
@@ -470,6 +504,12 @@ EDGES = [
         ["score", "{tmp}/model", "{tmp}/train", "--progress", "false"],
         "train was dumped with another vocabulary",
         setup=lambda tmp: (with_store(tmp), with_model(tmp), another_vocabulary("model/teacher_tokenizer.json")(tmp)),
+    ),
+    Edge(
+        "score-fused-store",
+        ["score", "{tmp}/model", "{tmp}/train", "--progress", "false"],
+        "train is a fused-stream store; this student reads the <eot> stream",
+        setup=lambda tmp: (fused_store(tmp), with_model(tmp)),
     ),
     # score and generate on the exported student (plain mode: the stream tokenizer is slow to load, and not needed)
     Edge(

@@ -83,7 +83,9 @@ def _file_documents(path: Path, text_field: str) -> Iterator[bytes]:
 def _store_documents(path: Path, index: int, mode: str) -> Iterator[Document]:
     from logit_store import LogitStore
     from logit_store.reader import densify
+    from students.training.batch_source import refuse_other_streams
 
+    refuse_other_streams([str(path)])  # the student reads the <eot> stream
     store = LogitStore(path)
     for i in range(len(store)):
         doc = store.document(i)

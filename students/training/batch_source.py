@@ -98,7 +98,36 @@ def refuse_partial_stores(paths: list[str], allow_partial: bool) -> None:
             )
 
 
-STORE_SOURCE = DataSource(build=_store_dataset, describe=_describe_stores, check=refuse_partial_stores)
+def refuse_other_streams(paths: list[str]) -> None:
+    """Refuse stores of two streams together (naming one of each), then a store of another stream
+    than the student's: every student reads the ``<eot>`` stream, and neither stream's store can
+    be derived from the other's (docs/DESIGN.md, "The fused stream"). Paths that are not stores
+    are left to the reading to refuse."""
+    from bytestream.stream_kind import StreamKind
+    from logit_store.store import MANIFEST, manifest_stream, read_manifest
+
+    streams = {p: manifest_stream(read_manifest(Path(p))) for p in paths if (Path(p) / MANIFEST).is_file()}
+    first = next(iter(streams), None)
+    for path, stream in streams.items():
+        if stream is not streams[first]:
+            raise UserError(
+                f"the stores {first} ({streams[first].shown} stream) and {path} ({stream.shown} stream) hold "
+                "different streams: train on stores of one stream"
+            )
+    if first is not None and streams[first] is not StreamKind.EOT:
+        raise UserError(
+            f"{first} is a {streams[first].shown}-stream store; this student reads the {StreamKind.EOT.shown} "
+            "stream: dump the corpus with --stream eot"
+        )
+
+
+def check_stores(paths: list[str], allow_partial: bool) -> None:
+    """What ``train`` refuses before a run touches anything: stores of another stream, partial stores."""
+    refuse_other_streams(paths)
+    refuse_partial_stores(paths, allow_partial)
+
+
+STORE_SOURCE = DataSource(build=_store_dataset, describe=_describe_stores, check=check_stores)
 
 
 class BatchStream:
