@@ -13,8 +13,8 @@ from bytedistill.cli import main as cli_main
 from bytestream.stream_kind import StreamKind
 from distill.convert import Converter
 from distill.windows import plan_windows
+from logit_store import LogitStore, store_content_hash
 from logit_store.manifest import read_manifest
-from logit_store.store import LogitStore, store_content_hash
 from tests.teachers import dump_args
 from tests.test_dump import DOCUMENTS, corpus_dir, teacher_dir, teacher_token_nll  # noqa: F401 (fixtures)
 

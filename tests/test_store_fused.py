@@ -15,7 +15,7 @@ from bytestream.errors import UserError
 from bytestream.stream_kind import StreamKind
 from logit_store import ENCODINGS, LogitStore, StoreWriter, kl_bits_per_position, open_stores
 from logit_store.manifest import read_manifest
-from students.training.data import refuse_other_streams
+from students.training.batch_source import refuse_other_streams
 from tests.test_store import KL_BOUNDS, TEXTS, llama3, open_store, write_store  # noqa: F401 (fixture)
 
 STORE_DATA = Path(__file__).resolve().parent / "data"

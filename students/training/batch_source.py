@@ -104,7 +104,8 @@ def refuse_other_streams(paths: list[str]) -> None:
     be derived from the other's (docs/DESIGN.md, "The fused stream"). Paths that are not stores
     are left to the reading to refuse."""
     from bytestream.stream_kind import StreamKind
-    from logit_store.store import MANIFEST, manifest_stream, read_manifest
+    from logit_store.file_names import MANIFEST
+    from logit_store.manifest import manifest_stream, read_manifest
 
     streams = {p: manifest_stream(read_manifest(Path(p))) for p in paths if (Path(p) / MANIFEST).is_file()}
     first = next(iter(streams), None)
