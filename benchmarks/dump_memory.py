@@ -205,7 +205,9 @@ def main() -> None:
     )
     parser.add_argument("--smoke", action="store_true", help="toy sizes: the baseline alone, at scale 8")
     parser.add_argument(
-        "--markdown", action="store_true", help="also write the table into docs/RESULTS.md ('dump_memory_scaleN')"
+        "--markdown",
+        action="store_true",
+        help="also write the table into docs/RESULTS.md ('dump_memory_TEACHER_scaleN')",
     )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     for name in ("corpus", "output", "settings"):
@@ -245,7 +247,10 @@ def main() -> None:
     line = summary(results, runs, settings["batch_tokens"], settings["group_tokens"])
     print(line)
     if args.markdown and not args.smoke:
-        write_section(f"dump_memory_scale{args.scale}", f"{heading}\n\n{markdown_table(HEADER, rows)}\n\n{line}")
+        write_section(
+            f"dump_memory_{args.teacher if args.teacher in ('random', 'smollm2') else 'other'}_scale{args.scale}",
+            f"{heading}\n\n{markdown_table(HEADER, rows)}\n\n{line}",
+        )
 
 
 def teacher_path(name: str, tmp: Path) -> str:
