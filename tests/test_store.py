@@ -64,11 +64,12 @@ def llama3():
     return vocab, converter, DocumentEncoder(tokenizer, vocab)
 
 
-@pytest.fixture(scope="module")
-def documents(llama3):
-    """Exact distributions of TEXTS under random logits: normal × 3, every other one peaked
-    (one id per row 12 nats up) so values span many orders of magnitude."""
+def random_documents(llama3, fused: bool = False):
+    """Exact distributions of TEXTS (in the ``<eot>`` or the fused stream) under random logits:
+    normal × 3, every other one peaked (one id per row 12 nats up) so values span many orders of
+    magnitude."""
     vocab, converter, encoder = llama3
+    convert = converter.convert_fused_numba if fused else converter.convert_numba
     rng = np.random.default_rng(1234)
     out = []
     for k, text in enumerate(TEXTS):
@@ -77,8 +78,13 @@ def documents(llama3):
         if k % 2:
             logits[np.arange(len(ids) + 1), rng.integers(0, vocab.size, len(ids) + 1)] += 12.0
             logits[np.arange(len(ids)), ids] += 8.0
-        out.append((ids, converter.convert_numba(ids, logits), len(text)))
+        out.append((ids, convert(ids, logits), len(text)))
     return out
+
+
+@pytest.fixture(scope="module")
+def documents(llama3):
+    return random_documents(llama3)
 
 
 def write_store(directory, llama3, documents, encoding="pow8", **kwargs):

@@ -16,7 +16,7 @@ from bytestream.stream_kind import StreamKind
 from logit_store import ENCODINGS, LogitStore, StoreWriter, kl_bits_per_position, open_stores
 from logit_store.manifest import read_manifest
 from students.training.batch_source import refuse_other_streams
-from tests.test_store import KL_BOUNDS, TEXTS, llama3, open_store, write_store  # noqa: F401 (fixture)
+from tests.test_store import KL_BOUNDS, llama3, open_store, random_documents, write_store  # noqa: F401 (fixture)
 
 STORE_DATA = Path(__file__).resolve().parent / "data"
 # KL(exact || decoded) in bits per position: twice the <eot> store's bounds, since a fused root
@@ -28,17 +28,7 @@ FUSED_KL_BOUNDS = {name: (2 * mean, 2 * most) for name, (mean, most) in KL_BOUND
 @pytest.fixture(scope="module")
 def fused_documents(llama3):  # noqa: F811
     """Exact fused distributions of TEXTS under the random logits of tests/test_store.py's documents."""
-    vocab, converter, encoder = llama3
-    rng = np.random.default_rng(1234)
-    out = []
-    for k, text in enumerate(TEXTS):
-        ids = encoder.encode(text)
-        logits = rng.standard_normal((len(ids) + 1, vocab.size)) * 3.0
-        if k % 2:
-            logits[np.arange(len(ids) + 1), rng.integers(0, vocab.size, len(ids) + 1)] += 12.0
-            logits[np.arange(len(ids)), ids] += 8.0
-        out.append((ids, converter.convert_fused_numba(ids, logits), len(text)))
-    return out
+    return random_documents(llama3, fused=True)
 
 
 def write_fused(directory, llama3, documents, encoding="pow8", **kwargs):  # noqa: F811
