@@ -81,13 +81,6 @@ class ConvertedRows:
 Message = DocumentsPlanned | LogitRows | ConvertedRows
 
 
-def stored_log_likelihood(dist: DocumentDistributions, stored: np.ndarray) -> float:
-    """The log-likelihood of the values as stored (float32), in float64: only the taken values are
-    widened, not a float64 copy of the document's values (8 bytes a value, held while it is written)."""
-    taken = dataclasses.replace(dist, values=stored).target_probabilities()
-    return float(np.log(taken.astype(np.float64)).sum())
-
-
 @contextmanager
 def store_errors(store):
     """A failing disk (full, read-only, over quota) is one line, not a traceback."""
@@ -207,7 +200,7 @@ class _Receiver:
             text_bytes=len(doc.data),
             tokens=len(doc.token_ids),
             positions=dist.layout.num_positions,
-            nll=-stored_log_likelihood(dist, stored),
+            nll=-dataclasses.replace(dist, values=stored).log_likelihood(),
             exact_nll=-dist.log_likelihood(),
             dropped_mass=dist.dropped_mass,
         )

@@ -46,8 +46,9 @@ class DocumentDistributions:
 
     def log_likelihood(self) -> float:
         """Σ over positions of log P(next symbol): the teacher's token log-likelihood minus
-        :attr:`context_log_mass`."""
-        return float(np.log(self.target_probabilities()).sum())
+        :attr:`context_log_mass`. Summed in float64 whatever the values' type (only the taken
+        values are widened: stored float32 values need no float64 copy of the document)."""
+        return float(np.log(self.target_probabilities().astype(np.float64)).sum())
 
     def dense(self) -> np.ndarray:
         """(L−1, A) probabilities over the stream's whole alphabet (zeros off the support)."""
