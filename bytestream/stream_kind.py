@@ -10,7 +10,19 @@ from __future__ import annotations
 from enum import Enum
 from typing import TYPE_CHECKING
 
-from bytestream.alphabet import ALPHABET_SIZE, FUSED_ALPHABET_SIZE
+from bytestream.alphabet import (
+    ALPHABET_SIZE,
+    BOS,
+    EOS,
+    EOT,
+    FUSED_ALPHABET_SIZE,
+    FUSED_BOS,
+    FUSED_ENDS,
+    FUSED_EOS,
+    FUSED_PAD,
+    NUM_BYTES,
+    PAD,
+)
 
 if TYPE_CHECKING:
     import numpy as np
@@ -31,6 +43,42 @@ class StreamKind(Enum):
         return FUSED_ALPHABET_SIZE if self is StreamKind.FUSED else ALPHABET_SIZE
 
     @property
+    def bos(self) -> int:
+        return FUSED_BOS if self is StreamKind.FUSED else BOS
+
+    @property
+    def eos(self) -> int:
+        return FUSED_EOS if self is StreamKind.FUSED else EOS
+
+    @property
+    def pad(self) -> int:
+        return FUSED_PAD if self is StreamKind.FUSED else PAD
+
+    @property
+    def eot(self) -> int | None:
+        """The ``<eot>`` symbol; the fused stream has none."""
+        return None if self is StreamKind.FUSED else EOT
+
+    @property
+    def text_symbols(self) -> int:
+        """Symbols below this are text bytes (the fused stream's flagged bytes included)."""
+        return 2 * NUM_BYTES if self is StreamKind.FUSED else NUM_BYTES
+
+    def byte_value(self, symbol: int) -> int | None:
+        """The text byte a symbol stands for, or None for a special (``<eot>``, ``<bos>``, …)."""
+        symbol = int(symbol)
+        return symbol % NUM_BYTES if 0 <= symbol < self.text_symbols else None
+
+    def text_bytes(self, symbols) -> bytes:
+        """The exact bytes of a symbol sequence: its text bytes, flags and specials dropped."""
+        return bytes(b for b in map(self.byte_value, symbols) if b is not None)
+
+    def closes_token(self, symbol: int) -> bool:
+        """Whether the teacher's token ends at this symbol: ``<eot>``, or a fused byte flagged "ends"."""
+        symbol = int(symbol)
+        return FUSED_ENDS <= symbol < FUSED_BOS if self is StreamKind.FUSED else symbol == EOT
+
+    @property
     def shown(self) -> str:
         """How a message names it: ``<eot>`` or ``fused``."""
         return "fused" if self is StreamKind.FUSED else "<eot>"
@@ -48,3 +96,9 @@ class StreamKind(Enum):
     @classmethod
     def of_layout(cls, layout: StreamLayout) -> StreamKind:
         return cls.FUSED if layout.fused else cls.EOT
+
+    @classmethod
+    def of_config(cls, config) -> StreamKind:
+        """The stream a student's model config reads: its ``byte_stream`` (absent: ``<eot>``, as
+        every student before the fused stream)."""
+        return cls(getattr(config, "byte_stream", None) or cls.EOT.value)
