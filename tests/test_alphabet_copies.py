@@ -8,11 +8,26 @@ from __future__ import annotations
 import pytest
 
 from bytestream import alphabet, stream_tokenizer
+from bytestream.stream_kind import StreamKind
 from students.models import patched_model
 
 COPIES = [
     (stream_tokenizer, {"NUM_BYTES": "NUM_BYTES", "EOT": "EOT", "BOS": "BOS", "EOS": "EOS", "PAD": "PAD"}),
-    (patched_model, {"NUM_SYMBOLS": "ALPHABET_SIZE", "EOT": "EOT", "BOS": "BOS", "EOS": "EOS", "PAD": "PAD"}),
+    (
+        patched_model,
+        {
+            "NUM_SYMBOLS": "ALPHABET_SIZE",
+            "EOT": "EOT",
+            "BOS": "BOS",
+            "EOS": "EOS",
+            "PAD": "PAD",
+            "FUSED_NUM_SYMBOLS": "FUSED_ALPHABET_SIZE",
+            "FUSED_ENDS": "FUSED_ENDS",
+            "FUSED_BOS": "FUSED_BOS",
+            "FUSED_EOS": "FUSED_EOS",
+            "FUSED_PAD": "FUSED_PAD",
+        },
+    ),
 ]
 
 
@@ -24,3 +39,9 @@ def test_each_shipped_copy_equals_the_alphabet(module, names):
 
 def test_the_tokenizer_copy_names_the_specials_as_the_alphabet_does():
     assert stream_tokenizer.SPECIAL_NAMES == alphabet.SPECIAL_NAMES
+
+
+def test_the_patched_models_streams_are_the_stream_kinds():
+    """Each stream's alphabet and specials as the patched model's config takes them."""
+    for kind in StreamKind:
+        assert patched_model.STREAM_SYMBOLS[kind.value] == (kind.alphabet_size, kind.bos, kind.eos, kind.pad, kind.eot)

@@ -21,7 +21,7 @@ from bytestream.stream_kind import StreamKind
 from logit_store import LogitStore
 from students.models.architectures import architecture_named
 from students.models.cost import rates_of_stores
-from students.models.patched_model import PatchedStudent, PatchedStudentConfig
+from students.models.patched_model import PatchedStudentConfig
 from students.models.shape import StudentShape
 from students.training.batch_source import utf8_bytes
 from students.training.checkpoints import latest_checkpoint
