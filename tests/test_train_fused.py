@@ -23,9 +23,11 @@ from students.models.architectures import architecture_named
 from students.models.cost import rates_of_stores
 from students.models.patched_model import PatchedStudentConfig
 from students.models.shape import StudentShape
+from students.models.speed import generation_speed
 from students.training.batch_source import utf8_bytes
 from students.training.checkpoints import latest_checkpoint
 from students.training.store_windows import PackedStreamDataset
+from students.training.synthetic import SYNTHETIC_SOURCE, bigram_teacher
 from students.training.trainer import train
 from tests.stores import random_texts, write_random_store
 from tests.tiny_student import TINY, tiny_config
@@ -251,3 +253,16 @@ def test_fused_patched_cache_equals_recomputing():
         torch.testing.assert_close(torch.cat(steps, 1), full, rtol=0, atol=1e-5)
     assert out.cache.global_steps().tolist() == (model.closes(cached).sum(1) + 1).tolist()
     assert np.all(np.isfinite(full.numpy()))
+
+
+def test_the_synthetic_teacher_trains_a_fused_student(tmp_path):
+    """The synthetic bigram teacher draws over the fused alphabet when the run reads it."""
+    result = train(tiny_config(tmp_path / "run", stream="fused", max_steps=2, warmup_steps=1), SYNTHETIC_SOURCE)
+    assert result.step == 2 and result.train_bytes > 0 and all(map(math.isfinite, result.losses.values()))
+    teacher = bigram_teacher(stream=FUSED)
+    assert teacher.shape == (515, 515) and not teacher[:, [FUSED.bos, FUSED.pad]].any()
+
+
+def test_generation_speed_counts_the_fused_text_bytes():
+    speed = generation_speed(tiny_fused("patched"), random_fused_stream(2, 5, seed=6), new_symbols=6)
+    assert speed.new_symbols == 6 and speed.new_bytes == 12  # <bos>, <eos>, <pad> suppressed: every symbol a byte
