@@ -122,9 +122,9 @@ def _train_cli(tmp_path: Path, capsys, train_stores: list[str], *flags: str) -> 
         (
             "eot",
             ["--stream", "fused"],
-            "is a <eot>-stream store and this student reads the fused stream: give --stream eot",
+            "is a <eot>-stream store; this student reads the fused stream: give --stream eot",
         ),
-        ("fused", [], "is a fused-stream store and this student reads the <eot> stream: give --stream fused"),
+        ("fused", [], "is a fused-stream store; this student reads the <eot> stream: give --stream fused"),
     ],
 )
 def test_a_store_of_the_other_stream_is_refused_naming_the_flag(tmp_path, stores, capsys, store, flags, said):

@@ -106,11 +106,11 @@ def refuse_partial_stores(paths: list[str], allow_partial: bool) -> None:
             )
 
 
-def refuse_other_streams(paths: list[str], stream: StreamKind = StreamKind.EOT) -> None:
+def refuse_other_streams(paths: list[str], stream: StreamKind = StreamKind.EOT, *, training: bool = False) -> None:
     """Refuse stores of two streams together (naming one of each), then a store of another stream
-    than the student's, ``stream``, naming the ``--stream`` that reads it: neither stream's store
-    can be derived from the other's (docs/DESIGN.md, "The fused stream"). Paths that are not stores
-    are left to the reading to refuse."""
+    than the student's, ``stream`` (when ``training``, naming the ``--stream`` that trains on it):
+    neither stream's store can be derived from the other's (docs/DESIGN.md, "The fused stream").
+    Paths that are not stores are left to the reading to refuse."""
     from logit_store.file_names import MANIFEST
     from logit_store.manifest import manifest_stream, read_manifest
 
@@ -124,17 +124,18 @@ def refuse_other_streams(paths: list[str], stream: StreamKind = StreamKind.EOT) 
             )
     if first is not None and streams[first] is not stream:
         held = streams[first]
+        remedy = f"dump the corpus with --stream {stream.value}"
+        if training:
+            remedy = f"give --stream {held.value} to train a {held.shown} student on it, or {remedy}"
         raise UserError(
-            f"{first} is a {held.shown}-stream store and this student reads the {stream.shown} stream: "
-            f"give --stream {held.value} to train a {held.shown} student on it, or dump the corpus with "
-            f"--stream {stream.value}"
+            f"{first} is a {held.shown}-stream store; this student reads the {stream.shown} stream: {remedy}"
         )
 
 
 def check_stores(paths: list[str], allow_partial: bool, stream: StreamKind) -> None:
     """What ``train`` refuses before a run touches anything: stores of another stream than
     ``stream``, partial stores."""
-    refuse_other_streams(paths, stream)
+    refuse_other_streams(paths, stream, training=True)
     refuse_partial_stores(paths, allow_partial)
 
 
