@@ -1,5 +1,6 @@
 """Measured generation speed: ``model.generate`` with caches on, greedy, a fixed number of new
-symbols per row (``<bos>``, ``<eos>`` and ``<pad>`` suppressed so that every row runs to the end)."""
+symbols per row (``<bos>``, ``<eos>`` and ``<pad>`` suppressed so that every row runs to the end), and
+the text bytes among them (a fused stream's every symbol is one; an ``<eot>`` is none)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from bytestream.alphabet import BOS, EOS, NUM_BYTES, PAD
+from bytestream.stream_kind import StreamKind
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,7 @@ class Speed:
 def generation_speed(model, prompts: torch.Tensor, new_symbols: int) -> Speed:
     """Time ``new_symbols`` greedy symbols after each row of ``prompts`` (B, T), caches on."""
     model.eval()
+    stream = StreamKind.of_config(model.config)
     start = time.perf_counter()
     output = model.generate(
         input_ids=prompts,
@@ -39,10 +41,10 @@ def generation_speed(model, prompts: torch.Tensor, new_symbols: int) -> Speed:
         min_new_tokens=new_symbols,
         do_sample=False,
         use_cache=True,
-        suppress_tokens=[BOS, EOS, PAD],
+        suppress_tokens=[stream.bos, stream.eos, stream.pad],
         eos_token_id=None,
-        pad_token_id=PAD,
+        pad_token_id=stream.pad,
     )
     seconds = time.perf_counter() - start
     new = output[:, prompts.shape[1] :]
-    return Speed(prompts.shape[0], new.shape[1], int((new < NUM_BYTES).sum()), seconds)
+    return Speed(prompts.shape[0], new.shape[1], int((new < stream.text_symbols).sum()), seconds)
