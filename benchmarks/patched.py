@@ -114,8 +114,9 @@ def smoke_recipe() -> Recipe:
     return Recipe(str(tiny_teacher()), TEACHER_NAME, (["Genesis"], 2), (["Ruth", "Jonah"], 2), SMOKE_SIZES)
 
 
-def dump_store(work: Path, name: str, books: list[str], chapters: int, teacher: str) -> Path:
-    """A logit store of the first ``chapters`` chapters of ``books`` (dump resumes: a rerun reuses it)."""
+def dump_store(work: Path, name: str, books: list[str], chapters: int, teacher: str, stream: str = "eot") -> Path:
+    """A logit store of ``stream`` over the first ``chapters`` chapters of ``books`` (dump resumes: a
+    rerun reuses it)."""
     from logit_store import LogitStore
     from logit_store.file_names import MANIFEST
 
@@ -127,7 +128,13 @@ def dump_store(work: Path, name: str, books: list[str], chapters: int, teacher: 
         if not done.unfinished_writers and len(done) == chapters_in(corpus / "kjv.jsonl"):
             return store  # complete: skip loading the teacher
     options = flags(
-        teacher=teacher, corpus=corpus / "kjv.jsonl", output=store, max_length=512, stride=256, batch_tokens=4096
+        teacher=teacher,
+        corpus=corpus / "kjv.jsonl",
+        output=store,
+        max_length=512,
+        stride=256,
+        batch_tokens=4096,
+        stream=stream,
     )
     if bytedistill(["dump", *options]) != 0:
         raise SystemExit(f"dump of {name} failed")
@@ -138,9 +145,10 @@ def chapters_in(corpus: Path) -> int:
     return sum(1 for line in corpus.read_text(encoding="utf-8").splitlines() if line.strip())
 
 
-def train(work: Path, size: Size, args, stores: tuple[Path, Path]) -> Path:
-    """Train (or resume) one student with the shared recipe; returns its output directory."""
-    out = work / "runs" / f"{size.name}-{args.steps}x{args.batch_size}x{args.seq_len}"
+def train(work: Path, size: Size, args, stores: tuple[Path, Path], run_name: str | None = None, **extra) -> Path:
+    """Train (or resume) one student with the shared recipe (``extra``: more ``train`` flags);
+    returns its output directory."""
+    out = work / "runs" / f"{run_name or size.name}-{args.steps}x{args.batch_size}x{args.seq_len}"
     options = flags(
         train_stores=stores[0],
         eval_store=stores[1],
@@ -159,7 +167,7 @@ def train(work: Path, size: Size, args, stores: tuple[Path, Path]) -> Path:
         resume="latest",
         progress="false",
         seed=0,
-        **size.train_flags(args.sizes_scale),
+        **size.train_flags(args.sizes_scale) | extra,
     )
     start = time.perf_counter()
     if bytedistill(["train", *options]) != 0:

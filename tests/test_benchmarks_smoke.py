@@ -32,6 +32,7 @@ SMOKED = {
     "prompt_cut": "summary: healed ",
     "store": "best (smallest with mean KL",
     "dump_memory": "summary: worst |estimate - peak| / peak",
+    "fused": "summary: flat steps per text byte on the quickstart",
 }
 NOT_SMOKED = {
     "generation": "its own smoke test",

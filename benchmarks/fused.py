@@ -1,0 +1,318 @@
+"""The ``<eot>`` stream against the fused stream, for flat and patched students: one run, one table.
+
+The same corpus is dumped twice by the real SmolLM2-135M teacher (all of Genesis to train on, Ruth
+and Jonah held out), once per stream (docs/DESIGN.md, "The fused stream"), and each store's bytes
+per text byte and dump time are measured. Then one flat and one patched student are trained per
+stream with one recipe (optimiser, schedule, α, steps, symbols per step: nothing differs but the
+stream), each evaluated on its own stream's held-out store through training. Per student: the
+sequential steps per text byte (the whole model's for flat, the local model's and the large
+model's for patched), training FLOPs per text byte, held-out BPB at the end (equal steps) and at
+the ``<eot>`` student's total training FLOPs (interpolated on the fused student's curve), and
+generation bytes/s at batch 1 and 8 (greedy, caches on). A line starting ``summary`` gives the
+ratios against the issue's goals, met or missed.
+
+    OMP_NUM_THREADS=1 python -m benchmarks.fused [--workdir runs/fused] [--steps 400] [--batch-size 8]
+    python -m benchmarks.fused --device cuda --workdir runs/fused-gpu --steps 4000 --batch-size 32 \\
+        --seq-len 512 --sizes-scale 2     # the prepared GPU line
+    python -m benchmarks.fused --smoke    # seconds: a check that the benchmark runs
+
+Stores and runs are cached under ``--workdir`` (a rerun measures again); dump time is measured apart,
+by fresh dumps of the held-out corpus, the two streams taking turns. ``--only NAME …`` trains just
+those students (several such processes train in parallel).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from benchmarks.common import smollm2_gguf
+from benchmarks.patched import Size, dump_store, interpolate, prompts, train
+from benchmarks.results import markdown_table, write_section
+
+STREAMS = ("eot", "fused")
+GOAL_FLAT_STEPS, GOAL_FLOPS, GOAL_BPB, GOAL_STORE, GOAL_DUMP = 1.00, 0.82, 0.01, 1.1, 1.1
+QUICKSTART_CHAPTERS = 12  # examples/quickstart.py trains on the first 12 chapters of Genesis
+
+SIZES = [
+    Size("flat-128x4", "flat", 128, 4, 4),
+    Size("patched-256x4", "patched", 256, 4, 4, local_hidden=64, local_layers=1, local_window=64),
+]
+SMOKE_SIZES = [
+    Size("flat-16x1", "flat", 16, 1, 1),
+    Size("patched-32x1", "patched", 32, 1, 2, local_hidden=16, local_layers=1, local_window=64),
+]
+
+
+@dataclass(frozen=True)
+class Recipe:
+    teacher: str
+    teacher_name: str
+    train: tuple[list[str], int]  # books, chapters
+    heldout: tuple[list[str], int]
+    sizes: list[Size]
+
+
+def real_recipe() -> Recipe:
+    return Recipe(str(smollm2_gguf()), "SmolLM2-135M", (["Genesis"], 50), (["Ruth", "Jonah"], 8), SIZES)
+
+
+def smoke_recipe() -> Recipe:
+    from benchmarks.smoke import TEACHER_NAME, tiny_teacher
+
+    return Recipe(str(tiny_teacher()), TEACHER_NAME, (["Genesis"], 2), (["Ruth", "Jonah"], 2), SMOKE_SIZES)
+
+
+# ------------------------------------------------------------------------------ stores
+
+
+@dataclass(frozen=True)
+class StreamStores:
+    stream: str
+    train: Path
+    heldout: Path
+    bytes_per_text_byte: float  # the training store's shards, manifest and vocabulary
+    rates: object  # StreamRates of the training store
+    quickstart_steps_per_byte: float  # flat steps per text byte on the quickstart's chapters
+
+
+def dumped(work: Path, recipe: Recipe, stream: str) -> StreamStores:
+    """The stream's train and held-out stores (dumped unless complete)."""
+    from logit_store import LogitStore
+    from students.models.cost import StreamRates, rates_of_stores
+
+    train, heldout = (
+        dump_store(work, f"{split}-{stream}", *books, recipe.teacher, stream=stream)
+        for split, books in (("train", recipe.train), ("heldout", recipe.heldout))
+    )
+    store = LogitStore(train)
+    return StreamStores(
+        stream,
+        train,
+        heldout,
+        bytes_per_text_byte=store.stats()["bytes_per_text_byte"],
+        rates=StreamRates(**rates_of_stores([train])),
+        quickstart_steps_per_byte=flat_steps_per_byte(store, QUICKSTART_CHAPTERS),
+    )
+
+
+def dump_seconds(work: Path, recipe: Recipe, repeats: int) -> dict[str, float]:
+    """Each stream's fastest of ``repeats`` fresh dumps of the held-out corpus, the streams taking
+    turns, so that a shared machine's changing load falls on both alike."""
+    times: dict[str, list[float]] = {stream: [] for stream in STREAMS}
+    for attempt in range(repeats):
+        for stream in STREAMS:
+            name = f"timing-{stream}-{attempt}"
+            shutil.rmtree(work / "store" / name, ignore_errors=True)
+            start = time.perf_counter()
+            dump_store(work, name, *recipe.heldout, recipe.teacher, stream=stream)
+            times[stream].append(time.perf_counter() - start)
+            shutil.rmtree(work / "store" / name)
+    return {stream: min(seconds) for stream, seconds in times.items()}
+
+
+def flat_steps_per_byte(store, documents: int) -> float:
+    """Symbols per text byte of the first ``documents`` documents' streams (``<bos>`` … ``<eos>``),
+    counted exactly: a flat student takes one step per symbol."""
+    stored = [store.document(i) for i in range(min(documents, len(store)))]
+    return sum(len(d.layout.symbols) for d in stored) / sum(d.text_bytes for d in stored)
+
+
+# ------------------------------------------------------------------------------ students
+
+
+@dataclass
+class Row:
+    size: Size
+    stream: str
+    parameters: float
+    steps_per_byte: float  # the whole model's (flat) or the local model's (patched) steps
+    global_steps_per_byte: float
+    train_flops_per_byte: float
+    run_flops: float  # the whole run's training FLOPs
+    bpb: float  # at the end of the run
+    curve: list[tuple[float, float]]  # (training FLOPs so far, held-out BPB) at each evaluation
+    teacher_bpb: float
+    speed_b1: float  # generated bytes/s
+    speed_b8: float
+
+    @property
+    def name(self) -> str:
+        return f"{self.size.name}-{self.stream}"
+
+
+def measure(run: Path, size: Size, stores: StreamStores, args) -> Row:
+    from students.models.architectures import student_cost
+    from students.models.speed import generation_speed
+    from students.release.trained_student import load_student, resolve_checkpoint
+
+    model = load_student(resolve_checkpoint(run)).to(args.device)
+    cost, rates = student_cost(model), stores.rates
+    flops_per_symbol = cost.train_flops_per_symbol(rates, args.seq_len)
+    symbols_per_step = args.batch_size * args.seq_len
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    curve = [(m["step"] * symbols_per_step * flops_per_symbol, m["student_bpb"]) for m in metrics]
+    speeds = {}
+    for batch in (1, 8):
+        prompt = prompts(stores.heldout, batch, args.prompt_symbols).to(args.device)
+        new_symbols = math.ceil(args.new_bytes * rates.symbols_per_byte)
+        speeds[batch] = generation_speed(model, prompt, new_symbols).bytes_per_s
+    return Row(
+        size,
+        stores.stream,
+        cost.parameters / 1e6,
+        rates.symbols_per_byte,
+        cost.global_steps_per_byte(rates),
+        flops_per_symbol * rates.symbols_per_byte,
+        args.steps * symbols_per_step * flops_per_symbol,
+        metrics[-1]["student_bpb"],
+        curve,
+        metrics[-1]["teacher_bpb"],
+        speeds[1],
+        speeds[8],
+    )
+
+
+def bpb_at_flops(row: Row, flops: float) -> tuple[float, bool]:
+    """The row's held-out BPB after ``flops`` training FLOPs (log-linear between evaluations)."""
+    xs, ys = zip(*row.curve)
+    return interpolate(flops, list(xs), list(ys))
+
+
+# ------------------------------------------------------------------------------ report
+
+
+def report(
+    rows: list[Row], stores: dict[str, StreamStores], seconds: dict[str, float], recipe: Recipe, args
+) -> tuple[list[str], str]:
+    eot, fused = stores["eot"], stores["fused"]
+    lines = [
+        (
+            f"teacher {recipe.teacher_name}; train {recipe.train[1]} chapters of {', '.join(recipe.train[0])}, "
+            f"held out {', '.join(recipe.heldout[0])} (teacher {rows[0].teacher_bpb:.3f} BPB); every student "
+            f"{args.steps} steps x {args.batch_size} x {args.seq_len} symbols, lr 3e-3, alpha 0.9; generation "
+            f"{args.new_bytes} new bytes, greedy, caches on, {args.device}, {torch.get_num_threads()} threads"
+        ),
+        (
+            f"stores: <eot> {eot.bytes_per_text_byte:.2f} B/B, fused {fused.bytes_per_text_byte:.2f} B/B; dump of "
+            f"the held-out corpus (fastest of {args.dump_repeats}, streams in turn): <eot> {seconds['eot']:.1f} s, "
+            f"fused {seconds['fused']:.1f} s; symbols per text byte "
+            f"<eot> {eot.rates.symbols_per_byte:.3f}, fused {fused.rates.symbols_per_byte:.3f}; teacher tokens "
+            f"(patches) per byte {eot.rates.patches_per_byte:.3f}"
+        ),
+    ]
+    header = [
+        "student",
+        "params",
+        "steps/B",
+        "global steps/B",
+        "train FLOPs/B",
+        "BPB (equal steps)",
+        "BPB at <eot>'s FLOPs",
+        "B/s b1",
+        "B/s b8",
+    ]
+    table_rows, flops_ratios, bpb_differences = [], [], []
+    for row in rows:
+        partner = next(r for r in rows if r.size == row.size and r.stream == "eot")
+        at, inside = bpb_at_flops(row, partner.run_flops)
+        if row.stream == "fused":
+            flops_ratios.append(row.train_flops_per_byte / partner.train_flops_per_byte)
+            bpb_differences.append(at - partner.bpb)
+        table_rows.append(
+            [
+                row.name,
+                f"{row.parameters:.2f}M",
+                f"{row.steps_per_byte:.3f}",
+                f"{row.global_steps_per_byte:.3f}",
+                f"{row.train_flops_per_byte:.3g}",
+                f"{row.bpb:.3f}",
+                f"{at:.3f}" + ("" if inside else " (extrapolated)"),
+                f"{row.speed_b1:,.0f}",
+                f"{row.speed_b8:,.0f}",
+            ]
+        )
+    table = markdown_table(header, table_rows)
+    lines.append(table)
+    steps = (eot.quickstart_steps_per_byte, fused.quickstart_steps_per_byte)
+    store_ratio = fused.bytes_per_text_byte / eot.bytes_per_text_byte
+    dump_ratio = seconds["fused"] / seconds["eot"]
+    lines.append(
+        f"summary: flat steps per text byte on the quickstart's chapters {steps[0]:.3f} -> {steps[1]:.3f} "
+        f"({verdict(steps[1] <= GOAL_FLAT_STEPS + 0.005)}, goal 1.00); training FLOPs per byte fused/<eot> "
+        f"{', '.join(f'{r:.3f}' for r in flops_ratios)} ({verdict(max(flops_ratios) <= GOAL_FLOPS)}, goal <= "
+        f"{GOAL_FLOPS}); held-out BPB fused - <eot> at equal training FLOPs "
+        f"{', '.join(f'{d:+.3f}' for d in bpb_differences)} ({verdict(max(bpb_differences) <= GOAL_BPB)}, goal "
+        f"<= +{GOAL_BPB}); store bytes fused/<eot> {store_ratio:.2f} ({verdict(store_ratio <= GOAL_STORE)}, goal "
+        f"<= {GOAL_STORE}); dump time fused/<eot> {dump_ratio:.2f} ({verdict(dump_ratio <= GOAL_DUMP)}, goal <= "
+        f"{GOAL_DUMP}) (students in order: {', '.join(s.name for s in recipe.sizes)})"
+    )
+    return lines, "\n\n".join([*lines[:2], table, lines[-1]])
+
+
+def verdict(met: bool) -> str:
+    return "met" if met else "MISSED"
+
+
+# ------------------------------------------------------------------------------ the run
+
+
+def compare(args, recipe: Recipe) -> list[str]:
+    if args.device == "cpu":
+        os.environ["ACCELERATE_USE_CPU"] = "1"
+    work = args.workdir
+    stores = {stream: dumped(work, recipe, stream) for stream in STREAMS}
+    students = [(size, s) for size in recipe.sizes for s in stores.values()]
+    runs = {}
+    for size, s in students:
+        name = f"{size.name}-{s.stream}"
+        if args.only is None or name in args.only:
+            extra = {"stream": s.stream, "eval_every": max(args.steps // 4, 1)}
+            runs[name] = train(work, size, args, (s.train, s.heldout), run_name=name, **extra)
+    if args.only is not None:
+        return []
+    torch.manual_seed(0)
+    rows = [measure(runs[f"{size.name}-{s.stream}"], size, s, args) for size, s in students]
+    lines, markdown = report(rows, stores, dump_seconds(work, recipe, args.dump_repeats), recipe, args)
+    print("\n".join(lines))
+    if args.markdown:
+        write_section("fused", markdown)
+    return lines
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
+    parser.add_argument("--workdir", type=Path, default=Path("runs/fused"), help="stores and runs go here")
+    parser.add_argument("--steps", type=int, default=400, help="optimizer steps per student")
+    parser.add_argument("--batch-size", type=int, default=8, help="sequences per step")
+    parser.add_argument("--seq-len", type=int, default=256, help="symbols per sequence")
+    parser.add_argument("--sizes-scale", type=int, default=1, help="multiply every width by this (GPU runs)")
+    parser.add_argument("--new-bytes", type=int, default=512, help="bytes to generate per row when timing")
+    parser.add_argument("--prompt-symbols", type=int, default=32, help="prompt length when timing")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (training and timing)")
+    parser.add_argument("--only", nargs="*", default=None, help="train only these students (NAME-STREAM) and stop")
+    parser.add_argument("--dump-repeats", type=int, default=2, help="timed dumps of the held-out corpus per stream")
+    parser.add_argument("--markdown", action="store_true", help="also write the table to docs/RESULTS.md")
+    parser.add_argument("--smoke", action="store_true", help="toy sizes in a temporary folder (seconds): a check")
+    args = parser.parse_args(argv)
+    if not args.smoke:
+        compare(args, real_recipe())
+        return
+    args.steps, args.batch_size, args.seq_len, args.sizes_scale, args.device = 4, 2, 64, 1, "cpu"
+    args.new_bytes, args.prompt_symbols, args.only, args.markdown, args.dump_repeats = 32, 8, None, False, 1
+    with tempfile.TemporaryDirectory() as tmp:
+        args.workdir = Path(tmp)
+        compare(args, smoke_recipe())
+
+
+if __name__ == "__main__":
+    main()
