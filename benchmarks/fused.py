@@ -183,8 +183,9 @@ def measure(run: Path, size: Size, stores: StreamStores, args) -> Row:
 
 
 def bpb_at_flops(row: Row, flops: float) -> tuple[float, bool]:
-    """The row's held-out BPB after ``flops`` training FLOPs (log-linear between evaluations)."""
-    xs, ys = zip(*row.curve)
+    """The row's held-out BPB after ``flops`` training FLOPs (log-linear between evaluations after
+    the first step)."""
+    xs, ys = zip(*[(x, y) for x, y in row.curve if x > 0])
     return interpolate(flops, list(xs), list(ys))
 
 

@@ -146,29 +146,29 @@ def chapters_in(corpus: Path) -> int:
 
 
 def train(work: Path, size: Size, args, stores: tuple[Path, Path], run_name: str | None = None, **extra) -> Path:
-    """Train (or resume) one student with the shared recipe (``extra``: more ``train`` flags);
-    returns its output directory."""
+    """Train (or resume) one student with the shared recipe (``extra``: ``train`` flags added or
+    overridden); returns its output directory."""
     out = work / "runs" / f"{run_name or size.name}-{args.steps}x{args.batch_size}x{args.seq_len}"
-    options = flags(
-        train_stores=stores[0],
-        eval_store=stores[1],
-        output_dir=out,
-        seq_len=args.seq_len,
-        batch_size=args.batch_size,
-        max_steps=args.steps,
-        warmup_steps=max(args.steps // 10, 1),
-        lr=3e-3,
-        min_lr=3e-4,
-        alpha=0.9,
-        eval_every=0,
-        eval_bytes=0,
-        checkpoint_every=0,
-        keep_checkpoints=1,
-        resume="latest",
-        progress="false",
-        seed=0,
-        **size.train_flags(args.sizes_scale) | extra,
-    )
+    recipe = {
+        "train_stores": stores[0],
+        "eval_store": stores[1],
+        "output_dir": out,
+        "seq_len": args.seq_len,
+        "batch_size": args.batch_size,
+        "max_steps": args.steps,
+        "warmup_steps": max(args.steps // 10, 1),
+        "lr": 3e-3,
+        "min_lr": 3e-4,
+        "alpha": 0.9,
+        "eval_every": 0,
+        "eval_bytes": 0,
+        "checkpoint_every": 0,
+        "keep_checkpoints": 1,
+        "resume": "latest",
+        "progress": "false",
+        "seed": 0,
+    }
+    options = flags(**recipe | size.train_flags(args.sizes_scale) | extra)
     start = time.perf_counter()
     if bytedistill(["train", *options]) != 0:
         raise SystemExit(f"training {size.name} failed")
