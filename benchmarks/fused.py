@@ -271,7 +271,8 @@ def compare(args, recipe: Recipe) -> list[str]:
     if args.device == "cpu":
         os.environ["ACCELERATE_USE_CPU"] = "1"
     work = args.workdir
-    stores = {stream: dumped(work, recipe, stream) for stream in STREAMS}
+    wanted = STREAMS if args.only is None else [s for s in STREAMS if any(n.endswith(f"-{s}") for n in args.only)]
+    stores = {stream: dumped(work, recipe, stream) for stream in wanted}
     students = [(size, s) for size in recipe.sizes for s in stores.values()]
     runs = {}
     for size, s in students:
@@ -280,7 +281,7 @@ def compare(args, recipe: Recipe) -> list[str]:
             extra = {"stream": s.stream, "eval_every": max(args.steps // 4, 1)}
             runs[name] = train(work, size, args, (s.train, s.heldout), run_name=name, **extra)
     if args.only is not None:
-        return []
+        return []  # only training: the stores of the other stream may still be dumping
     torch.manual_seed(0)
     rows = [measure(runs[f"{size.name}-{s.stream}"], size, s, args) for size, s in students]
     lines, markdown = report(rows, stores, dump_seconds(work, recipe, args.dump_repeats), recipe, args)
