@@ -16,8 +16,9 @@ ratios against the issue's goals, met or missed.
         --seq-len 512 --sizes-scale 2     # the prepared GPU line
     python -m benchmarks.fused --smoke    # seconds: a check that the benchmark runs
 
-Stores and runs are cached under ``--workdir`` (a rerun measures again); dump time is measured apart,
-by fresh dumps of the held-out corpus, the two streams taking turns. ``--only NAME …`` trains just
+Stores and runs are cached under ``--workdir`` (a rerun measures again); dump times are those of the
+run that dumped the stores, or, with ``--dump-repeats N``, of fresh dumps of the held-out corpus,
+the two streams taking turns. ``--only NAME …`` trains just
 those students (several such processes train in parallel).
 """
 
@@ -86,26 +87,53 @@ class StreamStores:
 
 
 def dumped(work: Path, recipe: Recipe, stream: str) -> StreamStores:
-    """The stream's train and held-out stores (dumped unless complete)."""
+    """The stream's train and held-out stores (dumped unless complete; the seconds of each dump
+    made here are kept in ``WORKDIR/dump_seconds.json``)."""
     from logit_store import LogitStore
+    from logit_store.file_names import MANIFEST
     from students.models.cost import StreamRates, rates_of_stores
 
-    train, heldout = (
-        dump_store(work, f"{split}-{stream}", *books, recipe.teacher, stream=stream)
-        for split, books in (("train", recipe.train), ("heldout", recipe.heldout))
-    )
-    store = LogitStore(train)
+    paths = []
+    for split, books in (("train", recipe.train), ("heldout", recipe.heldout)):
+        name = f"{split}-{stream}"
+        fresh = not (work / "store" / name / MANIFEST).is_file()
+        start = time.perf_counter()
+        paths.append(dump_store(work, name, *books, recipe.teacher, stream=stream))
+        if fresh:
+            record_seconds(work, {name: time.perf_counter() - start})
+    store = LogitStore(paths[0])
     return StreamStores(
         stream,
-        train,
-        heldout,
+        *paths,
         bytes_per_text_byte=store.stats()["bytes_per_text_byte"],
-        rates=StreamRates(**rates_of_stores([train])),
+        rates=StreamRates(**rates_of_stores([paths[0]])),
         quickstart_steps_per_byte=flat_steps_per_byte(store, QUICKSTART_CHAPTERS),
     )
 
 
-def dump_seconds(work: Path, recipe: Recipe, repeats: int) -> dict[str, float]:
+def record_seconds(work: Path, seconds: dict[str, float] | None = None) -> dict[str, float]:
+    """The dump times kept in ``WORKDIR/dump_seconds.json``, with ``seconds`` added."""
+    path = work / "dump_seconds.json"
+    kept = json.loads(path.read_text()) if path.is_file() else {}
+    if seconds:
+        kept |= seconds
+        path.write_text(json.dumps(kept, indent=1))
+    return kept
+
+
+def dumped_seconds(work: Path) -> dict[str, float]:
+    """Each stream's train and held-out dump times, as the run that dumped them measured."""
+    kept = record_seconds(work)
+    names = {stream: (f"train-{stream}", f"heldout-{stream}") for stream in STREAMS}
+    missing = [n for pair in names.values() for n in pair if n not in kept]
+    if missing:
+        raise SystemExit(
+            f"no dump time is recorded for {', '.join(missing)}: give --dump-repeats N to time fresh dumps"
+        )
+    return {stream: kept[a] + kept[b] for stream, (a, b) in names.items()}
+
+
+def timed_dumps(work: Path, recipe: Recipe, repeats: int) -> dict[str, float]:
     """Each stream's fastest of ``repeats`` fresh dumps of the held-out corpus, the streams taking
     turns, so that a shared machine's changing load falls on both alike."""
     times: dict[str, list[float]] = {stream: [] for stream in STREAMS}
@@ -204,9 +232,8 @@ def report(
             f"{args.new_bytes} new bytes, greedy, caches on, {args.device}, {torch.get_num_threads()} threads"
         ),
         (
-            f"stores: <eot> {eot.bytes_per_text_byte:.2f} B/B, fused {fused.bytes_per_text_byte:.2f} B/B; dump of "
-            f"the held-out corpus (fastest of {args.dump_repeats}, streams in turn): <eot> {seconds['eot']:.1f} s, "
-            f"fused {seconds['fused']:.1f} s; symbols per text byte "
+            f"stores: <eot> {eot.bytes_per_text_byte:.2f} B/B, fused {fused.bytes_per_text_byte:.2f} B/B; "
+            f"{dump_basis(args)}: <eot> {seconds['eot']:.0f} s, fused {seconds['fused']:.0f} s; symbols per text byte "
             f"<eot> {eot.rates.symbols_per_byte:.3f}, fused {fused.rates.symbols_per_byte:.3f}; teacher tokens "
             f"(patches) per byte {eot.rates.patches_per_byte:.3f}"
         ),
@@ -260,6 +287,12 @@ def report(
     return lines, "\n\n".join([*lines[:2], table, lines[-1]])
 
 
+def dump_basis(args) -> str:
+    if args.dump_repeats:
+        return f"dump of the held-out corpus (fastest of {args.dump_repeats}, the streams in turn)"
+    return "dumps of both stores (as the run that made them measured, setup included)"
+
+
 def verdict(met: bool) -> str:
     return "met" if met else "MISSED"
 
@@ -284,7 +317,8 @@ def compare(args, recipe: Recipe) -> list[str]:
         return []  # only training: the stores of the other stream may still be dumping
     torch.manual_seed(0)
     rows = [measure(runs[f"{size.name}-{s.stream}"], size, s, args) for size, s in students]
-    lines, markdown = report(rows, stores, dump_seconds(work, recipe, args.dump_repeats), recipe, args)
+    seconds = timed_dumps(work, recipe, args.dump_repeats) if args.dump_repeats else dumped_seconds(work)
+    lines, markdown = report(rows, stores, seconds, recipe, args)
     print("\n".join(lines))
     if args.markdown:
         write_section("fused", markdown)
@@ -302,7 +336,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--prompt-symbols", type=int, default=32, help="prompt length when timing")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (training and timing)")
     parser.add_argument("--only", nargs="*", default=None, help="train only these students (NAME-STREAM) and stop")
-    parser.add_argument("--dump-repeats", type=int, default=2, help="timed dumps of the held-out corpus per stream")
+    parser.add_argument(
+        "--dump-repeats",
+        type=int,
+        default=0,
+        help="time N fresh dumps of the held-out corpus per stream, the streams in turn (default 0: the times of "
+        "the dumps that made the stores)",
+    )
     parser.add_argument("--markdown", action="store_true", help="also write the table to docs/RESULTS.md")
     parser.add_argument("--smoke", action="store_true", help="toy sizes in a temporary folder (seconds): a check")
     args = parser.parse_args(argv)
