@@ -8,7 +8,10 @@ runs after the trunk), so the two overlap by the smaller of them;
 converted values wait for their document to be complete, for at most one group
 (``--group-tokens``) plus the longest document that is longer than a group; each store writer
 holds its pending chunk (``--chunk-bytes`` raw bytes: one byte a value for ``pow8-ans``), and one
-chunk at a time is being coded and compressed. The rest is fixed by the teacher: its weights (and
+chunk at a time is being coded and compressed; a document longer than a group adds its values'
+wait and, while it is written, its codes and taken values (:attr:`TokenCost.stored_bytes`).
+Freed pages go back to the system as the dump runs (:func:`trim_freed_memory`), so that what the
+allocator keeps does not grow with the corpus either. The rest is fixed by the teacher: its weights (and
 a float32 copy of its output layer), its tokenizer (and the encoder's exact copy), the vocabulary,
 trie and conversion tables, and the libraries' code.
 
