@@ -18,6 +18,7 @@ holds exactly the document's bytes.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numba
@@ -43,6 +44,16 @@ class StreamLayout:
     @property
     def num_values(self) -> int:
         return len(self.support)
+
+    def position_runs(self, max_values: int) -> Iterator[range]:
+        """The positions in order, in runs of at most ``max_values`` values (a position with more
+        is a run of its own): a long document handled a bounded slice at a time."""
+        start, end = 0, self.num_positions
+        while start < end:
+            last = int(np.searchsorted(self.offsets, self.offsets[start] + max_values, side="right")) - 1
+            stop = min(max(last, start + 1), end)
+            yield range(start, stop)
+            start = stop
 
     @property
     def alphabet_size(self) -> int:
@@ -177,19 +188,30 @@ def layout_refusal(trie: VocabTrie, token_ids: np.ndarray) -> str:
     return f"token id {int(token_ids[0])} does not start with the dummy prefix space the teacher adds"
 
 
-def target_values(layout: StreamLayout, values: np.ndarray) -> np.ndarray:
-    """Each position's value at the symbol that actually comes next (0 where it is off the support)."""
-    return _target_values(layout.symbols, layout.offsets, layout.support, values)
+def target_values(layout: StreamLayout, values: np.ndarray, positions: range | None = None) -> np.ndarray:
+    """Each position's value at the symbol that actually comes next (0 where it is off the support);
+    given ``positions`` (a run of them, as :meth:`StreamLayout.position_runs` cuts), theirs alone,
+    ``values`` being those positions' values."""
+    positions = range(layout.num_positions) if positions is None else positions
+    return _target_values(layout.symbols, layout.offsets, layout.support, values, positions.start, len(positions))
+
+
+def log_likelihood(taken: np.ndarray) -> float:
+    """Σ log of each position's value at its next symbol (:func:`target_values`), in float64
+    whatever their type (only the taken values are widened: float32 values need no float64 copy)."""
+    return float(np.log(taken.astype(np.float64)).sum())
 
 
 @numba.njit(cache=True, nogil=True)
-def _target_values(symbols, offsets, support, values):
-    out = np.empty(len(offsets) - 1, values.dtype)
-    for i in range(len(offsets) - 1):
-        target = symbols[i + 1]
-        for at in range(offsets[i], offsets[i + 1]):
+def _target_values(symbols, offsets, support, values, first, count):
+    out = np.empty(count, values.dtype)
+    base = offsets[first] if count else 0  # where ``values`` start among the document's
+    for i in range(count):
+        p = first + i
+        target = symbols[p + 1]
+        for at in range(offsets[p], offsets[p + 1]):
             if support[at] == target:
-                out[i] = values[at]
+                out[i] = values[at - base]
                 break
         else:
             out[i] = 0.0

@@ -12,7 +12,6 @@ at its next hand-over, or when the sink closes; closing hands back the :class:`W
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -22,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from bytestream.errors import UserError
+from distill import dump_memory
 from distill.column_order import ColumnOrder
 from distill.convert import Converter, DocumentDistributions
 from distill.dump_plan import PlannedDocument
@@ -33,6 +33,7 @@ from distill.dump_summary import WrittenCounts
 # converts no sooner: at the defaults over the Llama-3 vocabulary, 1 MB of text peaked at 2.54 GB
 # with it and 2.14 GB without, benchmarks/dump_memory.py --scale 1)
 MAX_IN_FLIGHT = 1
+TRIM_EVERY_POSITIONS = 1 << 15  # about 6,000 tokens of text: a fraction of a store chunk
 
 
 @dataclass(frozen=True)
@@ -142,6 +143,7 @@ class _Receiver:
         self._stores, self._converter, self._bar = stores, converter, bar
         self._pending: dict[tuple[int, int], _Filling] = {}  # by (writer, index), in corpus order
         self._written = WrittenCounts()
+        self._positions_at_trim = 0
 
     def receive(self, message: Message) -> None:
         start = time.perf_counter()
@@ -189,18 +191,27 @@ class _Receiver:
             if self._pending[first].rows_left:
                 return
             self._write(self._pending.pop(first))
+            self._trim_after_writing()
+
+    def _trim_after_writing(self) -> None:
+        """Once documents of ``TRIM_EVERY_POSITIONS`` positions were written, the pages they freed
+        are handed back (:func:`distill.dump_memory.trim_freed_memory`: a walk of the heaps, so
+        not after every small document)."""
+        if self._written.positions - self._positions_at_trim >= TRIM_EVERY_POSITIONS:
+            dump_memory.trim_freed_memory()
+            self._positions_at_trim = self._written.positions
 
     def _write(self, filled: _Filling) -> None:
         doc = filled.document
         dist = DocumentDistributions(doc.layout, filled.values, filled.dropped)
         store = self._stores[doc.writer_id]
         with store_errors(store):
-            stored = store.add_distributions(dist, key=doc.key, token_ids=doc.token_ids)
+            stored_log_likelihood = store.add_distributions(dist, key=doc.key, token_ids=doc.token_ids)
         self._written = self._written.plus_document(
             text_bytes=len(doc.data),
             tokens=len(doc.token_ids),
             positions=dist.layout.num_positions,
-            nll=-dataclasses.replace(dist, values=stored).log_likelihood(),
+            nll=-stored_log_likelihood,
             exact_nll=-dist.log_likelihood(),
             dropped_mass=dist.dropped_mass,
         )

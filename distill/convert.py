@@ -22,7 +22,7 @@ import numba
 import numpy as np
 
 from bytestream.fused_stream import fused_stream_layout
-from bytestream.stream import StreamLayout, path_to_node, stream_layout, target_values
+from bytestream.stream import StreamLayout, log_likelihood, path_to_node, stream_layout, target_values
 from bytestream.trie import VocabTrie, build_trie
 from bytestream.vocab import TeacherVocab
 from distill.column_order import ColumnOrder
@@ -46,9 +46,8 @@ class DocumentDistributions:
 
     def log_likelihood(self) -> float:
         """Σ over positions of log P(next symbol): the teacher's token log-likelihood minus
-        :attr:`context_log_mass`. Summed in float64 whatever the values' type (only the taken
-        values are widened: stored float32 values need no float64 copy of the document)."""
-        return float(np.log(self.target_probabilities().astype(np.float64)).sum())
+        :attr:`context_log_mass`; summed in float64 whatever the values' type."""
+        return log_likelihood(self.target_probabilities())
 
     def dense(self) -> np.ndarray:
         """(L−1, A) probabilities over the stream's whole alphabet (zeros off the support)."""

@@ -75,7 +75,8 @@ def build_chunk(
     docs: list[EncodedDocument], encoding: Encoding, version: int, contexts: np.ndarray | None = None
 ) -> bytes:
     """The chunk's raw bytes; ``contexts``: the (S,) model contexts of all its values, for an
-    entropy-coded encoding (computed when the chunk is built, never kept per document)."""
+    entropy-coded encoding (computed when the chunk is built, never kept per document; the coder
+    chains them in place)."""
     tokens = [d.token_ids.astype("<u4").view(np.uint8).reshape(-1, 4) for d in docs]
     dropped = np.concatenate([d.dropped_mass for d in docs]).astype("<f4")
     if version == 1:

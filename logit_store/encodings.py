@@ -221,8 +221,9 @@ class ContextCodedEncoding(PowerEncoding):
         return groups
 
     def pack_values(self, value_bytes, contexts):
+        """``contexts`` (int16, :meth:`contexts`) are chained in place: the chunk's one such array."""
         codes = value_bytes.reshape(-1)
-        full, counts = rans.chained_contexts(contexts, 5, self.PREVIOUS, codes, self.num_contexts)
+        full, counts = rans.chained_contexts(contexts, 5, self.PREVIOUS, codes, self.num_contexts, out=contexts)
         used = np.flatnonzero(counts.sum(axis=1))
         freq = rans.quantise(counts[used])
         dense = np.zeros((self.num_contexts, 256), np.uint16)

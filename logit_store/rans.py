@@ -59,13 +59,19 @@ def _quantise(counts, freq):
 
 
 def chained_contexts(
-    groups: np.ndarray, width: int, buckets: np.ndarray, symbols: np.ndarray, num_contexts: int
+    groups: np.ndarray,
+    width: int,
+    buckets: np.ndarray,
+    symbols: np.ndarray,
+    num_contexts: int,
+    out: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """The context of every symbol (int16: 2 bytes a value, the largest array of a chunk being
-    coded), and the (num_contexts, 256) symbol counts per context."""
+    coded), into ``out`` if given (``groups`` itself, when int16: chained in place, so that a chunk
+    needs one such array), and the (num_contexts, 256) symbol counts per context."""
     if num_contexts > np.iinfo(np.int16).max + 1:
         raise ValueError(f"{num_contexts} contexts do not fit int16")
-    out = np.empty(len(groups), np.int16)
+    out = np.empty(len(groups), np.int16) if out is None else out
     counts = np.zeros((num_contexts, 256), np.int64)
     _chain(groups, width, buckets.astype(np.int64), symbols, out, counts)
     return out, counts
@@ -73,10 +79,12 @@ def chained_contexts(
 
 @numba.njit(cache=True, nogil=True)
 def _chain(groups, width, buckets, symbols, out, counts):
+    before = groups[-1] if len(groups) else 0  # groups[i - 1], read before out[i - 1] may overwrite it
     for i in range(len(groups)):
         g = groups[i]  # as _decode computes it (a helper function here costs 7×)
-        out[i] = (g >> 1) * width if g & 1 or groups[i - 1] & 1 else (g >> 1) * width + buckets[symbols[i - 2]]
+        out[i] = (g >> 1) * width if g & 1 or before & 1 else (g >> 1) * width + buckets[symbols[i - 2]]
         counts[out[i], symbols[i]] += 1
+        before = g
 
 
 def cumulative(freq: np.ndarray) -> np.ndarray:
@@ -126,7 +134,9 @@ def _encode(symbols, contexts, freq, cum, out):
 def encode(symbols: np.ndarray, contexts: np.ndarray, freq: np.ndarray) -> np.ndarray:
     """uint16 words (in decoding order) of ``symbols`` coded with ``freq[contexts[i]]``."""
     cum = cumulative(freq)
-    out = np.empty(2 * len(symbols) + 4, np.uint16)
+    # at most one word a symbol (a state, below 2^32, shifted once is below every limit, 2^22 × f)
+    # and two words for each final state
+    out = np.empty(len(symbols) + 4, np.uint16)
     n = _encode(np.ascontiguousarray(symbols), np.ascontiguousarray(contexts), freq, cum, out)
     return out[:n][::-1].copy()
 

@@ -12,7 +12,7 @@ import numpy as np
 
 from bytestream.alphabet import EOT
 from bytestream.errors import UserError
-from bytestream.stream import StreamLayout
+from bytestream.stream import StreamLayout, log_likelihood, target_values
 from bytestream.stream_kind import StreamKind
 from bytestream.trie import VocabTrie, build_trie
 from bytestream.vocab import TeacherVocab
@@ -46,6 +46,8 @@ from logit_store.shard import (
 )
 from logit_store.source_record import keep_source_record
 from logit_store.vocab_file import vocab_to_bytes
+
+DECODE_RUN_VALUES = 1 << 20  # values decoded at a time to take what a reader gets (4 MiB of float32)
 
 
 def _differences(name: str, stored, new) -> str:
@@ -203,10 +205,11 @@ class StoreWriter:
     # -- adding documents
     def add_distributions(
         self, distributions, key: str | None = None, text_bytes: int | None = None, token_ids=None
-    ) -> np.ndarray:
+    ) -> float:
         """Add a :class:`distill.convert.DocumentDistributions`. Give ``token_ids`` when the
         vocabulary has several ids with one byte string (else the lowest such id is stored).
-        Returns the values as a reader decodes them (what ``train`` and ``score`` read)."""
+        Returns the log-likelihood of the document under its values as a reader decodes them
+        (what ``train`` and ``score`` read)."""
         layout = distributions.layout
         if StreamKind.of_layout(layout) is not self.stream:
             raise ValueError(
@@ -230,7 +233,7 @@ class StoreWriter:
             raise UserError(f"document {self.num_written} ({key or 'no key'}): {exc}") from None
         self._add(token_ids, values, dropped_mass, text_bytes, key, layout)
 
-    def _add(self, token_ids, values, dropped_mass, text_bytes, key, layout: StreamLayout) -> np.ndarray:
+    def _add(self, token_ids, values, dropped_mass, text_bytes, key, layout: StreamLayout) -> float:
         if self._closed:
             raise RuntimeError("StoreWriter is closed")
         if self._pending_bytes >= self.chunk_bytes:  # flushed now, when the caller's float64 values are gone
@@ -254,6 +257,7 @@ class StoreWriter:
         if not np.all(np.isfinite(dropped_mass)) or (len(dropped_mass) and dropped_mass.min() < 0):
             raise UserError(f"{where}: dropped mass must be finite and non-negative")
         value_bytes, position_bytes = self.encoding.encode(values, offsets)
+        stored_log_likelihood = self._stored_log_likelihood(value_bytes, position_bytes, layout)
         doc = EncodedDocument(
             token_ids=token_ids.astype(np.uint32),
             value_bytes=value_bytes,
@@ -270,7 +274,18 @@ class StoreWriter:
         shard_docs = (self._shard.num_docs if self._shard else 0) + len(self._pending)
         if (self.docs_per_shard and shard_docs >= self.docs_per_shard) or self._shard_raw_bytes >= self.shard_bytes:
             self._finish_shard()
-        return self.encoding.decode(value_bytes, position_bytes, offsets)
+        return stored_log_likelihood
+
+    def _stored_log_likelihood(self, value_bytes, position_bytes, layout: StreamLayout) -> float:
+        """The document's log-likelihood under its values as a reader decodes them, decoded
+        ``DECODE_RUN_VALUES`` at a time: a long document needs no float32 copy of its values."""
+        taken = np.empty(layout.num_positions, np.float32)  # what every encoding decodes to
+        for run in layout.position_runs(DECODE_RUN_VALUES):
+            first, last = layout.offsets[run.start], layout.offsets[run.stop]
+            offsets = layout.offsets[run.start : run.stop + 1] - first
+            decoded = self.encoding.decode(value_bytes[first:last], position_bytes[run.start : run.stop], offsets)
+            taken[run.start : run.stop] = target_values(layout, decoded, run)
+        return log_likelihood(taken)
 
     def _flush_chunk(self) -> None:
         if not self._pending:

@@ -15,6 +15,7 @@ import pytest
 from bytedistill.cli import main as cli_main
 from bytestream.alphabet import ALPHABET_SIZE
 from bytestream.errors import UserError
+from bytestream.stream import log_likelihood
 from bytestream.vocab import load_teacher_tokenizer, vocab_from_tokenizer
 from distill.convert import Converter
 from distill.encode import DocumentEncoder
@@ -165,6 +166,30 @@ def test_power_codes_follow_the_formula(bits, gamma):
     expected = np.where(values > 0, np.minimum(np.round(values**gamma * enc.levels), enc.levels), 0)
     assert np.any(expected == 0) and np.any(expected == 1)
     np.testing.assert_array_equal(codes, expected)
+
+
+@pytest.mark.parametrize("encoding", ["float16", "pow8-ans"])
+def test_stored_log_likelihood_is_decoded_in_runs(tmp_path, llama3, documents, encoding, monkeypatch):
+    """The writer decodes a document a run of positions at a time (no float32 copy of a long
+    document) for the log-likelihood it returns: with runs of at most 64 values, shorter than every
+    document, it is exactly that of the values a reader decodes in one go."""
+    from logit_store import writer as writer_module
+
+    monkeypatch.setattr(writer_module, "DECODE_RUN_VALUES", 64)
+    vocab, converter, _ = llama3
+    returned = []
+    with StoreWriter(tmp_path / "s", vocab, encoding=encoding, trie=converter.trie) as writer:
+        for ids, dist, nbytes in documents:
+            assert dist.layout.num_values > 64
+            returned.append(writer.add_distributions(dist, text_bytes=nbytes, token_ids=ids))
+    store = open_store(tmp_path / "s", llama3)
+    for k, (_, dist, _) in enumerate(documents):
+        runs = list(dist.layout.position_runs(64))
+        assert [p for run in runs for p in run] == list(range(dist.layout.num_positions))
+        assert all(
+            len(run) == 1 or dist.layout.offsets[run.stop] - dist.layout.offsets[run.start] <= 64 for run in runs
+        )
+        assert returned[k] == log_likelihood(store.document(k).target_probabilities())
 
 
 def test_entropy_coded_values_equal_plain_codes(tmp_path, llama3, documents):
@@ -379,6 +404,9 @@ def test_rans_round_trip_and_corrupt_streams(lowest):
     symbols = np.minimum(rng.geometric(0.3, n) - 1 + lowest, 255).astype(np.uint8)
     buckets = np.array([1] + [2] * 2 + [3] * 7 + [4] * 246, np.int64)
     full, counts = rans.chained_contexts(groups, width, buckets, symbols, groups_count * width)
+    in_place = groups.astype(np.int16)  # what the writer does: the chunk's one int16 array
+    assert rans.chained_contexts(in_place, width, buckets, symbols, groups_count * width, out=in_place)[0] is in_place
+    np.testing.assert_array_equal(in_place, full)
     np.testing.assert_array_equal(counts, np.bincount(full * 256 + symbols, minlength=counts.size).reshape(-1, 256))
     used = np.flatnonzero(counts.sum(axis=1))
     freq = rans.quantise(counts[used])
