@@ -103,12 +103,22 @@ def _from_pretrained(folder: Path, **options):
     return model
 
 
+def saved_byte_stream(folder: Path) -> str:
+    """The stream the folder's ``tokenizer_config.json`` names (``byte_stream``; absent: ``eot``)."""
+    try:
+        saved = json.loads((Path(folder) / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return "eot"  # missing or corrupt: folders exported before either stream was named
+    return (saved.get("byte_stream") if isinstance(saved, dict) else None) or "eot"
+
+
 def load_stream_tokenizer(folder: Path) -> ByteStreamTokenizer:
-    """The folder's stream tokenizer (this library's own class, no remote code run)."""
+    """The folder's stream tokenizer, in the stream its ``tokenizer_config.json`` names (this
+    library's own class, no remote code run)."""
     path = Path(folder) / TEACHER_TOKENIZER_FILE
     if not path.is_file():
         raise UserError(f"{folder} has no {TEACHER_TOKENIZER_FILE}: export it again with this version of bytedistill")
     try:
-        return ByteStreamTokenizer(teacher_tokenizer_file=str(path))
+        return ByteStreamTokenizer(teacher_tokenizer_file=str(path), byte_stream=saved_byte_stream(folder))
     except Exception as exc:  # the tokenizers library raises a bare Exception for a corrupt file
         raise UserError(f"{path} is not a teacher tokenizer the stream tokenizer reads: {first_line(exc)}") from exc

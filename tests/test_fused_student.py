@@ -1,0 +1,192 @@
+"""Fused-stream students in a user's hands: the stream tokenizer writes the dump's fused stream
+(Llama-3 and a SentencePiece family), ``decode`` drops the flags, a prompt's last word is fed with
+the student choosing each byte's flag, and batches of prompts generate what each does alone."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from bytestream.alphabet import FUSED_BOS, FUSED_ENDS, FUSED_EOS, FUSED_PAD, NUM_BYTES
+from bytestream.stream_kind import StreamKind
+from bytestream.stream_tokenizer import ByteStreamTokenizer, TeacherTokens
+from bytestream.trie import build_trie
+from distill.encode import DocumentEncoder, with_specials_marked
+from students.release.generate import GenerateOptions, generate_batch, generate_bytes
+from tests.conftest import SAMPLE_DOCUMENTS
+from tests.teachers import mistral_sentencepiece_folder, phi3_style
+
+FUSED = StreamKind.FUSED
+PROMPTS = ["In the beginning God creat", "And", "x = f(a1, b"]  # three lengths, each cut inside a word
+GREEDY = {"max_new_tokens": 20, "do_sample": False}
+
+
+def fused_flat_model(seed: int = 0) -> LlamaForCausalLM:
+    """A fused flat student as ``train --stream fused`` builds it: a stock Llama over 515 symbols."""
+    config = LlamaConfig(
+        vocab_size=FUSED.alphabet_size,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=96,
+        bos_token_id=FUSED.bos,
+        eos_token_id=FUSED.eos,
+        pad_token_id=FUSED.pad,
+        tie_word_embeddings=False,
+        byte_stream=FUSED.value,
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config).eval()
+    model.generation_config.pad_token_id = FUSED.pad
+    return model
+
+
+@pytest.fixture(scope="module")
+def fused_tokenizer(llama3_tokenizer_path):
+    return ByteStreamTokenizer(teacher_tokenizer_file=llama3_tokenizer_path, byte_stream="fused")
+
+
+@pytest.fixture(scope="module")
+def llama3_trie(llama3_converter):
+    return llama3_converter.trie
+
+
+# ------------------------------------------------------------------ the stream
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLE_DOCUMENTS))
+def test_the_tokenizer_writes_the_dumps_fused_stream_on_llama3(name, fused_tokenizer, llama3_encoder, llama3_trie):
+    data = SAMPLE_DOCUMENTS[name]
+    layout = FUSED.layout(llama3_trie, llama3_encoder.encode(data))
+    assert fused_tokenizer.encode_bytes(data, eos=True) == layout.symbols.tolist()
+    if data.decode("utf-8", errors="ignore").encode() == data:  # valid UTF-8: the call gives it too
+        assert fused_tokenizer(data.decode()).input_ids == layout.symbols.tolist()[:-1]
+
+
+def test_a_token_that_is_a_prefix_of_another_ends_where_the_teacher_ends_it(fused_tokenizer):
+    """`` the`` is a token and a prefix of `` there``: each is flagged at its own last byte."""
+    assert fused_tokenizer.teacher.streamed_tokens(b" the there") == [b" the", b" there"]
+    ids = fused_tokenizer.encode_bytes(b" the there", bos=False)
+    assert ids == [*b" th", FUSED_ENDS + ord("e"), *b" ther", FUSED_ENDS + ord("e")]
+    word = "é東".encode()  # multi-byte UTF-8: one symbol per byte, only the token's last byte flagged
+    symbols = fused_tokenizer.encode_bytes(word, bos=False)
+    assert len(symbols) == len(word) and FUSED.text_bytes(symbols) == word
+    assert sum(FUSED.closes_token(s) for s in symbols) == len(fused_tokenizer.teacher.streamed_tokens(word))
+
+
+@pytest.fixture(scope="module")
+def sentencepiece(tmp_path_factory):
+    """Phi-3's layout of a real Mistral v1 SentencePiece model: its dump encoder, trie and fused tokenizer."""
+    folder = mistral_sentencepiece_folder(tmp_path_factory.mktemp("sp") / "v1", "v1")
+    from bytestream.vocab import vocab_from_tokenizer
+
+    tok = phi3_style(folder)
+    vocab = vocab_from_tokenizer(tok)
+    path = folder / "marked_tokenizer.json"
+    path.write_text(json.dumps(with_specials_marked(json.loads(tok.backend_tokenizer.to_str()), vocab)))
+    tokenizer = ByteStreamTokenizer(teacher_tokenizer_file=str(path), byte_stream="fused")
+    return DocumentEncoder(tok, vocab), build_trie(vocab), tokenizer
+
+
+@pytest.mark.parametrize("data", [b"In the beginning", b" a leading space", b" ", "Grüße 🙂 東京".encode(), b"ok \xff"])
+def test_the_tokenizer_writes_the_dumps_fused_stream_on_sentencepiece(data, sentencepiece):
+    """The dummy prefix space is context; a document that opens with the space alone starts at the root."""
+    encoder, trie, tokenizer = sentencepiece
+    assert isinstance(tokenizer.teacher, TeacherTokens) and tokenizer.teacher.dummy_prefix
+    assert tokenizer.encode_bytes(data, eos=True) == FUSED.layout(trie, encoder.encode(data)).symbols.tolist()
+
+
+def test_decode_drops_the_flags(fused_tokenizer):
+    text = "In the beginning héllo 東京 <|begin_of_text|>"
+    ids = fused_tokenizer(text).input_ids
+    assert ids[0] == FUSED_BOS and any(FUSED_ENDS <= s < 2 * NUM_BYTES for s in ids)
+    assert fused_tokenizer.decode(ids, skip_special_tokens=True) == text
+    unflagged = [s % NUM_BYTES if s < 2 * NUM_BYTES else s for s in ids]  # both symbols of a byte: that byte
+    assert fused_tokenizer.decode(unflagged, skip_special_tokens=True) == text
+    half = list("世".encode())[:2]
+    flagged_half = [half[0], FUSED_ENDS + half[1]]
+    assert fused_tokenizer.decode(flagged_half) == "\ufffd"  # invalid UTF-8 as text: U+FFFD
+    assert fused_tokenizer.text_bytes([FUSED_BOS, *flagged_half, FUSED_EOS]) == "世".encode()[:2]  # exact bytes
+    assert (fused_tokenizer.bos_token_id, fused_tokenizer.eos_token_id, fused_tokenizer.pad_token_id) == (
+        FUSED_BOS,
+        FUSED_EOS,
+        FUSED_PAD,
+    )
+    assert len(fused_tokenizer) == FUSED.alphabet_size and "<eot>" not in fused_tokenizer.get_vocab()
+
+
+def test_a_prompt_commits_the_teachers_flags_up_to_its_last_word(fused_tokenizer):
+    symbols, open_bytes = fused_tokenizer.encode_prompt(b"In the begi")
+    assert open_bytes == b" begi"  # the teacher would end " beg" "i": the student decides instead
+    assert symbols == [FUSED_BOS, ord("I"), FUSED_ENDS + ord("n"), *b" th", FUSED_ENDS + ord("e")]
+    assert fused_tokenizer("In the begi").input_ids[-2:] == [ord("g") + FUSED_ENDS, ord("i") + FUSED_ENDS]
+
+
+# ------------------------------------------------------------------ healing: the student's flags
+
+
+def test_the_last_prompt_bytes_flag_is_the_students_choice(fused_tokenizer):
+    """Each fed byte keeps only its two symbols, and the student's scores pick one: here the
+    student is made to prefer "goes on" at the last byte, where the teacher's tokenizer of the
+    prompt ends a token, and the output follows the student."""
+    prompt = "In the begi"
+    model = fused_flat_model()
+    inputs = fused_tokenizer.prompt(prompt)
+    start = inputs["input_ids"].shape[1]
+    open_bytes = fused_tokenizer.encode_prompt(prompt.encode())[1]
+    output = model.generate(**inputs, **GREEDY)[0].tolist()
+    last = start + len(open_bytes) - 1  # one step per fed byte, no extra symbol
+    with torch.no_grad():
+        hidden = model(input_ids=torch.tensor([output[:last]]), output_hidden_states=True).hidden_states[-1][0, -1]
+        byte = open_bytes[-1]
+        model.lm_head.weight[FUSED_ENDS + byte] = model.lm_head.weight[byte] - 4.0 * hidden / hidden.dot(hidden)
+    output = model.generate(**fused_tokenizer.prompt(prompt), **GREEDY)[0].tolist()
+    for at in range(start, start + len(open_bytes)):
+        byte = open_bytes[at - start]
+        logits = model(input_ids=torch.tensor([output[:at]])).logits[0, -1]
+        assert output[at] == max([byte, FUSED_ENDS + byte], key=lambda s: logits[s].item()), at
+    assert output[last] == open_bytes[-1] != fused_tokenizer(prompt).input_ids[-1]  # goes on: the student's flag
+    assert FUSED.text_bytes(output[start : start + len(open_bytes)]) == open_bytes
+    assert fused_tokenizer.decode(output, skip_special_tokens=True).startswith(prompt)
+
+
+def continuation(output: torch.Tensor, width: int) -> list[int]:
+    return [s for s in output[width:].tolist() if s != FUSED_PAD]
+
+
+def test_a_padded_batch_generates_what_each_prompt_generates_alone(fused_tokenizer):
+    model = fused_flat_model()
+    common = {**GREEDY, "suppress_tokens": [FUSED_BOS, FUSED_PAD]}
+    batch = fused_tokenizer.prompt(PROMPTS, padding=True)
+    width = batch["input_ids"].shape[1]
+    assert len({int(m.sum()) for m in batch["attention_mask"]}) == 3 and batch["input_ids"][1, 0] == FUSED_PAD
+    for options in ({}, {"use_cache": False}):
+        output = model.generate(**fused_tokenizer.prompt(PROMPTS, padding=True), **common, **options)
+        for row, prompt in enumerate(PROMPTS):
+            alone = fused_tokenizer.prompt(prompt)
+            single = model.generate(**alone, **common, **options)[0]
+            assert continuation(output[row], width) == continuation(single, alone["input_ids"].shape[1]), prompt
+
+
+def test_batched_byte_generation_counts_text_bytes_and_equals_each_prompt_alone(fused_tokenizer):
+    """``bytedistill generate``'s batches: the budget counts text bytes (every fused symbol below
+    512), past the trained context the window slides per row."""
+    model = fused_flat_model()
+    model.generation_config.suppress_tokens = [FUSED_BOS, FUSED_EOS, FUSED_PAD]
+    options = GenerateOptions(max_new_bytes=110, greedy=True)  # past the 96 symbols of context
+    together = generate_batch(model, fused_tokenizer, PROMPTS, options)
+    assert together == [generate_bytes(model, fused_tokenizer, p, options) for p in PROMPTS]
+    assert all(len(c) == 110 for c in together)
+
+
+def test_a_tokenizer_of_the_other_stream_is_refused(llama3_tokenizer_path):
+    from bytestream.errors import UserError
+
+    eot_tokenizer = ByteStreamTokenizer(teacher_tokenizer_file=llama3_tokenizer_path)
+    with pytest.raises(UserError, match="reads the fused stream but its stream tokenizer writes the <eot> stream"):
+        generate_batch(fused_flat_model(), eot_tokenizer, ["In"], GenerateOptions(max_new_bytes=2))
