@@ -5,19 +5,22 @@ the student choosing each byte's flag, and batches of prompts generate what each
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from bytestream.alphabet import FUSED_BOS, FUSED_ENDS, FUSED_EOS, FUSED_PAD, NUM_BYTES
 from bytestream.stream_kind import StreamKind
 from bytestream.stream_tokenizer import ByteStreamTokenizer, TeacherTokens
 from bytestream.trie import build_trie
 from distill.encode import DocumentEncoder, with_specials_marked
-from students.release.generate import GenerateOptions, generate_batch, generate_bytes
+from students.release.export import export_student
+from students.release.generate import GenerateOptions, generate_batch, generate_bytes, load_folder
 from tests.conftest import SAMPLE_DOCUMENTS
 from tests.teachers import mistral_sentencepiece_folder, phi3_style
+from tests.test_generation import check_call_forms
 
 FUSED = StreamKind.FUSED
 PROMPTS = ["In the beginning God creat", "And", "x = f(a1, b"]  # three lengths, each cut inside a word
@@ -190,3 +193,79 @@ def test_a_tokenizer_of_the_other_stream_is_refused(llama3_tokenizer_path):
     eot_tokenizer = ByteStreamTokenizer(teacher_tokenizer_file=llama3_tokenizer_path)
     with pytest.raises(UserError, match="reads the fused stream but its stream tokenizer writes the <eot> stream"):
         generate_batch(fused_flat_model(), eot_tokenizer, ["In"], GenerateOptions(max_new_bytes=2))
+
+
+# ------------------------------------------------------------------ the exported folder
+
+
+def hand_checkpoint(run: Path, model) -> Path:
+    """A training output directory holding ``model`` as its one finished checkpoint."""
+    checkpoint = run / "checkpoints" / "step-00000001"
+    model.save_pretrained(checkpoint)
+    (checkpoint / "trainer_state.json").write_text(json.dumps({"step": 1}))
+    return run
+
+
+@pytest.fixture(scope="module")
+def fused_folder(tmp_path_factory, llama3_tokenizer_path):
+    root = tmp_path_factory.mktemp("fused-flat")
+    return export_student(
+        hand_checkpoint(root / "run", fused_flat_model()), root / "model", teacher_tokenizer=llama3_tokenizer_path
+    )
+
+
+def test_the_folder_loads_as_its_card_says(fused_folder):
+    """Flat: a stock Llama with no remote code; the stream tokenizer with it; config ids of the fused stream."""
+    card = (fused_folder / "README.md").read_text()
+    assert "515-symbol vocabulary" in card and "fused stream" in card and "no remote code" in card
+    assert "AutoModelForCausalLM.from_pretrained(repo)" in card and "trust_remote_code=True)" in card
+    model = AutoModelForCausalLM.from_pretrained(fused_folder).eval()
+    assert type(model) is LlamaForCausalLM and StreamKind.of_config(model.config) is FUSED
+    assert (model.config.bos_token_id, model.config.eos_token_id, model.config.pad_token_id) == (512, 513, 514)
+    generation = model.generation_config
+    assert (generation.eos_token_id, generation.pad_token_id, generation.suppress_tokens) == (513, 514, [512, 514])
+    tokenizer = AutoTokenizer.from_pretrained(fused_folder, trust_remote_code=True)
+    assert tokenizer.byte_stream == "fused" and tokenizer("In").input_ids == [
+        FUSED_BOS,
+        ord("I"),
+        FUSED_ENDS + ord("n"),
+    ]
+    with pytest.raises(ValueError, match=r"trust_remote_code=True"):
+        AutoTokenizer.from_pretrained(fused_folder, trust_remote_code=False)
+    assert not (fused_folder / "tokenizer.json").exists()  # no plain byte tokenizer: it would flag no token end
+    stock, library_tokenizer = load_folder(fused_folder)
+    assert library_tokenizer.byte_stream == "fused" and StreamKind.of_config(stock.config) is FUSED
+
+
+def test_every_call_form_gives_the_same_symbols(fused_folder):
+    tokenizer = AutoTokenizer.from_pretrained(fused_folder, trust_remote_code=True)
+    remote = AutoModelForCausalLM.from_pretrained(fused_folder, trust_remote_code=True).eval()
+    stock, _ = load_folder(fused_folder)
+    for sampling in ({"do_sample": False}, {"do_sample": True, "top_k": 20, "temperature": 0.8}):
+        check_call_forms(tokenizer, remote, stock, sampling)
+
+
+def test_a_padded_batch_of_complete_streams_heals_each_row_as_alone(fused_folder):
+    tokenizer = AutoTokenizer.from_pretrained(fused_folder, trust_remote_code=True)
+    remote = AutoModelForCausalLM.from_pretrained(fused_folder, trust_remote_code=True).eval()
+    batch = tokenizer(PROMPTS, padding=True, return_tensors="pt")
+    assert batch["attention_mask"][:, 0].tolist().count(0) == 2 and batch["input_ids"][1, 0] == FUSED_PAD
+    output = remote.generate(**batch, max_new_tokens=12, do_sample=False)
+    width = batch["input_ids"].shape[1]
+    for row, prompt in enumerate(PROMPTS):
+        alone = tokenizer(prompt, return_tensors="pt")
+        single = remote.generate(**alone, max_new_tokens=12, do_sample=False)[0]
+        assert continuation(output[row], width) == continuation(single, alone["input_ids"].shape[1]), prompt
+
+
+def test_the_remote_generate_heals_rows_cut_on_the_left(fused_folder):
+    tokenizer = load_folder(fused_folder)[1]
+    data = b"And God said, Let there be light: and there was li"
+    row = tokenizer.encode_bytes(data)
+    committed, open_bytes = tokenizer.encode_prompt(data)
+    assert tokenizer._split_stream(row) == (committed, open_bytes) and open_bytes == b" li"
+    first_end = next(i for i, s in enumerate(row) if FUSED.closes_token(s))
+    cut = row[2:]  # starts inside the first token: healed from the first token end on
+    assert tokenizer._split_stream(cut) == (cut[: len(committed) - 2], b" li") and first_end < len(committed)
+    plain = [FUSED_BOS, *data]  # no token end flagged: not this tokenizer's stream, passed unchanged
+    assert tokenizer._split_stream(plain) == (plain, b"")

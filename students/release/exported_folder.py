@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 from bytestream.errors import UserError, first_line
+from bytestream.stream_kind import StreamKind
 from bytestream.stream_tokenizer import TEACHER_TOKENIZER_FILE, ByteStreamTokenizer
 from students.models.architectures import known_auto_maps, register_auto_classes
 
@@ -122,3 +123,14 @@ def load_stream_tokenizer(folder: Path) -> ByteStreamTokenizer:
         return ByteStreamTokenizer(teacher_tokenizer_file=str(path), byte_stream=saved_byte_stream(folder))
     except Exception as exc:  # the tokenizers library raises a bare Exception for a corrupt file
         raise UserError(f"{path} is not a teacher tokenizer the stream tokenizer reads: {first_line(exc)}") from exc
+
+
+def require_same_stream(model, tokenizer: ByteStreamTokenizer) -> StreamKind:
+    """The stream the student reads, which its stream tokenizer must write (a mismatch is one line)."""
+    stream = StreamKind.of_config(model.config)
+    if tokenizer.byte_stream != stream.value:
+        raise UserError(
+            f"the student reads the {stream.shown} stream but its stream tokenizer writes the "
+            f"{StreamKind(tokenizer.byte_stream).shown} stream: export the student again"
+        )
+    return stream

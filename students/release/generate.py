@@ -16,10 +16,9 @@ from pathlib import Path
 import torch
 from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
-from bytestream.errors import UserError
 from bytestream.stream_kind import StreamKind
 from bytestream.stream_tokenizer import HealingProcessor
-from students.release.exported_folder import load_model, load_stream_tokenizer
+from students.release.exported_folder import load_model, load_stream_tokenizer, require_same_stream
 from students.release.generate_options import GenerateOptions
 
 
@@ -49,17 +48,6 @@ class _ByteBudget(StoppingCriteria):
 def load_folder(folder: Path):
     """The exported student and its stream tokenizer."""
     return load_model(folder), load_stream_tokenizer(folder)
-
-
-def require_same_stream(model, tokenizer) -> StreamKind:
-    """The stream the student reads, which its tokenizer must write (a mismatch is one line)."""
-    stream = StreamKind.of_config(model.config)
-    if tokenizer.byte_stream != stream.value:
-        raise UserError(
-            f"the student reads the {stream.shown} stream but its stream tokenizer writes the "
-            f"{StreamKind(tokenizer.byte_stream).shown} stream: export the student again"
-        )
-    return stream
 
 
 def generate_bytes(model, tokenizer, prompt: str, options: GenerateOptions) -> bytes:
