@@ -5,26 +5,31 @@ the student choosing each byte's flag, and batches of prompts generate what each
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
+from bytedistill.cli import main as cli_main
 from bytestream.alphabet import FUSED_BOS, FUSED_ENDS, FUSED_EOS, FUSED_PAD, NUM_BYTES
 from bytestream.stream_kind import StreamKind
 from bytestream.stream_tokenizer import ByteStreamTokenizer, TeacherTokens
 from bytestream.trie import build_trie
 from distill.encode import DocumentEncoder, with_specials_marked
+from logit_store import LogitStore
 from students.release.export import export_student
 from students.release.generate import GenerateOptions, generate_batch, generate_bytes, load_folder
+from students.release.score import ScoreOptions, score
 from tests.conftest import SAMPLE_DOCUMENTS
-from tests.teachers import mistral_sentencepiece_folder, phi3_style
+from tests.teachers import dump_args, mistral_sentencepiece_folder, phi3_style, save_tiny_llama3_teacher
 from tests.test_generation import check_call_forms
 
 FUSED = StreamKind.FUSED
 PROMPTS = ["In the beginning God creat", "And", "x = f(a1, b"]  # three lengths, each cut inside a word
 GREEDY = {"max_new_tokens": 20, "do_sample": False}
+QUIET = ScoreOptions(progress=False)
 
 
 def fused_flat_model(seed: int = 0) -> LlamaForCausalLM:
@@ -269,3 +274,51 @@ def test_the_remote_generate_heals_rows_cut_on_the_left(fused_folder):
     assert tokenizer._split_stream(cut) == (cut[: len(committed) - 2], b" li") and first_end < len(committed)
     plain = [FUSED_BOS, *data]  # no token end flagged: not this tokenizer's stream, passed unchanged
     assert tokenizer._split_stream(plain) == (plain, b"")
+
+
+# ------------------------------------------------------------------ score
+
+
+@pytest.fixture(scope="module")
+def fused_stores(tmp_path_factory, llama3_tokenizer_path):
+    """A tiny random Llama-3 teacher's fused and ``<eot>`` stores of a few texts (invalid UTF-8 included)."""
+    root = tmp_path_factory.mktemp("fused-stores")
+    teacher = save_tiny_llama3_teacher(root / "teacher", llama3_tokenizer_path)
+    corpus = root / "corpus"
+    corpus.mkdir()
+    for i, data in enumerate(SCORED):
+        (corpus / f"doc{i}.txt").write_bytes(data)
+    for stream in ("fused", "eot"):
+        assert cli_main(dump_args(teacher, corpus, root / stream, "--stream", stream)) == 0
+    return root / "fused", root / "eot"
+
+
+SCORED = [
+    b"In the beginning God created the heaven and the earth. " * 3,
+    "Grüße aus Köln 🙂 — 東京".encode(),
+    b"bytes \xff\xfe that are not UTF-8 \xc3( end",
+]
+
+
+def test_score_of_a_fused_store_equals_the_score_of_its_text(fused_folder, fused_stores, tmp_path):
+    """The store's streams are the stream tokenizer's; the BPB denominator is the text bytes."""
+    store = LogitStore(fused_stores[0])
+    texts = []
+    for i in range(len(store)):
+        texts.append(tmp_path / f"{i}.txt")
+        texts[-1].write_bytes(store.document(i).layout.text_bytes())
+    of_store, of_texts = score(fused_folder, [fused_stores[0]], QUIET)[-1], score(fused_folder, texts, QUIET)[-1]
+    assert of_store.bytes == of_texts.bytes == sum(map(len, SCORED)) and of_store.documents == len(SCORED)
+    assert of_store.student_bpb == pytest.approx(of_texts.student_bpb, rel=1e-9)
+    assert of_store.teacher_bpb is not None and of_texts.teacher_bpb is None
+    alone = score(fused_folder, texts, ScoreOptions(progress=False, packed=False))[-1]
+    assert alone.bytes == of_texts.bytes and math.isfinite(alone.student_bpb)
+
+
+def test_a_store_of_the_other_stream_is_refused_in_one_line(fused_folder, fused_stores, capsys):
+    assert cli_main(["score", str(fused_folder), str(fused_stores[1]), "--progress", "false"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        f"bytedistill score: error: {fused_stores[1]} is a <eot>-stream store and the student reads the fused "
+        "stream: score a store dumped with --stream fused, or the text"
+    )

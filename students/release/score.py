@@ -39,6 +39,7 @@ from bytestream.errors import UserError
 from bytestream.stream_kind import StreamKind
 from bytestream.stream_tokenizer import TEACHER_TOKENIZER_FILE, ByteStreamTokenizer
 from distill.corpus import RECORD_SUFFIXES, TEXT_SUFFIXES, CorpusSpec, raw_documents
+from logit_store.file_names import MANIFEST
 from students.release.exported_folder import load_model, load_stream_tokenizer, require_same_stream
 from students.release.score_options import MODES, ScoreOptions
 
@@ -99,7 +100,6 @@ def require_stream(path: Path, stream: StreamKind) -> None:
 
 def _store_documents(path: Path, index: int, mode: str, stream: StreamKind) -> Iterator[Document]:
     from logit_store import LogitStore
-    from logit_store.file_names import MANIFEST
     from logit_store.reader import densify
 
     if (path / MANIFEST).is_file():  # not a store: LogitStore names what is wrong
@@ -260,8 +260,11 @@ def score(folder: Path, sources: list[Path], options: ScoreOptions) -> list[Sour
     """Per-source scores of the exported student at ``folder`` (the last entry is the total)."""
     if options.mode not in MODES:
         raise UserError(f"mode must be one of {', '.join(MODES)}, got {options.mode!r}")
+    stream = StreamKind.of_config(load_model(folder, weights=False).config)
+    for path in sources:  # before any weight is read
+        if (path / MANIFEST).is_file():
+            require_stream(path, stream)
     model = load_model(folder)
-    stream = StreamKind.of_config(model.config)
     tokenizer = load_stream_tokenizer(folder) if options.mode == "stream" else None
     if tokenizer is not None:
         require_same_stream(model, tokenizer)
