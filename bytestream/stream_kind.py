@@ -99,6 +99,7 @@ class StreamKind(Enum):
 
     @classmethod
     def of_config(cls, config) -> StreamKind:
-        """The stream a student's model config reads: its ``byte_stream`` (absent: ``<eot>``, as
-        every student before the fused stream)."""
-        return cls(getattr(config, "byte_stream", None) or cls.EOT.value)
+        """The stream a student's model config (or its ``config.json`` read as a dict) reads: its
+        ``byte_stream`` (absent: ``<eot>``, as every student before the fused stream)."""
+        value = config.get("byte_stream") if isinstance(config, dict) else getattr(config, "byte_stream", None)
+        return cls(value or cls.EOT.value)

@@ -19,7 +19,21 @@ COPIES = [
             **{name: name for name in ("FUSED_ENDS", "FUSED_BOS", "FUSED_EOS", "FUSED_PAD", "FUSED_ALPHABET_SIZE")},
         },
     ),
-    (patched_model, {"NUM_SYMBOLS": "ALPHABET_SIZE", "EOT": "EOT", "BOS": "BOS", "EOS": "EOS", "PAD": "PAD"}),
+    (
+        patched_model,
+        {
+            "NUM_SYMBOLS": "ALPHABET_SIZE",
+            "EOT": "EOT",
+            "BOS": "BOS",
+            "EOS": "EOS",
+            "PAD": "PAD",
+            "FUSED_NUM_SYMBOLS": "FUSED_ALPHABET_SIZE",
+            "FUSED_ENDS": "FUSED_ENDS",
+            "FUSED_BOS": "FUSED_BOS",
+            "FUSED_EOS": "FUSED_EOS",
+            "FUSED_PAD": "FUSED_PAD",
+        },
+    ),
 ]
 
 
@@ -42,3 +56,9 @@ def test_the_tokenizers_streams_are_the_stream_kinds(kind):
     assert [stream.closes_token(s) for s in range(kind.alphabet_size)] == [
         kind.closes_token(s) for s in range(kind.alphabet_size)
     ]
+
+
+def test_the_patched_models_streams_are_the_stream_kinds():
+    """Each stream's alphabet and specials as the patched model's config takes them."""
+    for kind in StreamKind:
+        assert patched_model.STREAM_SYMBOLS[kind.value] == (kind.alphabet_size, kind.bos, kind.eos, kind.pad, kind.eot)

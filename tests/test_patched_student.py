@@ -117,7 +117,7 @@ def test_cached_generation_equals_recomputing_every_step(pooling):
         out = model(cached[:, :7], use_cache=True)
         steps = [out.logits] + [model(cached[:, i : i + 1], cache=out.cache).logits for i in range(7, cached.shape[1])]
         torch.testing.assert_close(torch.cat(steps, 1), full, rtol=0, atol=1e-5)
-    closes = PatchedStudent.closes(cached).sum(1)
+    closes = model.closes(cached).sum(1)
     assert out.cache.global_steps().tolist() == (closes + 1).tolist()  # one global step per patch, + the start
     assert out.cache.local[0][0].shape[2] == model.config.local_window  # local caches stay one window long
 

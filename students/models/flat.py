@@ -48,6 +48,7 @@ class FlatArchitecture(Architecture):
             intermediate_size=shape.intermediate_size,
             max_positions=shape.max_positions or seq_len,
             rope_theta=shape.rope_theta,
+            stream=shape.stream_kind,
         )
         return build_student(model_config, seed=seed)
 

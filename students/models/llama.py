@@ -1,5 +1,5 @@
-"""The default student: a plain ``transformers`` Llama over the 260-symbol alphabet (docs/DESIGN.md,
-"Loss").
+"""The default student: a plain ``transformers`` Llama over the stream's alphabet (docs/DESIGN.md,
+"Loss"): the 260 symbols of the ``<eot>`` stream, or the 515 of the fused one.
 
 Nothing custom: the config is a stock :class:`~transformers.LlamaConfig`, so
 ``AutoModelForCausalLM.from_pretrained(folder)`` loads an exported student without
@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from bytestream.alphabet import ALPHABET_SIZE, BOS, EOS, PAD
 from bytestream.errors import UserError
+from bytestream.stream_kind import StreamKind
 
 if TYPE_CHECKING:  # transformers is imported where it runs: `bytedistill train --help` loads none
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -48,8 +48,11 @@ def student_config(
     max_positions: int = 2048,
     rope_theta: float = 10000.0,
     tie_embeddings: bool = True,
+    stream: StreamKind = StreamKind.EOT,
 ) -> LlamaConfig:
-    """A :class:`LlamaConfig` for the named preset, with any field overridden."""
+    """A :class:`LlamaConfig` for the named preset over ``stream``'s alphabet, with any field
+    overridden. A fused student's config also says ``byte_stream="fused"``
+    (:meth:`StreamKind.of_config`); an ``<eot>`` one is the stock config it always was."""
     from transformers import LlamaConfig
 
     if preset not in PRESETS:
@@ -63,7 +66,7 @@ def student_config(
     if heads % kv_heads:
         raise UserError(f"student attention heads {heads} are not divisible by {kv_heads} key/value heads")
     return LlamaConfig(
-        vocab_size=ALPHABET_SIZE,
+        vocab_size=stream.alphabet_size,
         hidden_size=hidden,
         num_hidden_layers=num_layers or base.num_layers,
         num_attention_heads=heads,
@@ -71,10 +74,11 @@ def student_config(
         intermediate_size=intermediate_size or base.intermediate_size,
         max_position_embeddings=max_positions,
         rope_theta=rope_theta,
-        bos_token_id=BOS,
-        eos_token_id=EOS,
-        pad_token_id=PAD,
+        bos_token_id=stream.bos,
+        eos_token_id=stream.eos,
+        pad_token_id=stream.pad,
         tie_word_embeddings=tie_embeddings,
+        **({} if stream is StreamKind.EOT else {"byte_stream": stream.value}),
     )
 
 

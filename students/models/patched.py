@@ -1,4 +1,4 @@
-"""The patched student: the ``<eot>``-patched hierarchical model of :mod:`students.models.patched_model`
+"""The patched student: the hierarchical model, patched by the teacher's tokens, of :mod:`students.models.patched_model`
 (docs/DESIGN.md, "The patched student"). Its global model of each size preset is the flat preset
 of the same name; the local encoder and decoder are small (:data:`LOCAL_PRESETS`).
 
@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bytestream.errors import UserError
+from bytestream.stream_kind import StreamKind
 from students.models.architecture import Architecture, load_weights
 from students.models.cost import StreamRates, StudentCost, block_weights, split_parameters
 from students.models.llama import PRESETS
@@ -57,9 +58,10 @@ def patched_config(
     local_window: int | None = None,
     max_positions: int = 2048,
     rope_theta: float = 10000.0,
+    stream: StreamKind = StreamKind.EOT,
 ) -> PatchedStudentConfig:
-    """A :class:`PatchedStudentConfig` for the named preset: ``hidden_size`` … ``intermediate_size``
-    size the global model, ``local_*`` the local encoder and decoder."""
+    """A :class:`PatchedStudentConfig` for the named preset over ``stream``: ``hidden_size`` …
+    ``intermediate_size`` size the global model, ``local_*`` the local encoder and decoder."""
     from students.models.patched_model import PatchedStudentConfig
 
     if preset not in PRESETS:
@@ -80,6 +82,7 @@ def patched_config(
             global_intermediate_size=intermediate_size or base.intermediate_size,
             max_position_embeddings=max_positions,
             rope_theta=rope_theta,
+            byte_stream=stream.value,
         )
     except ValueError as exc:
         raise UserError(f"patched student: {exc}") from exc
@@ -142,6 +145,7 @@ class PatchedArchitecture(Architecture):
             local_window=shape.local_window,
             max_positions=shape.max_positions or seq_len,
             rope_theta=shape.rope_theta,
+            stream=shape.stream_kind,
         )
         torch.manual_seed(seed)
         return PatchedStudent(model_config)

@@ -6,13 +6,15 @@ ends, and the student predicts those marks itself, so its patches are the teache
 - a small **local encoder** (byte embeddings + causal layers over symbols, each attending to at
   most ``local_window`` symbols) gives every symbol a local state ``h_i``;
 - a **patch** closes at each ``<eot>`` and ``<bos>``; its vector is pooled (``patch_pooling``:
-  the mean, or the last) from its symbols' local states;
+  the mean, or the last) from its symbols' local states. A student of the fused stream
+  (``byte_stream="fused"``: 515 symbols, each byte ``b`` inside a token ``b`` and ending it
+  ``256 + b``) has no ``<eot>``: its patch closes after each byte flagged "ends" and at ``<bos>``;
 - a large **global transformer**, causal over patches, steps once per closed patch; its input is a
   learned start vector followed by the closed patches, so its output ``G_k`` has read exactly the
   first ``k`` patches;
 - a small **local decoder** (causal layers over symbols, same window) predicts the symbol after
   ``i`` from ``h_i + down(G_k(i))``, where ``k(i)`` counts the patches closed at positions ``≤ i``:
-  at an ``<eot>`` that includes the patch it just closed.
+  at an ``<eot>`` (a flagged byte) that includes the patch it just closed.
 
 Everything position ``i`` reads comes from symbols ``≤ i`` (the boundaries too), so the model is
 causal with no lookahead, and a window that starts mid-token simply has a partial first patch.
@@ -40,6 +42,12 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 # bytestream/alphabet.py's values, copied (this file runs without the package): tests/test_alphabet_copies.py
 NUM_SYMBOLS, EOT, BOS, EOS, PAD = 260, 256, 257, 258, 259
+FUSED_NUM_SYMBOLS, FUSED_ENDS, FUSED_BOS, FUSED_EOS, FUSED_PAD = 515, 256, 512, 513, 514
+# each stream's (alphabet size, <bos>, <eos>, <pad>, <eot>): the config's defaults for ``byte_stream``
+STREAM_SYMBOLS = {
+    "eot": (NUM_SYMBOLS, BOS, EOS, PAD, EOT),
+    "fused": (FUSED_NUM_SYMBOLS, FUSED_BOS, FUSED_EOS, FUSED_PAD, None),
+}
 POOLINGS = ("mean", "last")
 # the output field that carries the cache back to generate(): "cache" in recent transformers
 _CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
@@ -50,7 +58,7 @@ class PatchedStudentConfig(PretrainedConfig):
 
     def __init__(
         self,
-        vocab_size: int = NUM_SYMBOLS,
+        vocab_size: int | None = None,  # None: the stream's alphabet, as are the special ids below
         local_hidden_size: int = 128,
         local_heads: int = 4,
         local_intermediate_size: int = 384,
@@ -66,18 +74,23 @@ class PatchedStudentConfig(PretrainedConfig):
         rope_theta: float = 10000.0,
         rms_norm_eps: float = 1e-5,
         initializer_range: float = 0.02,
-        bos_token_id: int = BOS,
-        eos_token_id: int = EOS,
-        pad_token_id: int = PAD,
-        eot_token_id: int = EOT,
+        bos_token_id: int | None = None,
+        eos_token_id: int | None = None,
+        pad_token_id: int | None = None,
+        eot_token_id: int | None = None,
+        byte_stream: str = "eot",
         **kwargs,
     ):
+        if byte_stream not in STREAM_SYMBOLS:
+            raise ValueError(f"byte_stream must be one of {tuple(STREAM_SYMBOLS)}, got {byte_stream!r}")
         if patch_pooling not in POOLINGS:
             raise ValueError(f"patch_pooling must be one of {POOLINGS}, got {patch_pooling!r}")
         for width, heads in ((local_hidden_size, local_heads), (global_hidden_size, global_heads)):
             if width % heads or (width // heads) % 2:
                 raise ValueError(f"hidden size {width} must split into {heads} heads of an even size")
-        self.vocab_size = vocab_size
+        size, bos, eos, pad, eot = STREAM_SYMBOLS[byte_stream]
+        self.byte_stream = byte_stream
+        self.vocab_size = size if vocab_size is None else vocab_size
         self.local_hidden_size, self.local_heads = local_hidden_size, local_heads
         self.local_intermediate_size = local_intermediate_size
         self.encoder_layers, self.decoder_layers, self.local_window = encoder_layers, decoder_layers, local_window
@@ -86,9 +99,14 @@ class PatchedStudentConfig(PretrainedConfig):
         self.patch_pooling = patch_pooling
         self.max_position_embeddings, self.rope_theta = max_position_embeddings, rope_theta
         self.rms_norm_eps, self.initializer_range = rms_norm_eps, initializer_range
-        self.eot_token_id = eot_token_id
+        self.eot_token_id = eot if eot_token_id is None else eot_token_id
         kwargs.setdefault("tie_word_embeddings", False)
-        super().__init__(bos_token_id=bos_token_id, eos_token_id=eos_token_id, pad_token_id=pad_token_id, **kwargs)
+        super().__init__(
+            bos_token_id=bos if bos_token_id is None else bos_token_id,
+            eos_token_id=eos if eos_token_id is None else eos_token_id,
+            pad_token_id=pad if pad_token_id is None else pad_token_id,
+            **kwargs,
+        )
 
 
 # ------------------------------------------------------------------------------ layers
@@ -272,10 +290,13 @@ class PatchedStudent(PreTrainedModel, GenerationMixin):
     def set_input_embeddings(self, value):
         self.embed = value
 
-    @staticmethod
-    def closes(input_ids: torch.Tensor) -> torch.Tensor:
-        """Where a patch closes: at each ``<eot>`` and ``<bos>``."""
-        return (input_ids == EOT) | (input_ids == BOS)
+    def closes(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Where a patch closes: at each ``<eot>`` and ``<bos>``; in the fused stream after each byte
+        flagged "ends" and at ``<bos>``."""
+        bos = input_ids == self.config.bos_token_id
+        if self.config.byte_stream == "fused":
+            return bos | ((input_ids >= FUSED_ENDS) & (input_ids < FUSED_BOS))
+        return bos | (input_ids == self.config.eot_token_id)
 
     # --------------------------------------------------------------------------- full sequence
 
@@ -290,7 +311,7 @@ class PatchedStudent(PreTrainedModel, GenerationMixin):
         past_key_values: PatchedCache | None = None,
         **kwargs,
     ) -> CausalLMOutputWithPast:
-        """Logits (B, T, 260) for every position; with ``use_cache`` (or a cache given) also the cache.
+        """Logits (B, T, vocab_size) for every position; with ``use_cache`` (or a cache given) also the cache.
         ``attention_mask`` may pad rows on the left (0s before the row's symbols)."""
         if input_ids is None:
             raise ValueError("the patched student reads input_ids (it has no inputs_embeds path)")
@@ -374,7 +395,7 @@ class PatchedStudent(PreTrainedModel, GenerationMixin):
 
     @torch.no_grad()
     def _step(self, symbol: torch.Tensor, cache: PatchedCache) -> torch.Tensor:
-        """Logits (B, 1, 260) after one more symbol per row; updates ``cache`` in place (no
+        """Logits (B, 1, vocab_size) after one more symbol per row; updates ``cache`` in place (no
         cache tensor is allocated: the local layers write one ring slot, the global ones one entry)."""
         config = self.config
         window = config.local_window

@@ -1,5 +1,5 @@
 """The student's shape as training sets it (:class:`StudentShape`, the ``train`` flags
-``--architecture`` … ``--local-window``): an architecture, a size preset (:data:`students.models.llama.PRESETS`)
+``--stream`` … ``--local-window``): the stream it reads, an architecture, a size preset (:data:`students.models.llama.PRESETS`)
 and any sizes that override it. Each architecture of :mod:`students.models.architectures` builds a student from it.
 
 Importing it loads no torch: ``bytedistill train --help`` builds its parser from it.
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from bytestream.stream_kind import StreamKind
 from configs.ranges import COUNT, POSITIVE
 from students.models.architectures import ARCHITECTURES, DEFAULT
 from students.models.llama import PRESETS
@@ -24,7 +25,17 @@ PRESET_HELP = (
 
 @dataclass
 class StudentShape:
-    """The student to train: its architecture, a size preset and any sizes that override it."""
+    """The student to train: the stream it reads, its architecture, a size preset and any sizes that
+    override it."""
+
+    stream: str = field(
+        default=StreamKind.EOT.value,
+        metadata={
+            "help": "the stream the student reads, which its stores must hold: eot (bytes and an <eot> after "
+            "each teacher token) or fused (one symbol per byte that says whether the token ends with it)",
+            "choices": [kind.value for kind in StreamKind],
+        },
+    )
 
     architecture: str = field(
         default=DEFAULT.name,
@@ -62,3 +73,7 @@ class StudentShape:
     local_window: int | None = field(
         default=None, metadata={"help": "patched: symbols a local layer attends to", "range": COUNT}
     )
+
+    @property
+    def stream_kind(self) -> StreamKind:
+        return StreamKind(self.stream)

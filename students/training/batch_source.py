@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bytestream.alphabet import NUM_BYTES
 from bytestream.errors import UserError
+from bytestream.stream_kind import StreamKind
 from configs.ranges import COUNT, NON_NEGATIVE, at_least
 
 if TYPE_CHECKING:  # torch is imported where it runs: `bytedistill train --help` loads none
@@ -41,26 +41,34 @@ class BatchConfig:
     )
 
 
-def _no_check(paths: list[str], allow_partial: bool) -> None:
-    """A data source whose data is always whole."""
+def _no_check(paths: list[str], allow_partial: bool, stream: StreamKind) -> None:
+    """A data source whose data is always whole and of the student's stream."""
 
 
 @dataclass
 class DataSource:
-    """``build(paths, seq_len, batch_size, *, with_teacher, teacher_dtype, shuffle, seed, rank,
-    world_size, num_workers, max_symbols)`` returns a :class:`SplitBatches`; ``describe(paths)``
-    returns what the model card says about the teacher and data; ``check(paths, allow_partial)``
-    refuses data that is not whole before a run touches anything."""
+    """``build(paths, seq_len, batch_size, *, stream, with_teacher, teacher_dtype, shuffle, seed,
+    rank, world_size, num_workers, max_symbols)`` returns a :class:`SplitBatches` of ``stream``;
+    ``describe(paths)`` returns what the model card says about the teacher and data;
+    ``check(paths, allow_partial, stream)`` refuses data that is not whole or not of the student's
+    stream before a run touches anything."""
 
     build: Callable[..., SplitBatches]
     describe: Callable[[list[str]], dict[str, Any]]
-    check: Callable[[list[str], bool], None] = _no_check
+    check: Callable[[list[str], bool, StreamKind], None] = _no_check
 
 
-def _store_dataset(paths: list[str], seq_len: int, batch_size: int, **kwargs: Any) -> SplitBatches:
+def _store_dataset(
+    paths: list[str], seq_len: int, batch_size: int, *, stream: StreamKind, **kwargs: Any
+) -> SplitBatches:
     from students.training.store_windows import PackedStreamDataset
 
-    return PackedStreamDataset([Path(p) for p in paths], seq_len, batch_size, **kwargs)
+    dataset = PackedStreamDataset([Path(p) for p in paths], seq_len, batch_size, **kwargs)
+    if dataset.stream is not stream:  # check_stores refuses it first, by name and with the flag to give
+        raise UserError(
+            f"the stores {', '.join(paths)} hold the {dataset.stream.shown} stream, not the {stream.shown} one"
+        )
+    return dataset
 
 
 def _describe_stores(paths: list[str]) -> dict[str, Any]:
@@ -98,33 +106,35 @@ def refuse_partial_stores(paths: list[str], allow_partial: bool) -> None:
             )
 
 
-def refuse_other_streams(paths: list[str]) -> None:
+def refuse_other_streams(paths: list[str], stream: StreamKind = StreamKind.EOT) -> None:
     """Refuse stores of two streams together (naming one of each), then a store of another stream
-    than the student's: every student reads the ``<eot>`` stream, and neither stream's store can
-    be derived from the other's (docs/DESIGN.md, "The fused stream"). Paths that are not stores
+    than the student's, ``stream``, naming the ``--stream`` that reads it: neither stream's store
+    can be derived from the other's (docs/DESIGN.md, "The fused stream"). Paths that are not stores
     are left to the reading to refuse."""
-    from bytestream.stream_kind import StreamKind
     from logit_store.file_names import MANIFEST
     from logit_store.manifest import manifest_stream, read_manifest
 
     streams = {p: manifest_stream(read_manifest(Path(p))) for p in paths if (Path(p) / MANIFEST).is_file()}
     first = next(iter(streams), None)
-    for path, stream in streams.items():
-        if stream is not streams[first]:
+    for path, held in streams.items():
+        if held is not streams[first]:
             raise UserError(
-                f"the stores {first} ({streams[first].shown} stream) and {path} ({stream.shown} stream) hold "
+                f"the stores {first} ({streams[first].shown} stream) and {path} ({held.shown} stream) hold "
                 "different streams: train on stores of one stream"
             )
-    if first is not None and streams[first] is not StreamKind.EOT:
+    if first is not None and streams[first] is not stream:
+        held = streams[first]
         raise UserError(
-            f"{first} is a {streams[first].shown}-stream store; this student reads the {StreamKind.EOT.shown} "
-            "stream: dump the corpus with --stream eot"
+            f"{first} is a {held.shown}-stream store and this student reads the {stream.shown} stream: "
+            f"give --stream {held.value} to train a {held.shown} student on it, or dump the corpus with "
+            f"--stream {stream.value}"
         )
 
 
-def check_stores(paths: list[str], allow_partial: bool) -> None:
-    """What ``train`` refuses before a run touches anything: stores of another stream, partial stores."""
-    refuse_other_streams(paths)
+def check_stores(paths: list[str], allow_partial: bool, stream: StreamKind) -> None:
+    """What ``train`` refuses before a run touches anything: stores of another stream than
+    ``stream``, partial stores."""
+    refuse_other_streams(paths, stream)
     refuse_partial_stores(paths, allow_partial)
 
 
@@ -163,6 +173,7 @@ def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str,
     return moved
 
 
-def utf8_bytes(batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Target positions that are real bytes: the BPB denominator and the training-bytes counter."""
-    return (batch["loss_mask"].bool() & (batch["target_ids"] < NUM_BYTES)).sum()
+def utf8_bytes(batch: dict[str, torch.Tensor], stream: StreamKind) -> torch.Tensor:
+    """Target positions that are text bytes of ``stream`` (in the fused stream, one per byte,
+    whatever its flag): the BPB denominator and the training-bytes counter."""
+    return (batch["loss_mask"].bool() & (batch["target_ids"] < stream.text_symbols)).sum()

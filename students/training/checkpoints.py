@@ -23,6 +23,7 @@ from typing import Any
 
 from bytestream.errors import UserError, first_line
 from bytestream.files import read_text, write_new
+from bytestream.stream_kind import StreamKind
 from configs.ranges import NON_NEGATIVE
 from students.models.architecture import STATE_ERRORS
 from students.models.architectures import architecture_of_config
@@ -219,6 +220,16 @@ def require_architecture(checkpoint: Path, architecture: str) -> None:
     if saved != architecture:
         raise UserError(
             f"cannot resume {checkpoint}: it is a {saved} student, and this run is --architecture {architecture}"
+        )
+
+
+def require_stream(checkpoint: Path, stream: StreamKind) -> None:
+    """Refuse to resume ``checkpoint`` as a student of another stream than the one it was trained on."""
+    saved = StreamKind.of_config(read_json(Path(checkpoint) / MODEL_CONFIG))
+    if saved is not stream:
+        raise UserError(
+            f"cannot resume {checkpoint}: it is a student of the {saved.shown} stream, and this run is "
+            f"--stream {stream.value}"
         )
 
 

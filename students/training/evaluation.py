@@ -2,7 +2,8 @@
 
 Bits per byte (BPB) = total NLL of the stream in nats / (ln 2 × UTF-8 bytes), counting every
 symbol's NLL (``<eot>``, ``<eos>`` included) but only real bytes in the denominator
-(docs/DESIGN.md, "Evaluation"). The teacher's BPB is its NLL of the same targets from
+(docs/DESIGN.md, "Evaluation"); in the fused stream every text byte is one symbol, whatever its
+flag, and ``<eos>`` the one symbol more per document. The teacher's BPB is its NLL of the same targets from
 the stored distributions; the KL is KL(teacher ‖ student) summed over the stream, per byte.
 
 Exact for any number of processes: each rank reads its own splits of the held-out store (each
@@ -17,7 +18,6 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from bytestream.alphabet import ALPHABET_SIZE, PAD
 from bytestream.errors import UserError
 from configs.ranges import NON_NEGATIVE
 from students.training.batch_source import to_device, utf8_bytes
@@ -26,6 +26,7 @@ from students.training.loss import kl_per_position
 if TYPE_CHECKING:  # torch is imported where it runs: `bytedistill train --help` loads none
     import torch
 
+    from bytestream.stream_kind import StreamKind
     from students.training.store_windows import SplitBatches
 
 
@@ -80,8 +81,8 @@ def _evaluate(model, accelerator, dataset: SplitBatches, seq_len: int) -> EvalMe
     sums = {name: torch.zeros((), dtype=torch.float64, device=device) for name in ("student", "teacher", "kl", "bytes")}
     batches = iter(dataset.loader())
     for _ in range(rounds):
-        batch = to_device(next(batches, None) or masked_batch(seq_len), device)
-        for name, value in _batch_sums(model, batch).items():
+        batch = to_device(next(batches, None) or masked_batch(seq_len, dataset.stream), device)
+        for name, value in _batch_sums(model, batch, dataset.stream).items():
             sums[name] += value
     model.train(was_training)
     totals = {name: float(value) for name, value in accelerator.reduce(sums, reduction="sum").items()}
@@ -91,7 +92,7 @@ def _evaluate(model, accelerator, dataset: SplitBatches, seq_len: int) -> EvalMe
     return EvalMetrics(totals["student"] / scale, totals["teacher"] / scale, totals["kl"] / scale, int(totals["bytes"]))
 
 
-def _batch_sums(model, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def _batch_sums(model, batch: dict[str, torch.Tensor], stream: StreamKind) -> dict[str, torch.Tensor]:
     """Student NLL, teacher NLL, KL (nats) and UTF-8 bytes over the batch's target positions."""
     import torch
 
@@ -106,17 +107,17 @@ def _batch_sums(model, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor
         "student": student_nll[mask].double().sum(),
         "teacher": teacher_nll[mask].sum(),
         "kl": kl[mask].double().sum(),
-        "bytes": utf8_bytes(batch).double(),
+        "bytes": utf8_bytes(batch, stream).double(),
     }
 
 
-def masked_batch(seq_len: int) -> dict[str, torch.Tensor]:
-    """One window of padding with no target: a forward pass that counts nothing."""
+def masked_batch(seq_len: int, stream: StreamKind) -> dict[str, torch.Tensor]:
+    """One window of ``stream``'s padding with no target: a forward pass that counts nothing."""
     import torch
 
     return {
-        "input_ids": torch.full((1, seq_len), PAD, dtype=torch.int64),
-        "target_ids": torch.full((1, seq_len), PAD, dtype=torch.int64),
+        "input_ids": torch.full((1, seq_len), stream.pad, dtype=torch.int64),
+        "target_ids": torch.full((1, seq_len), stream.pad, dtype=torch.int64),
         "loss_mask": torch.zeros((1, seq_len), dtype=torch.bool),
-        "target_probs": torch.zeros((1, seq_len, ALPHABET_SIZE), dtype=torch.float32),
+        "target_probs": torch.zeros((1, seq_len, stream.alphabet_size), dtype=torch.float32),
     }

@@ -4,7 +4,7 @@ Per target position::
 
     α · T² · KL(teacher_T ‖ student_T)  +  (1 − α) · CE(student, next symbol)
 
-over the full 260-way distribution (never top-k). With temperature T the student is
+over the full distribution over the stream's alphabet (never top-k). With temperature T the student is
 ``log_softmax(logits / T)`` and the teacher is ``p^(1/T)`` renormalised; positions where the
 teacher gives a symbol probability 0 contribute 0 to the KL. Only positions in ``loss_mask``
 count, and the sums are divided once by the number of those positions. :class:`LossConfig` holds

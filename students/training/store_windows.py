@@ -1,7 +1,8 @@
 """Training batches from logit stores: a torch ``IterableDataset`` that deals whole chunks and
 resumes by seeking.
 
-Stream. Each document's stream ``<bos> … <eot> <eos>`` is appended to one long stream per
+Stream. Each document's stream (``<bos> … <eot> <eos>``, or the fused ``<bos> … <eos>``, as the
+store holds) is appended to one long stream per
 split; the stream is cut into consecutive windows of ``seq_len`` inputs. At input position t the
 target is the next symbol of the document; the position whose input is ``<eos>`` predicts nothing
 (target ``<pad>``, masked), and so do padding positions at the end of the last window. Every
@@ -39,24 +40,29 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from bytestream.alphabet import ALPHABET_SIZE, EOS, PAD
 from bytestream.errors import UserError
-from bytestream.stream import stream_layout
+from bytestream.stream_kind import StreamKind
 from logit_store.multi import as_store
 from logit_store.reader import densify
 
-# what padding positions hold, per field of a window
-FILL = {"input_ids": PAD, "target_ids": PAD, "loss_mask": False, "target_probs": 0.0}
 RELEASE_DELAY = 4  # batches a worker holds on to after handing them over (see SplitBatches._batched)
 TEACHER_DTYPES = {"float16": torch.float16, "float32": torch.float32}  # teacher rows as batches hold them
+
+
+def padding(stream: StreamKind) -> dict[str, int | bool | float]:
+    """What padding positions of a window of ``stream`` hold, per field."""
+    return {"input_ids": stream.pad, "target_ids": stream.pad, "loss_mask": False, "target_probs": 0.0}
 
 
 class SplitBatches(IterableDataset):
     """Batches of windows from ``world_size`` × workers splits, resumable at any batch.
 
-    A subclass says, for the current epoch, how many windows a split holds
-    (:meth:`num_windows`) and yields them from a given one on (:meth:`windows`).
+    A subclass says which stream its windows hold (:attr:`stream`) and, for the current epoch, how
+    many windows a split holds (:meth:`num_windows`) and yields them from a given one on
+    (:meth:`windows`).
     """
+
+    stream: StreamKind = StreamKind.EOT
 
     def __init__(self, seq_len: int, batch_size: int, rank: int, world_size: int, num_workers: int, teacher_dtype: str):
         if seq_len < 1:
@@ -224,7 +230,7 @@ class SplitBatches(IterableDataset):
                 batch[key][row, at : at + n].copy_(torch.from_numpy(value))  # casts to float16 fast
             at += n
         for key, tensor in batch.items():
-            tensor[row, at:].fill_(FILL[key])
+            tensor[row, at:].fill_(padding(self.stream)[key])
 
 
 def _share_batches_by_name(worker_id: int) -> None:
@@ -245,9 +251,9 @@ class Split:
 class PackedStreamDataset(SplitBatches):
     """Batches of fixed-length windows of symbols (and the teacher's distributions) from logit stores.
 
-    Yields dicts of tensors: ``input_ids`` (B, T) int64, ``target_ids`` (B, T) int64 (``<pad>``
-    where there is none), ``loss_mask`` (B, T) bool, and with ``with_teacher`` ``target_probs``
-    (B, T, 260) in ``teacher_dtype`` (zeros where masked); ``with_teacher=False`` reads only
+    Yields dicts of tensors of the stores' stream: ``input_ids`` (B, T) int64, ``target_ids`` (B, T)
+    int64 (``<pad>`` where there is none), ``loss_mask`` (B, T) bool, and with ``with_teacher``
+    ``target_probs`` (B, T, the stream's alphabet size) in ``teacher_dtype`` (zeros where masked); ``with_teacher=False`` reads only
     token ids. ``max_symbols`` > 0 keeps only the documents, in store order, up to the first whose
     stream reaches that many symbols in total (the same subset for any number of processes).
     """
@@ -269,6 +275,7 @@ class PackedStreamDataset(SplitBatches):
     ):
         super().__init__(seq_len, batch_size, rank, world_size, num_workers, teacher_dtype)
         self.store = as_store(stores)
+        self.stream = self.store.stream
         self.with_teacher, self.shuffle, self.seed = with_teacher, shuffle, int(seed)
         self.trie = self.store.trie  # built once, shipped to workers
         self.symbols = self.store.document_positions() + 1  # a stream has one symbol more than targets
@@ -333,15 +340,15 @@ class PackedStreamDataset(SplitBatches):
         if self.with_teacher:
             doc = self.store.document(i)
             layout = doc.layout
-            probs = np.zeros((layout.num_positions + 1, ALPHABET_SIZE), dtype=np.float32)
+            probs = np.zeros((layout.num_positions + 1, self.stream.alphabet_size), dtype=np.float32)
             densify(layout, doc.values, probs[:-1])
         else:
-            layout = stream_layout(self.trie, self.store.document_tokens(i))
+            layout = self.stream.layout(self.trie, self.store.document_tokens(i))
         symbols = layout.symbols.astype(np.int64)
-        assert symbols[-1] == EOS
+        assert symbols[-1] == self.stream.eos
         stream = {
             "input_ids": symbols,
-            "target_ids": np.append(symbols[1:], PAD),
+            "target_ids": np.append(symbols[1:], self.stream.pad),
             "loss_mask": np.arange(len(symbols)) < len(symbols) - 1,
         }
         if self.with_teacher:

@@ -1,7 +1,8 @@
 """A synthetic teacher for smoke tests and demos: no logit store needed.
 
-The "teacher" is a fixed random bigram model over the 260-symbol alphabet (some transitions
-have probability exactly 0, ``<pad>`` never follows anything). :class:`BigramStreamDataset`
+The "teacher" is a fixed random bigram model over the stream's alphabet (260 symbols, or the fused
+stream's 515; some transitions have probability exactly 0, ``<pad>`` and ``<bos>`` never follow
+anything). :class:`BigramStreamDataset`
 yields the same dicts as ``students.training.store_windows.PackedStreamDataset``, so the trainer runs on it
 unchanged (and resumes it the same way); ``SYNTHETIC_SOURCE`` plugs it into :func:`students.training.trainer.train`.
 The store "paths" only pick the sample: a different name gives different sequences from the same teacher.
@@ -14,20 +15,21 @@ import zlib
 import numpy as np
 import torch
 
-from bytestream.alphabet import ALPHABET_SIZE, BOS, PAD
+from bytestream.stream_kind import StreamKind
 from students.training.batch_source import DataSource
 from students.training.store_windows import SplitBatches
 
 
-def bigram_teacher(seed: int = 1234, sharpness: float = 3.0) -> torch.Tensor:
-    """(260, 260) row-stochastic matrix: P[a, b] = p(next = b | current = a)."""
+def bigram_teacher(seed: int = 1234, sharpness: float = 3.0, stream: StreamKind = StreamKind.EOT) -> torch.Tensor:
+    """(A, A) row-stochastic matrix over ``stream``'s A symbols: P[a, b] = p(next = b | current = a)."""
+    size = stream.alphabet_size
     generator = torch.Generator().manual_seed(seed)
-    logits = torch.randn(ALPHABET_SIZE, ALPHABET_SIZE, generator=generator) * sharpness
-    zeros = torch.rand(ALPHABET_SIZE, ALPHABET_SIZE, generator=generator) < 0.5
+    logits = torch.randn(size, size, generator=generator) * sharpness
+    zeros = torch.rand(size, size, generator=generator) < 0.5
     logits[zeros] = float("-inf")
-    logits[:, PAD] = float("-inf")
-    logits[:, BOS] = float("-inf")
-    logits[torch.arange(ALPHABET_SIZE), torch.randint(0, 256, (ALPHABET_SIZE,), generator=generator)] = 0.0
+    logits[:, stream.pad] = float("-inf")
+    logits[:, stream.bos] = float("-inf")
+    logits[torch.arange(size), torch.randint(0, 256, (size,), generator=generator)] = 0.0
     return torch.softmax(logits, dim=-1)
 
 
@@ -41,6 +43,7 @@ class BigramStreamDataset(SplitBatches):
         seq_len: int,
         batch_size: int = 1,
         *,
+        stream: StreamKind = StreamKind.EOT,
         with_teacher: bool = True,
         teacher_dtype: str = "float32",
         shuffle: bool = True,
@@ -52,10 +55,10 @@ class BigramStreamDataset(SplitBatches):
         num_sequences: int = 32,
     ):
         super().__init__(seq_len, batch_size, rank, world_size, num_workers, teacher_dtype)
-        self.with_teacher, self.shuffle, self.seed = with_teacher, shuffle, seed
+        self.stream, self.with_teacher, self.shuffle, self.seed = stream, with_teacher, shuffle, seed
         self.num_sequences = min(num_sequences, -(-max_symbols // seq_len)) if max_symbols > 0 else num_sequences
         self.sample_seed = zlib.crc32("|".join(map(str, paths)).encode())
-        self.teacher = bigram_teacher()
+        self.teacher = bigram_teacher(stream=stream)
 
     def order_settings(self) -> dict:
         return {
@@ -83,15 +86,15 @@ class BigramStreamDataset(SplitBatches):
 
     def _sequence(self, index: int) -> dict[str, np.ndarray]:
         generator = torch.Generator().manual_seed(self.sample_seed * 1_000_003 + index)
-        symbols = [BOS]
+        symbols = [self.stream.bos]
         for _ in range(self.seq_len):
             symbols.append(int(torch.multinomial(self.teacher[symbols[-1]], 1, generator=generator)))
-        stream = torch.tensor(symbols)
-        target = stream[1:].clone()
-        target[-1] = PAD  # one padded position, like the end of a pack
-        item = {"input_ids": stream[:-1], "target_ids": target, "loss_mask": target != PAD}
+        sequence = torch.tensor(symbols)
+        target = sequence[1:].clone()
+        target[-1] = self.stream.pad  # one padded position, like the end of a pack
+        item = {"input_ids": sequence[:-1], "target_ids": target, "loss_mask": target != self.stream.pad}
         if self.with_teacher:
-            item["target_probs"] = self.teacher[stream[:-1]]
+            item["target_probs"] = self.teacher[sequence[:-1]]
         return {key: value.numpy() for key, value in item.items()}
 
 

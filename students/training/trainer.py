@@ -62,6 +62,7 @@ from students.training.checkpoints import (
     load_checkpoint,
     prune_checkpoints,
     require_architecture,
+    require_stream,
     resolve_resume,
     save_checkpoint,
     write_json,
@@ -125,7 +126,11 @@ class TrainResult:
 
 def train(config: TrainConfig, source: DataSource = STORE_SOURCE) -> TrainResult:
     """Train (or resume) a student as ``config`` says; returns where it ended."""
-    source.check([*config.train_stores, *([config.eval_store] if config.eval_store else [])], config.allow_partial)
+    source.check(
+        [*config.train_stores, *([config.eval_store] if config.eval_store else [])],
+        config.allow_partial,
+        config.student.stream_kind,
+    )
     output_dir = Path(config.output_dir)
     accelerator = _accelerator(config, Path(config.logging.dir) if config.logging.dir else output_dir / "logs")
     with ExitStack() as held:
@@ -188,6 +193,7 @@ def start_run(config: TrainConfig, source: DataSource, accelerator: Any) -> tupl
         "rank": accelerator.process_index,
         "world_size": accelerator.num_processes,
         "num_workers": config.batches.num_workers,
+        "stream": config.student.stream_kind,
     }
     train_set = source.build(
         config.train_stores,
@@ -218,6 +224,7 @@ def start_run(config: TrainConfig, source: DataSource, accelerator: Any) -> tupl
     resume_from = resolve_resume(config.resume, output_dir)
     if resume_from is not None:
         require_architecture(resume_from, config.student.architecture)
+        require_stream(resume_from, config.student.stream_kind)
         state, position = load_checkpoint(accelerator, model, resume_from, train_set.order_settings())
         if accelerator.is_main_process:
             keep_metrics_until(output_dir / METRICS, state.step)
@@ -277,7 +284,7 @@ def train_step(run: Run) -> StepStats:
             optimizer.zero_grad(set_to_none=True)
         for name in sums:
             sums[name] += getattr(out, name).detach()
-        step_bytes += utf8_bytes(batch)
+        step_bytes += utf8_bytes(batch, config.student.stream_kind)
     not_finite = (~torch.isfinite(sums["total"])).to(torch.int64)
     added, not_finite = accelerator.reduce(torch.stack([step_bytes, not_finite]), reduction="sum").tolist()
     if not_finite:
