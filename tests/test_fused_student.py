@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -21,10 +22,13 @@ from distill.encode import DocumentEncoder, with_specials_marked
 from logit_store import LogitStore
 from students.release.export import export_student
 from students.release.generate import GenerateOptions, generate_batch, generate_bytes, load_folder
-from students.release.score import ScoreOptions, score
+from students.release.score import ScoreOptions, documents, score, score_documents
+from students.training.trainer import train
 from tests.conftest import SAMPLE_DOCUMENTS
+from tests.stores import random_texts, write_random_store
 from tests.teachers import dump_args, mistral_sentencepiece_folder, phi3_style, save_tiny_llama3_teacher
 from tests.test_generation import check_call_forms
+from tests.tiny_student import tiny_config
 
 FUSED = StreamKind.FUSED
 PROMPTS = ["In the beginning God creat", "And", "x = f(a1, b"]  # three lengths, each cut inside a word
@@ -203,47 +207,108 @@ def test_a_tokenizer_of_the_other_stream_is_refused(llama3_tokenizer_path):
 # ------------------------------------------------------------------ the exported folder
 
 
-def hand_checkpoint(run: Path, model) -> Path:
-    """A training output directory holding ``model`` as its one finished checkpoint."""
-    checkpoint = run / "checkpoints" / "step-00000001"
-    model.save_pretrained(checkpoint)
-    (checkpoint / "trainer_state.json").write_text(json.dumps({"step": 1}))
-    return run
+ARCHITECTURES = {"flat": {}, "patched": {"architecture": "patched", "local_hidden_size": 16, "local_window": 6}}
+RUN = {"warmup_steps": 1, "lr": 3e-3, "seq_len": 48, "batch_size": 2, "max_steps": 3, "eval_bytes": 0}
+
+
+@dataclass
+class Trained:
+    architecture: str
+    folder: Path
+    eval_store: Path
+    last_eval: dict
+
+
+@pytest.fixture(scope="module", params=list(ARCHITECTURES))
+def trained(request, tmp_path_factory, llama3_vocab, llama3_converter, llama3_encoder, llama3_tokenizer_path):
+    """A fused student of each architecture, trained a few steps on fused stores and exported."""
+    root = tmp_path_factory.mktemp(f"fused-{request.param}")
+    helpers = (llama3_vocab, llama3_converter, llama3_encoder)
+    train_store = write_random_store(root / "train", *helpers, random_texts(10, seed=1), stream=FUSED)
+    eval_store = write_random_store(root / "eval", *helpers, random_texts(4, seed=2), seed=9, stream=FUSED)
+    values = {"train_stores": [str(train_store)], "eval_store": str(eval_store), "stream": "fused", **RUN}
+    config = tiny_config(root / "run", **values, **ARCHITECTURES[request.param], checkpoint_every=RUN["max_steps"])
+    result = train(config)
+    folder = export_student(root / "run", root / "model", teacher_tokenizer=llama3_tokenizer_path)
+    return Trained(request.param, folder, eval_store, result.last_eval)
 
 
 @pytest.fixture(scope="module")
-def fused_folder(tmp_path_factory, llama3_tokenizer_path):
-    root = tmp_path_factory.mktemp("fused-flat")
-    return export_student(
-        hand_checkpoint(root / "run", fused_flat_model()), root / "model", teacher_tokenizer=llama3_tokenizer_path
-    )
+def fused_folder(trained):
+    return trained.folder
 
 
-def test_the_folder_loads_as_its_card_says(fused_folder):
+def load_as_the_card_says(trained: Trained):
+    """The model as the card's usage loads it: flat with no remote code, patched with the folder's code."""
+    remote = trained.architecture == "patched"
+    return AutoModelForCausalLM.from_pretrained(trained.folder, trust_remote_code=remote).eval()
+
+
+def test_the_folder_loads_as_its_card_says(trained):
     """Flat: a stock Llama with no remote code; the stream tokenizer with it; config ids of the fused stream."""
-    card = (fused_folder / "README.md").read_text()
-    assert "515-symbol vocabulary" in card and "fused stream" in card and "no remote code" in card
-    assert "AutoModelForCausalLM.from_pretrained(repo)" in card and "trust_remote_code=True)" in card
-    model = AutoModelForCausalLM.from_pretrained(fused_folder).eval()
-    assert type(model) is LlamaForCausalLM and StreamKind.of_config(model.config) is FUSED
+    folder = trained.folder
+    card = (folder / "README.md").read_text()
+    assert "515-symbol vocabulary" in card and "fused stream" in card and "token-end flags" in card
+    loading = {
+        "flat": "from_pretrained(repo)  # a stock Llama: no remote code",
+        "patched": "from_pretrained(repo, trust_remote_code=True)  # the patched student",
+    }
+    assert loading[trained.architecture] in card
+    model = load_as_the_card_says(trained)
+    if trained.architecture == "flat":
+        assert type(model) is LlamaForCausalLM
+    else:
+        assert type(model).__name__ == "PatchedStudent"  # the folder's class (or the library's, once registered)
+    assert StreamKind.of_config(model.config) is FUSED and model.config.vocab_size == FUSED.alphabet_size
     assert (model.config.bos_token_id, model.config.eos_token_id, model.config.pad_token_id) == (512, 513, 514)
     generation = model.generation_config
     assert (generation.eos_token_id, generation.pad_token_id, generation.suppress_tokens) == (513, 514, [512, 514])
-    tokenizer = AutoTokenizer.from_pretrained(fused_folder, trust_remote_code=True)
+    tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
     assert tokenizer.byte_stream == "fused" and tokenizer("In").input_ids == [
         FUSED_BOS,
         ord("I"),
         FUSED_ENDS + ord("n"),
     ]
     with pytest.raises(ValueError, match=r"trust_remote_code=True"):
-        AutoTokenizer.from_pretrained(fused_folder, trust_remote_code=False)
-    assert not (fused_folder / "tokenizer.json").exists()  # no plain byte tokenizer: it would flag no token end
-    stock, library_tokenizer = load_folder(fused_folder)
+        AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
+    assert not (folder / "tokenizer.json").exists()  # no plain byte tokenizer: it would flag no token end
+    stock, library_tokenizer = load_folder(folder)
     assert library_tokenizer.byte_stream == "fused" and StreamKind.of_config(stock.config) is FUSED
+
+
+def test_export_then_score_equals_trains_evaluation(trained):
+    """``score`` of the held-out store, through the library and through the card's loading path."""
+    last = trained.last_eval
+    ours = score(trained.folder, [trained.eval_store], QUIET)[-1]
+    assert ours.bytes == last["eval_bytes"] == LogitStore(trained.eval_store).stats()["text_bytes"]
+    assert ours.student_bpb == pytest.approx(last["student_bpb"], abs=1e-4)
+    sources = [trained.eval_store]
+    docs = list(documents(sources, None, QUIET, FUSED))
+    carded = score_documents(load_as_the_card_says(trained), sources, docs, QUIET)[-1]
+    assert carded.bytes == ours.bytes and carded.student_bpb == pytest.approx(last["student_bpb"], abs=1e-4)
+
+
+def test_a_padded_batch_of_prompts_generates_what_each_generates_alone(trained):
+    model, tokenizer = load_folder(trained.folder)
+    common = {**GREEDY, "suppress_tokens": [FUSED_BOS, FUSED_PAD]}
+    batch = tokenizer.prompt(PROMPTS, padding=True)
+    width = batch["input_ids"].shape[1]
+    output = model.generate(**batch, **common)
+    for row, prompt in enumerate(PROMPTS):
+        alone = tokenizer.prompt(prompt)
+        single = model.generate(**alone, **common)[0]
+        assert continuation(output[row], width) == continuation(single, alone["input_ids"].shape[1]), prompt
+    options = GenerateOptions(max_new_bytes=60, greedy=True)  # past the 48 symbols of context
+    model.generation_config.suppress_tokens = [FUSED_BOS, FUSED_EOS, FUSED_PAD]
+    together = generate_batch(model, tokenizer, PROMPTS, options)
+    assert together == [generate_bytes(model, tokenizer, p, options) for p in PROMPTS]
+    assert all(len(c) == 60 for c in together)
 
 
 def test_every_call_form_gives_the_same_symbols(fused_folder):
     tokenizer = AutoTokenizer.from_pretrained(fused_folder, trust_remote_code=True)
+    stock_generation = json.loads((fused_folder / "generation_config.json").read_text())
+    assert stock_generation["eos_token_id"] == FUSED_EOS
     remote = AutoModelForCausalLM.from_pretrained(fused_folder, trust_remote_code=True).eval()
     stock, _ = load_folder(fused_folder)
     for sampling in ({"do_sample": False}, {"do_sample": True, "top_k": 20, "temperature": 0.8}):
