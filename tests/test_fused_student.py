@@ -387,3 +387,76 @@ def test_a_store_of_the_other_stream_is_refused_in_one_line(fused_folder, fused_
         f"bytedistill score: error: {fused_stores[1]} is a <eot>-stream store and the student reads the fused "
         "stream: score a store dumped with --stream fused, or the text"
     )
+
+
+# ------------------------------------------------------------------ lm-evaluation-harness
+
+
+def lm_eval_task(tmp_path: Path, name: str, records: list[dict], body: str) -> None:
+    (tmp_path / f"{name}.jsonl").write_text("\n".join(json.dumps(r) for r in records))
+    (tmp_path / f"{name}.yaml").write_text(
+        f"task: {name}\ndataset_path: json\n"
+        f"dataset_kwargs:\n  data_files:\n    test: {tmp_path / f'{name}.jsonl'}\ntest_split: test\n{body}"
+    )
+
+
+def lm_eval_run(folder: Path, tmp_path: Path, task: str, batch_size: int) -> dict:
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    return lm_eval.simple_evaluate(
+        model="hf",
+        model_args=f"pretrained={folder},trust_remote_code=True",
+        tasks=[task],
+        task_manager=TaskManager(include_path=str(tmp_path)),
+        batch_size=batch_size,
+        device="cpu",
+        log_samples=True,
+    )
+
+
+@pytest.mark.slow
+def test_lm_eval_rolling_loglikelihood_and_generate_until(trained, tmp_path, monkeypatch):
+    """Rolling log-likelihood's bits per byte is ``score --packed false``'s; ``generate_until`` gives
+    the continuation ``tokenizer.prompt`` + the stock ``generate`` give (healed prompts)."""
+    pytest.importorskip("lm_eval")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    docs = ["And the evening and the morning were the first day. " * 4, "Grüße aus Köln 🙂 — 東京. " * 3]
+    lm_eval_task(
+        tmp_path,
+        "fused_rolling",
+        [{"text": d} for d in docs],
+        'output_type: loglikelihood_rolling\ndoc_to_text: ""\ndoc_to_target: "{{text}}"\n'
+        "metric_list:\n  - metric: bits_per_byte\n    aggregation: bits_per_byte\n    higher_is_better: false\n",
+    )
+    harness = lm_eval_run(trained.folder, tmp_path, "fused_rolling", 4)["results"]["fused_rolling"][
+        "bits_per_byte,none"
+    ]
+    ours = score(trained.folder, [tmp_path / "fused_rolling.jsonl"], ScoreOptions(packed=False, progress=False))[-1]
+    assert harness == pytest.approx(ours.student_bpb, rel=0.01)
+
+    model, tokenizer = load_folder(trained.folder)
+    prompts = ["In the begi", "And the morn", "x = f(a1"]
+
+    def healed(prompt: str) -> bytes:
+        inputs = tokenizer.prompt(prompt)
+        output = model.generate(**inputs, max_new_tokens=24, do_sample=False)[0]
+        fed = len(tokenizer.encode_prompt(prompt.encode())[1])
+        return tokenizer.text_bytes(output[inputs["input_ids"].shape[1] :])[fed:]
+
+    expected = [healed(p) for p in prompts]
+    lm_eval_task(
+        tmp_path,
+        "fused_cuts",
+        [{"context": p, "target": "x"} for p in prompts],
+        'output_type: generate_until\ndoc_to_text: "{{context}}"\ndoc_to_target: "{{target}}"\n'
+        "generation_kwargs:\n  until: ['\\u0000']\n  do_sample: false\n  max_gen_toks: 8\n"
+        "metric_list:\n  - metric: exact_match\n    aggregation: mean\n    higher_is_better: true\n",
+    )
+    samples = sorted(
+        lm_eval_run(trained.folder, tmp_path, "fused_cuts", 2)["samples"]["fused_cuts"], key=lambda s: s["doc_id"]
+    )
+    for sample, want in zip(samples, expected, strict=True):
+        text = sample["resps"][0][0]
+        assert text and want.decode("utf-8", errors="replace").startswith(text.rstrip("\ufffd")), sample["doc"]
