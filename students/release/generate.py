@@ -31,8 +31,8 @@ class _ByteBudget(StoppingCriteria):
         self,
         prompt_len: int,
         max_bytes: int | list[int],
-        max_symbols: int | list[int] | None = None,
-        text_symbols: int = StreamKind.EOT.text_symbols,
+        max_symbols: int | list[int] | None,
+        text_symbols: int,
     ):
         self.prompt_len, self.max_bytes, self.text_symbols = prompt_len, torch.as_tensor(max_bytes), text_symbols
         self.max_symbols = None if max_symbols is None else torch.as_tensor(max_symbols)

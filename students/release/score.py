@@ -71,7 +71,7 @@ class SourceScore:
 # ------------------------------------------------------------------------------ documents
 
 
-def plain_symbols(data: bytes, stream: StreamKind = StreamKind.EOT) -> list[int]:
+def plain_symbols(data: bytes, stream: StreamKind) -> list[int]:
     """``<bos>`` + the bytes + ``<eos>``, no token end marked."""
     return [stream.bos, *data, stream.eos]
 
@@ -164,7 +164,7 @@ class PackedStream:
     teacher_nll: np.ndarray  # 0 where unknown
 
 
-def pack(docs: list[Document], stream: StreamKind = StreamKind.EOT) -> PackedStream:
+def pack(docs: list[Document], stream: StreamKind) -> PackedStream:
     inputs, targets, scored, source, teacher = [], [], [], [], []
     for doc in docs:
         n = len(doc.symbols)
@@ -191,7 +191,7 @@ def windows(total: int, context: int, stride: int, begin: int = 0) -> list[tuple
 
 
 def all_windows(
-    packed: PackedStream, context: int, stride: int, per_document: bool, stream: StreamKind = StreamKind.EOT
+    packed: PackedStream, context: int, stride: int, per_document: bool, stream: StreamKind
 ) -> list[tuple[int, int, int]]:
     """Windows over the whole packed stream, or over each document's stream on its own."""
     if not per_document:
@@ -208,7 +208,7 @@ def window_nll(
     mode: str,
     batch_size: int,
     progress: bool,
-    stream: StreamKind = StreamKind.EOT,
+    stream: StreamKind,
 ) -> np.ndarray:
     """The student's NLL (nats) of every position's target, each from one of the windows ``spans``."""
     nll = np.zeros(len(packed.inputs), dtype=np.float64)
@@ -286,9 +286,7 @@ def score_documents(model, sources: list[Path], docs: list[Document], options: S
     return summarise(sources, packed, nll, stream)
 
 
-def summarise(
-    sources: list[Path], packed: PackedStream, nll: np.ndarray, stream: StreamKind = StreamKind.EOT
-) -> list[SourceScore]:
+def summarise(sources: list[Path], packed: PackedStream, nll: np.ndarray, stream: StreamKind) -> list[SourceScore]:
     """Each source's NLL over its text bytes (the denominator: targets that are text symbols)."""
     results = []
     counted = packed.scored & (packed.targets < stream.text_symbols)
