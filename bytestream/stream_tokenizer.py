@@ -1,5 +1,7 @@
-"""Text → the student's training stream, exactly: ``<bos> bytes(t_1) <eot> bytes(t_2) <eot> …``,
-and prompts → that stream with their last word left open for the student to segment.
+"""Text → the student's training stream, exactly: ``<bos> bytes(t_1) <eot> bytes(t_2) <eot> …``
+(the ``<eot>`` stream) or ``<bos> f(t_1) f(t_2) …`` with f(t) the bytes of t, its last one flagged
+"ends" (the fused stream, ``byte_stream="fused"``), and prompts → that stream with their last word
+left open for the student to segment.
 
 The student was trained on streams whose ``<eot>`` marks sit where the teacher's tokenizer ended
 its tokens (docs/DESIGN.md, "`<eot>` at inference"). This module places them: it
@@ -14,8 +16,9 @@ A prompt is not a complete text: its last word may go on. :meth:`TeacherTokens.s
 commits the teacher's tokens up to the start of the prompt's last word (its last pre-token, at
 least its last token) and returns that word's bytes; :class:`HealingProcessor` feeds them to the
 model during ``generate`` one by one, letting the model's own scores choose between the next
-forced byte and ``<eot>`` at each step, so the word is segmented by the student, as it would be
-had the text gone on, and nothing after the prompt is invented.
+forced byte and ``<eot>`` at each step (in the fused stream: between that byte's two flags, one
+step per byte), so the word is segmented by the student, as it would be had the text gone on,
+and nothing after the prompt is invented.
 
 Self-contained on purpose: ``export`` copies this file into the folder as
 ``tokenization_bytedistill.py`` (loaded with ``trust_remote_code=True``), where bytedistill is not
@@ -32,6 +35,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from dataclasses import dataclass
 
 import torch
 from tokenizers import Tokenizer
@@ -48,6 +52,8 @@ from transformers.convert_slow_tokenizer import bytes_to_unicode
 # bytestream/alphabet.py's values, copied (this file runs without the package): tests/test_alphabet_copies.py
 NUM_BYTES, EOT, BOS, EOS, PAD = 256, 256, 257, 258, 259
 SPECIAL_NAMES = {EOT: "<eot>", BOS: "<bos>", EOS: "<eos>", PAD: "<pad>"}
+FUSED_ENDS, FUSED_BOS, FUSED_EOS, FUSED_PAD, FUSED_ALPHABET_SIZE = 256, 512, 513, 514, 515
+FUSED_SPECIAL_NAMES = {FUSED_BOS: "<bos>", FUSED_EOS: "<eos>", FUSED_PAD: "<pad>"}
 TEACHER_TOKENIZER_FILE = "teacher_tokenizer.json"
 BYTE_LEVEL, BYTE_FALLBACK = "byte-level", "sentencepiece-byte-fallback"
 BYTE_CHARS = bytes_to_unicode()  # byte value -> GPT-2's printable character for it
@@ -266,14 +272,61 @@ def _as_streamed(spelled: list[bytes], after_prefix: bool) -> list[bytes]:
     return spelled
 
 
-def stream_symbols(spelled: list[bytes], *, bos: bool = True, eos: bool = False) -> list[int]:
-    """``[<bos>] bytes(t_1) <eot> … bytes(t_m) <eot> [<eos>]``: the training stream of the tokens' bytes."""
-    symbols = [BOS] if bos else []
+@dataclass(frozen=True)
+class Stream:
+    """One stream's symbols, as ``bytestream/stream_kind.py``'s ``StreamKind`` names them (copied: this
+    file runs without the package). ``eot``: bytes, ``<eot>`` after each teacher token; ``fused``: one
+    symbol per text byte, its token's last byte flagged (``FUSED_ENDS + b``), no ``<eot>``."""
+
+    name: str
+    bos: int
+    eos: int
+    pad: int
+    eot: int | None
+    text_symbols: int  # symbols below this are text bytes (flagged ones included)
+
+    @property
+    def special_names(self) -> dict[int, str]:
+        return FUSED_SPECIAL_NAMES if self.eot is None else SPECIAL_NAMES
+
+    def byte_value(self, symbol: int) -> int | None:
+        """The text byte a symbol stands for, or None for a special."""
+        return int(symbol) % NUM_BYTES if 0 <= int(symbol) < self.text_symbols else None
+
+    def text_bytes(self, symbols) -> bytes:
+        """The exact bytes of a symbol sequence: flags and specials dropped."""
+        return bytes(b for b in map(self.byte_value, symbols) if b is not None)
+
+    def closes_token(self, symbol: int) -> bool:
+        """Whether the teacher's token ends at this symbol: ``<eot>``, or a byte flagged "ends"."""
+        return symbol == self.eot if self.eot is not None else FUSED_ENDS <= symbol < self.text_symbols
+
+    def choices(self, byte: int) -> list[int]:
+        """The two symbols a healed prompt byte may take: the byte and ``<eot>``, or its two flags."""
+        return [byte, self.eot] if self.eot is not None else [byte, FUSED_ENDS + byte]
+
+
+STREAMS = {
+    "eot": Stream("eot", BOS, EOS, PAD, EOT, NUM_BYTES),
+    "fused": Stream("fused", FUSED_BOS, FUSED_EOS, FUSED_PAD, None, 2 * NUM_BYTES),
+}
+
+
+def stream_symbols(spelled: list[bytes], *, bos: bool = True, eos: bool = False, byte_stream: str = "eot") -> list[int]:
+    """The training stream of the tokens' bytes: ``[<bos>] bytes(t_1) <eot> … bytes(t_m) <eot> [<eos>]``,
+    or in the fused stream each token's bytes with its last one flagged (a token with no bytes, the
+    dummy prefix space alone, is context and holds no symbol)."""
+    stream = STREAMS[byte_stream]
+    symbols = [stream.bos] if bos else []
     for spelling in spelled:
-        symbols.extend(spelling)
-        symbols.append(EOT)
+        if stream.eot is not None:
+            symbols.extend(spelling)
+            symbols.append(stream.eot)
+        elif spelling:
+            symbols.extend(spelling[:-1])
+            symbols.append(FUSED_ENDS + spelling[-1])
     if eos:
-        symbols.append(EOS)
+        symbols.append(stream.eos)
     return symbols
 
 
@@ -281,54 +334,76 @@ class HealingProcessor(LogitsProcessor):
     """Feeds each row's open bytes (its prompt's last word) to ``generate``, for any model.
 
     Row ``r`` of the batch has ``forced[r]`` still to come after the ``prompt_length`` symbols it
-    was given: while some are left, only the next one and ``<eot>`` keep their scores, so the
-    model's own choice between them places the ``<eot>`` marks inside the word; then generation
-    goes on freely. Throughout, ``<eot>`` never follows ``<bos>`` or ``<eot>`` (a token has a byte).
+    was given: while some are left, only the next byte's two choices keep their scores (in the
+    ``<eot>`` stream the byte and ``<eot>``; in the fused stream the byte flagged "goes on" and
+    "ends", one step per byte), so the model's own choice places the token ends inside the word;
+    then generation goes on freely. In the ``<eot>`` stream ``<eot>`` never follows ``<bos>`` or
+    ``<eot>`` (a token has a byte).
     """
 
-    def __init__(self, forced: list[bytes], prompt_length: int):
-        self.forced, self.prompt_length = list(forced), prompt_length
+    def __init__(self, forced: list[bytes], prompt_length: int, byte_stream: str = "eot"):
+        self.forced, self.prompt_length, self.stream = list(forced), prompt_length, STREAMS[byte_stream]
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        empty = (input_ids[:, -1] == EOT) | (input_ids[:, -1] == BOS)
-        scores[empty, EOT] = float("-inf")
-        produced = (input_ids[:, self.prompt_length :] < NUM_BYTES).sum(-1).tolist()
+        stream = self.stream
+        if stream.eot is not None:
+            empty = (input_ids[:, -1] == stream.eot) | (input_ids[:, -1] == stream.bos)
+            scores[empty, stream.eot] = float("-inf")
+        produced = (input_ids[:, self.prompt_length :] < stream.text_symbols).sum(-1).tolist()
         for row, (tail, done) in enumerate(zip(self.forced, produced)):
             if done < len(tail):
-                kept = scores[row, [tail[done], EOT]].clone()
+                choices = stream.choices(tail[done])
+                kept = scores[row, choices].clone()
                 scores[row] = float("-inf")
-                scores[row, [tail[done], EOT]] = kept
+                scores[row, choices] = kept
         return scores
+
+
+FLAG_MARK = "\u23d0"  # the fused stream's "ends" byte: its GPT-2 character followed by this mark
 
 
 class ByteStreamTokenizer(PreTrainedTokenizer):
     """A ``transformers`` tokenizer whose ids are the student's training stream for the text.
 
-    ``tokenizer(text).input_ids`` = ``<bos>`` + each teacher token's bytes followed by ``<eot>``
-    (``add_special_tokens=False``: without ``<bos>``). Tokens are GPT-2's character per byte and
-    the four specials, as in the folder's plain byte tokenizer; ``decode`` drops ``<eot>`` with
-    ``skip_special_tokens=True`` and shows invalid UTF-8 as U+FFFD.
+    ``byte_stream`` (saved in ``tokenizer_config.json``) picks the stream the student reads:
+    ``"eot"``: ``tokenizer(text).input_ids`` = ``<bos>`` + each teacher token's bytes followed by
+    ``<eot>``; ``"fused"``: ``<bos>`` + each teacher token's bytes, its last byte flagged "ends"
+    (``FUSED_ENDS + b``). ``add_special_tokens=False`` leaves out ``<bos>``. Tokens are GPT-2's
+    character per byte (a flagged byte: that character and ``FLAG_MARK``) and the specials;
+    ``decode`` gives each byte once whatever its flag, drops ``<eot>`` with
+    ``skip_special_tokens=True`` and shows invalid UTF-8 as U+FFFD (:meth:`text_bytes`: the exact
+    bytes).
     """
 
     # transformers reads these class attributes; ClassVar would need one more import in the shipped file
     vocab_files_names = {"teacher_tokenizer_file": TEACHER_TOKENIZER_FILE}  # noqa: RUF012
     model_input_names = ["input_ids", "attention_mask"]  # noqa: RUF012
 
-    def __init__(self, teacher_tokenizer_file: str | None = None, **kwargs):
+    def __init__(self, teacher_tokenizer_file: str | None = None, byte_stream: str = "eot", **kwargs):
         if teacher_tokenizer_file is None:
             raise ValueError(f"ByteStreamTokenizer needs the teacher's tokenizer ({TEACHER_TOKENIZER_FILE})")
+        if byte_stream not in STREAMS:
+            raise ValueError(f"byte_stream must be one of {', '.join(STREAMS)}, got {byte_stream!r}")
         self.teacher = TeacherTokens.from_file(teacher_tokenizer_file)
+        self.byte_stream, self.stream = byte_stream, STREAMS[byte_stream]
         self._vocab = {char: value for value, char in BYTE_CHARS.items()}
-        self._vocab.update({name: symbol for symbol, name in SPECIAL_NAMES.items()})
+        if self.stream.eot is None:
+            self._vocab.update({char + FLAG_MARK: FUSED_ENDS + value for value, char in BYTE_CHARS.items()})
+        self._vocab.update({name: symbol for symbol, name in self.stream.special_names.items()})
         self._tokens = {symbol: token for token, symbol in self._vocab.items()}
-        kwargs.setdefault("bos_token", SPECIAL_NAMES[BOS])
-        kwargs.setdefault("eos_token", SPECIAL_NAMES[EOS])
-        kwargs.setdefault("pad_token", SPECIAL_NAMES[PAD])
+        self._token_bytes = {
+            token: symbol % NUM_BYTES for token, symbol in self._vocab.items() if symbol < self.stream.text_symbols
+        }
+        names = self.stream.special_names
+        kwargs.setdefault("bos_token", names[self.stream.bos])
+        kwargs.setdefault("eos_token", names[self.stream.eos])
+        kwargs.setdefault("pad_token", names[self.stream.pad])
         kwargs.setdefault("padding_side", "left")  # batches of prompts for generate: padded on the left
         kwargs.pop("additional_special_tokens", None)
         kwargs.pop("extra_special_tokens", None)
         kwargs["clean_up_tokenization_spaces"] = False
-        super().__init__(additional_special_tokens=[SPECIAL_NAMES[EOT]], **kwargs)
+        extra = [] if self.stream.eot is None else [names[self.stream.eot]]
+        super().__init__(additional_special_tokens=extra, byte_stream=byte_stream, **kwargs)
 
     @property
     def vocab_size(self) -> int:
@@ -339,29 +414,35 @@ class ByteStreamTokenizer(PreTrainedTokenizer):
 
     def encode_bytes(self, data: bytes, *, bos: bool = True, eos: bool = False) -> list[int]:
         """The stream of raw document bytes (any bytes, not only valid UTF-8)."""
-        return stream_symbols(self.teacher.streamed_tokens(data), bos=bos, eos=eos)
+        return stream_symbols(self.teacher.streamed_tokens(data), bos=bos, eos=eos, byte_stream=self.byte_stream)
 
     def encode_prompt(self, data: bytes) -> tuple[list[int], bytes]:
         """A prompt's stream up to its last word (``<bos>`` first), and that word's bytes, to be
         fed with :class:`HealingProcessor` (see :meth:`TeacherTokens.split_prompt`)."""
         committed, open_bytes = self.teacher.split_prompt(data)
-        return stream_symbols(committed), open_bytes
+        return stream_symbols(committed, byte_stream=self.byte_stream), open_bytes
+
+    def text_bytes(self, ids) -> bytes:
+        """The exact bytes of a symbol sequence (flags and specials dropped; any bytes, not only UTF-8)."""
+        return self.stream.text_bytes(int(i) for i in ids)
+
+    def healing(self, forced: list[bytes], prompt_length: int) -> HealingProcessor:
+        """The processor that feeds ``forced`` after ``prompt_length`` symbols, in this tokenizer's stream."""
+        return HealingProcessor(forced, prompt_length, self.byte_stream)
 
     def prompt(self, text: str | list[str], padding: bool | str = True) -> BatchEncoding:
         """Prompts ready for ``model.generate(**tokenizer.prompt(text), …)``: ``input_ids`` and
         ``attention_mask`` (tensors, padded on the left) of each prompt's stream up to its last
         word, and a ``logits_processor`` that feeds that word's bytes with the model placing the
-        ``<eot>`` marks; the output then holds the whole prompt and its continuation. Prompts of
+        token ends; the output then holds the whole prompt and its continuation. Prompts of
         different lengths are always padded (``padding=False`` refuses them instead)."""
         texts = [text] if isinstance(text, str) else list(text)
         streams, forced = zip(*(self.encode_prompt(t.encode("utf-8")) for t in texts)) if texts else ((), ())
-        length = max(map(len, streams), default=0)
         if padding in (False, "do_not_pad") and len(set(map(len, streams))) > 1:
             raise ValueError("the prompts' streams differ in length: give padding=True (left padding)")
-        input_ids = torch.tensor([[PAD] * (length - len(s)) + s for s in streams], dtype=torch.long)
-        attention_mask = torch.tensor([[0] * (length - len(s)) + [1] * len(s) for s in streams], dtype=torch.long)
+        input_ids, attention_mask = _left_padded(list(streams), None, self.stream.pad)
         encoding = BatchEncoding({"input_ids": input_ids, "attention_mask": attention_mask})
-        encoding["logits_processor"] = LogitsProcessorList([HealingProcessor(list(forced), length)])
+        encoding["logits_processor"] = LogitsProcessorList([self.healing(list(forced), input_ids.shape[1])])
         return encoding
 
     def generate(self, model, input_ids: torch.LongTensor, attention_mask=None, **kwargs) -> torch.LongTensor:
@@ -383,27 +464,31 @@ class ByteStreamTokenizer(PreTrainedTokenizer):
             or any(type(p).__name__ == "HealingProcessor" for p in processors)
         ):
             return stock(model, input_ids=input_ids, attention_mask=attention_mask, **kwargs)
-        rows = _unpadded_rows(input_ids, attention_mask)
+        pad, text_symbols = self.stream.pad, self.stream.text_symbols
+        rows = _unpadded_rows(input_ids, attention_mask, pad)
         split = [self._split_stream(row) for row in rows]
         if not any(open_bytes for _, open_bytes in split):
             return stock(model, input_ids=input_ids, attention_mask=attention_mask, **kwargs)
         sampling = {k: v for k, v in kwargs.items() if k not in _LENGTH_AND_STOPPING}
         if config is not None:
             sampling["generation_config"] = _without_length(config)
-        first, first_mask = _left_padded([committed for committed, _ in split], input_ids.device)
+        first, first_mask = _left_padded([committed for committed, _ in split], input_ids.device, pad)
         forced = [open_bytes for _, open_bytes in split]
         fed = stock(
             model,
             input_ids=first,
             attention_mask=first_mask,
-            logits_processor=LogitsProcessorList([*processors, HealingProcessor(forced, first.shape[1])]),
-            stopping_criteria=StoppingCriteriaList([_Fed(forced, first.shape[1])]),
+            logits_processor=LogitsProcessorList([*processors, self.healing(forced, first.shape[1])]),
+            stopping_criteria=StoppingCriteriaList([_Fed(forced, first.shape[1], text_symbols)]),
             max_new_tokens=2 * max(len(f) for f in forced),
             min_new_tokens=0,
-            **{**sampling, "pad_token_id": PAD},
+            **{**sampling, "pad_token_id": pad},
         )
-        healed = [c + _until_fed(fed[r, first.shape[1] :].tolist(), len(forced[r])) for r, (c, _) in enumerate(split)]
-        second, second_mask = _left_padded(healed, input_ids.device)
+        healed = [
+            c + _until_fed(fed[r, first.shape[1] :].tolist(), len(forced[r]), text_symbols)
+            for r, (c, _) in enumerate(split)
+        ]
+        second, second_mask = _left_padded(healed, input_ids.device, pad)
         start = second.shape[1]
         kwargs["stopping_criteria"] = StoppingCriteriaList(
             [_InCallersFrame(c, input_ids, start) for c in kwargs.get("stopping_criteria") or []]
@@ -415,21 +500,24 @@ class ByteStreamTokenizer(PreTrainedTokenizer):
             kwargs["max_length"] = length - input_ids.shape[1] + start
         if kwargs.get("streamer") is not None:
             kwargs["streamer"] = _CallersPrompt(kwargs["streamer"], input_ids)
-        kwargs["logits_processor"] = LogitsProcessorList([*processors, HealingProcessor([b""] * len(rows), start)])
+        kwargs["logits_processor"] = LogitsProcessorList([*processors, self.healing([b""] * len(rows), start)])
         output = stock(model, input_ids=second, attention_mask=second_mask, **kwargs)
         return torch.cat([input_ids, output[:, start:]], dim=1)
 
     def _split_stream(self, row: list[int]) -> tuple[list[int], bytes]:
         """A row as (committed stream, open bytes): healed when it is this tokenizer's stream of its
         bytes, or (cut on the left, as lm-evaluation-harness truncates long prompts) when what
-        follows its first ``<eot>`` is the stream of those bytes."""
-        start = 0 if row[:1] == [BOS] else row.index(EOT) + 1 if EOT in row else len(row)
+        follows its first token end (``<eot>``, or a byte flagged "ends") is the stream of those bytes."""
+        stream = self.stream
+        ends = [i for i, symbol in enumerate(row) if stream.closes_token(symbol)][:1]
+        start = 0 if row[:1] == [stream.bos] else ends[0] + 1 if ends else len(row)
         tail = row[start:]
-        data = bytes(s for s in tail if s < NUM_BYTES)
-        if not data or tail != stream_symbols(self.teacher.streamed_tokens(data), bos=start == 0):
+        data = stream.text_bytes(tail)
+        own = stream_symbols(self.teacher.streamed_tokens(data), bos=start == 0, byte_stream=self.byte_stream)
+        if not data or tail != own:
             return row, b""
         committed, open_bytes = self.teacher.split_prompt(data)
-        return row[:start] + stream_symbols(committed, bos=start == 0), open_bytes
+        return row[:start] + stream_symbols(committed, bos=start == 0, byte_stream=self.byte_stream), open_bytes
 
     def tokenize(self, text: str, **kwargs) -> list[str]:
         symbols = self.encode_bytes(text.encode("utf-8"), bos=False)
@@ -445,8 +533,8 @@ class ByteStreamTokenizer(PreTrainedTokenizer):
         parts: list[str] = []
         pending = bytearray()
         for token in tokens:
-            if token in CHAR_BYTES:
-                pending.append(CHAR_BYTES[token])
+            if token in self._token_bytes:
+                pending.append(self._token_bytes[token])
                 continue
             parts.append(pending.decode("utf-8", errors="replace"))
             pending.clear()
@@ -457,11 +545,11 @@ class ByteStreamTokenizer(PreTrainedTokenizer):
     def build_inputs_with_special_tokens(
         self, token_ids_0: list[int], token_ids_1: list[int] | None = None
     ) -> list[int]:
-        return [BOS] + token_ids_0 + (token_ids_1 or [])
+        return [self.stream.bos] + token_ids_0 + (token_ids_1 or [])
 
     def get_special_tokens_mask(self, token_ids_0, token_ids_1=None, already_has_special_tokens=False) -> list[int]:
         if already_has_special_tokens:
-            return [1 if t >= NUM_BYTES else 0 for t in token_ids_0 + (token_ids_1 or [])]
+            return [1 if t >= self.stream.text_symbols else 0 for t in token_ids_0 + (token_ids_1 or [])]
         return [1] + [0] * (len(token_ids_0) + len(token_ids_1 or []))
 
     def num_special_tokens_to_add(self, pair: bool = False) -> int:
@@ -509,38 +597,38 @@ class _CallersPrompt:
         self.inner.end()
 
 
-def _unpadded_rows(input_ids: torch.LongTensor, attention_mask) -> list[list[int]]:
+def _unpadded_rows(input_ids: torch.LongTensor, attention_mask, pad: int) -> list[list[int]]:
     if attention_mask is None:
-        attention_mask = input_ids != PAD
+        attention_mask = input_ids != pad
     return [[s for s, keep in zip(row, mask) if keep] for row, mask in zip(input_ids.tolist(), attention_mask.tolist())]
 
 
-def _left_padded(rows: list[list[int]], device) -> tuple[torch.LongTensor, torch.LongTensor]:
-    length = max(map(len, rows))
-    ids = torch.tensor([[PAD] * (length - len(r)) + r for r in rows], dtype=torch.long, device=device)
+def _left_padded(rows: list[list[int]], device, pad: int) -> tuple[torch.LongTensor, torch.LongTensor]:
+    length = max(map(len, rows), default=0)
+    ids = torch.tensor([[pad] * (length - len(r)) + r for r in rows], dtype=torch.long, device=device)
     mask = torch.tensor([[0] * (length - len(r)) + [1] * len(r) for r in rows], dtype=torch.long, device=device)
     return ids, mask
 
 
-def _until_fed(symbols: list[int], count: int) -> list[int]:
+def _until_fed(symbols: list[int], count: int, text_symbols: int) -> list[int]:
     """The symbols up to and including the ``count``-th byte."""
     seen = 0
     for i, symbol in enumerate(symbols):
         if seen == count:
             return symbols[:i]
-        seen += symbol < NUM_BYTES
+        seen += symbol < text_symbols
     return symbols
 
 
 class _Fed(StoppingCriteria):
     """A row is done once its forced bytes are all fed."""
 
-    def __init__(self, forced: list[bytes], prompt_length: int):
+    def __init__(self, forced: list[bytes], prompt_length: int, text_symbols: int):
         self.counts = torch.tensor([len(f) for f in forced])
-        self.prompt_length = prompt_length
+        self.prompt_length, self.text_symbols = prompt_length, text_symbols
 
     def __call__(self, input_ids: torch.LongTensor, scores, **kwargs) -> torch.BoolTensor:
-        produced = (input_ids[:, self.prompt_length :] < NUM_BYTES).sum(-1)
+        produced = (input_ids[:, self.prompt_length :] < self.text_symbols).sum(-1)
         return produced >= self.counts.to(produced.device)
 
 

@@ -12,7 +12,13 @@ from bytestream.stream_kind import StreamKind
 from students.models import patched_model
 
 COPIES = [
-    (stream_tokenizer, {"NUM_BYTES": "NUM_BYTES", "EOT": "EOT", "BOS": "BOS", "EOS": "EOS", "PAD": "PAD"}),
+    (
+        stream_tokenizer,
+        {
+            **{name: name for name in ("NUM_BYTES", "EOT", "BOS", "EOS", "PAD")},
+            **{name: name for name in ("FUSED_ENDS", "FUSED_BOS", "FUSED_EOS", "FUSED_PAD", "FUSED_ALPHABET_SIZE")},
+        },
+    ),
     (
         patched_model,
         {
@@ -39,6 +45,17 @@ def test_each_shipped_copy_equals_the_alphabet(module, names):
 
 def test_the_tokenizer_copy_names_the_specials_as_the_alphabet_does():
     assert stream_tokenizer.SPECIAL_NAMES == alphabet.SPECIAL_NAMES
+    assert stream_tokenizer.FUSED_SPECIAL_NAMES == alphabet.FUSED_SPECIAL_NAMES
+
+
+@pytest.mark.parametrize("kind", list(StreamKind), ids=lambda k: k.value)
+def test_the_tokenizers_streams_are_the_stream_kinds(kind):
+    stream = stream_tokenizer.STREAMS[kind.value]
+    assert (stream.bos, stream.eos, stream.pad, stream.eot) == (kind.bos, kind.eos, kind.pad, kind.eot)
+    assert stream.text_symbols == kind.text_symbols
+    assert [stream.closes_token(s) for s in range(kind.alphabet_size)] == [
+        kind.closes_token(s) for s in range(kind.alphabet_size)
+    ]
 
 
 def test_the_patched_models_streams_are_the_stream_kinds():

@@ -23,7 +23,6 @@ from students.models.llama import build_student, student_config
 from students.models.patched_model import PatchedStudent, PatchedStudentConfig
 from students.release.export import export_student
 from students.release.generate import GenerateOptions, generate_batch, generate_bytes, load_folder
-from students.release.tokenizer import decode_bytes
 from students.training.synthetic import SYNTHETIC_SOURCE
 from students.training.trainer import train
 from tests.tiny_student import tiny_config
@@ -133,6 +132,9 @@ def test_every_call_form_gives_the_same_symbols(folder):
 
 
 def check_call_forms(tokenizer, remote, stock, sampling: dict) -> None:
+    """Every call form gives the symbols ``tokenizer.prompt`` + the stock ``generate`` give (for the
+    folder's stream: its tokenizer's ``text_bytes`` drops ``<eot>`` or the flags)."""
+    decode_bytes = tokenizer.text_bytes
     prompt = "In the beginning God creat"
     fed = len(tokenizer.encode_prompt(prompt.encode())[1])
     prompted = tokenizer.prompt(prompt)

@@ -9,7 +9,7 @@ from typing import Any
 
 from huggingface_hub import ModelCard, ModelCardData
 
-from bytestream.alphabet import BOS
+from bytestream.stream_kind import StreamKind
 from students.models.architecture import Architecture
 from students.models.architectures import DEFAULT, architecture_of_model
 from students.release.card_defaults import LICENSE
@@ -20,20 +20,55 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 repo = "{repo}"  # or a local folder
 model = {model_loading}
-# the stream tokenizer places the teacher's <eot> marks the student was trained with
+# the stream tokenizer places the teacher's {marks} the student was trained with
 tokenizer = AutoTokenizer.from_pretrained(repo, trust_remote_code=True)
 
 # a prompt: the teacher's marks up to its last word, whose bytes generate feeds, the student
-# placing the <eot> marks (the word may go on: the student, not the cut, decides where it ends)
+# placing the {marks} (the word may go on: the student, not the cut, decides where it ends)
 inputs = tokenizer.prompt("The meaning of life is")
 output = model.generate(**inputs, max_new_tokens=100, do_sample=True, top_k=50)
-# skip_special_tokens drops <bos>, <eos> and the <eot> token-boundary symbols
+# {decoded}
 print(tokenizer.decode(output[0], skip_special_tokens=True))
 
 # a complete text (scoring): tokenizer(text) places the teacher's marks throughout
 text = tokenizer("In the beginning God created", return_tensors="pt")
 nats_per_symbol = model(**text, labels=text.input_ids).loss
 ```"""
+
+
+STREAM_TEXT = {  # what the card says that depends on the stream the student reads
+    StreamKind.EOT: {
+        "marks": "<eot> marks",
+        "own_marks": "`<eot>` marks",
+        "decoded": "skip_special_tokens drops <bos>, <eos> and the <eot> token-boundary symbols",
+        "context_unit": "bytes and `<eot>` marks",
+        "counted": "including the `<eot>` token-boundary\nand `<eos>` symbols",
+        "stream": "streams `<bos> bytes(t1) <eot> bytes(t2) <eot> …` whose `<eot>` marks\nsit where the teacher's "
+        "tokenizer ended its tokens",
+        "choice": "between the byte and `<eot>`",
+        "plain": "The plain byte tokenizer is there by name,\n`PreTrainedTokenizerFast.from_pretrained(repo)`: "
+        "`<bos>` + the UTF-8 bytes with no `<eot>` marks,\ninputs the model never saw in training, so it scores and "
+        "continues text noticeably worse (see the\ntable of loading paths, when measured, below).",
+        "ids": "Ids 0–255 are the bytes themselves; 256 `<eot>` marks the end of a teacher token, 257 `<bos>`\n"
+        "starts a document, 258 `<eos>` ends it (generation stops there), 259 `<pad>` is padding.",
+        "exact": "`bytes(i for i in ids if i < 256)`",
+    },
+    StreamKind.FUSED: {
+        "marks": "token-end flags",
+        "own_marks": "token-end flags",
+        "decoded": "decode gives each byte once, flagged or not; skip_special_tokens drops <bos> and <eos>",
+        "context_unit": "one per text byte",
+        "counted": "each byte's symbol carries its token-boundary\nflag; `<eos>` included",
+        "stream": "the fused stream `<bos> f(t1) f(t2) …`: one symbol per text byte, each\nteacher token's "
+        "last byte flagged where the teacher's tokenizer ended it",
+        "choice": "between the byte's two symbols (its token ends there,\nor goes on), one step per byte",
+        "plain": "The folder has no plain byte\ntokenizer: bytes that flag no token end are a stream the model "
+        "never saw in training.",
+        "ids": "Ids 0–255 are the bytes inside a teacher token, 256 + b the byte b that ends its token, 512\n"
+        "`<bos>` starts a document, 513 `<eos>` ends it (generation stops there), 514 `<pad>` is padding.",
+        "exact": "`bytes(i % 256 for i in ids if i < 512)`\n(or `tokenizer.text_bytes(ids)`)",
+    },
+}
 
 
 def _fmt(value: Any, digits: int = 4) -> str:
@@ -70,8 +105,11 @@ def model_card(
     data: str | None = None,
     architecture: Architecture = DEFAULT,
     architecture_section: str = "",
+    stream: StreamKind = StreamKind.EOT,
 ) -> ModelCard:
-    """README.md: Hub metadata, results table, usage snippet, tokenizer notes and trained context."""
+    """README.md: Hub metadata, results table, usage snippet, tokenizer notes and trained context,
+    in the words of the stream the student reads."""
+    says = STREAM_TEXT[stream]
     config = info.get("config", {})
     described = info.get("data", {})
     teacher = _no_local_path(str(teacher or described.get("teacher") or "unknown"))
@@ -86,7 +124,7 @@ def model_card(
         library_name="transformers",
         pipeline_tag="text-generation",
         base_model=teacher if hub_teacher else None,
-        tags=["byte-level", "distillation", "bytedistill"],
+        tags=["byte-level", "distillation", "bytedistill", *(["fused-stream"] if stream is StreamKind.FUSED else [])],
         teacher=teacher,
         training_data=data,
         training_bytes=train_bytes,
@@ -98,7 +136,7 @@ def model_card(
     body = f"""# Byte-level student of {teacher}
 
 A byte-level causal language model ({architecture.card_name}, {info.get("parameters", 0):,} parameters,
-260-symbol vocabulary) distilled with bytedistill from the token-level
+{stream.alphabet_size}-symbol vocabulary) distilled with bytedistill from the token-level
 teacher **{teacher}** using its exact next-byte distributions
 (KL weight alpha = {config.get("alpha")}, temperature = {config.get("temperature")}).
 
@@ -107,26 +145,24 @@ teacher **{teacher}** using its exact next-byte distributions
 | teacher | {teacher} |
 | training data | {data} |
 | text bytes read in training | {_training_bytes(train_bytes, config)} |
-| trained context | {context} symbols (bytes and `<eot>` marks) |
+| trained context | {context} symbols ({says["context_unit"]}) |
 | held-out bits per byte, student | {_fmt(evaluation.get("student_bpb"))} |
 | held-out bits per byte, teacher | {_fmt(evaluation.get("teacher_bpb"))} |
 | KL(teacher ‖ student), bits per byte | {_fmt(evaluation.get("kl_per_byte"))} |
 | evaluated on | {evaluation.get("eval_bytes", 0):,} held-out bytes at step {evaluation.get("step", "-")} |
 
-Bits per byte count every symbol's negative log-likelihood (including the `<eot>` token-boundary
-and `<eos>` symbols) divided by the number of UTF-8 bytes, so student and teacher are comparable.
+Bits per byte count every symbol's negative log-likelihood ({says["counted"]}) divided by the number of UTF-8 bytes, so student and teacher are comparable.
 
 {architecture_section}## Usage
 
-{USAGE.format(repo=repo_id or "your-name/byte-student", model_loading=architecture.card_loading)}
+{USAGE.format(repo=repo_id or "your-name/byte-student", model_loading=architecture.card_loading, **says)}
 
 ## Tokenizers: why `trust_remote_code=True`
 
-The student was trained on streams `<bos> bytes(t1) <eot> bytes(t2) <eot> …` whose `<eot>` marks
-sit where the teacher's tokenizer ended its tokens. Its tokenizer (`tokenization_bytedistill.py`,
+The student was trained on {says["stream"]}. Its tokenizer (`tokenization_bytedistill.py`,
 loaded with `trust_remote_code=True`; it imports only `tokenizers` and `transformers`) runs the
 teacher's tokenizer (`teacher_tokenizer.json`) on your text only to place those marks; the model
-still reads every byte and, while generating, places its own `<eot>` marks. {architecture.card_code}
+still reads every byte and, while generating, places its own {says["own_marks"]}. {architecture.card_code}
 
 ## Prompts: the cut is not a token boundary
 
@@ -134,7 +170,7 @@ A prompt may stop inside a word ("In the begi"), where the teacher's tokenizer w
 that the full text would not. `tokenizer.prompt(text)` therefore commits the teacher's marks only
 up to the start of the prompt's last word (its last pre-token) and returns, as `logits_processor`,
 a `HealingProcessor` that `generate` uses to feed that word's bytes one by one: at each of them the
-model's own scores choose between the byte and `<eot>`, so the student segments the word as it
+model's own scores choose {says["choice"]}, so the student segments the word as it
 would had the text gone on, and nothing after the prompt is invented. `bytedistill generate` does
 the same. `tokenizer(text)` is for complete texts (scoring): it places the teacher's marks
 throughout, as in training.
@@ -147,15 +183,11 @@ second generates with your settings and stopping criteria) and returns your inpu
 continuation. Without it `generate` is the stock one.
 
 Without `trust_remote_code`, `AutoTokenizer.from_pretrained(repo)` refuses, asking for
-`trust_remote_code=True`: the stream tokenizer is code. The plain byte tokenizer is there by name,
-`PreTrainedTokenizerFast.from_pretrained(repo)`: `<bos>` + the UTF-8 bytes with no `<eot>` marks,
-inputs the model never saw in training, so it scores and continues text noticeably worse (see the
-table of loading paths, when measured, below).
+`trust_remote_code=True`: the stream tokenizer is code. {says["plain"]}
 
-Ids 0–255 are the bytes themselves; 256 `<eot>` marks the end of a teacher token, 257 `<bos>`
-starts a document, 258 `<eos>` ends it (generation stops there), 259 `<pad>` is padding.
+{says["ids"]}
 Generated bytes need not be valid UTF-8 (e.g. a cut-off multi-byte character): `decode` then
-shows U+FFFD (�) for each invalid sequence; for the exact bytes take `bytes(i for i in ids if i < 256)`.
+shows U+FFFD (�) for each invalid sequence; for the exact bytes take {says["exact"]}.
 
 ## Context length
 
@@ -204,7 +236,9 @@ def card_section(model, info: dict) -> str:
             ("large-model steps per text byte", f"{cost.global_steps_per_byte(r):.3f}"),
             ("KV-cache bytes per text byte of context", f"{cost.kv_bytes_per_byte(r):,.0f}"),
         ]
-    speed = generation_speed(model, torch.full((1, 1), BOS), new_symbols=min(128, context - 1))
+    speed = generation_speed(
+        model, torch.full((1, 1), StreamKind.of_config(model.config).bos), new_symbols=min(128, context - 1)
+    )
     threads = torch.get_num_threads()
     cpu = f"CPU with {threads} thread{'' if threads == 1 else 's'}"
     rows.append(

@@ -11,8 +11,10 @@ any files its architecture ships), ``generation_config.json`` (``<eos>`` stops g
   ``teacher_tokenizer.json`` (checked against the training store,
   :mod:`students.release.teacher_check`); it gives the student the training stream with the
   teacher's ``<eot>`` marks;
-- the plain byte tokenizer (``tokenizer.json``; ``PreTrainedTokenizerFast``, no remote code): bytes
-  without ``<eot>`` marks, which the student never saw in training (worse BPB, stated in the card);
+- for an ``<eot>``-stream student, the plain byte tokenizer (``tokenizer.json``;
+  ``PreTrainedTokenizerFast``, no remote code): bytes without ``<eot>`` marks, which the student
+  never saw in training (worse BPB, stated in the card); a fused student has none (its
+  ``tokenizer_config.json`` is the stream tokenizer's, ``byte_stream: "fused"``);
 - ``custom_generate/generate.py`` (a copy of :mod:`students.release.custom_generate`): with
   ``trust_remote_code=True`` on the model too, ``model.generate`` heals prompts given as complete
   streams (lm-evaluation-harness's generation tasks).
@@ -35,8 +37,8 @@ from typing import Any
 from transformers import GenerationConfig
 
 from bytestream import stream_tokenizer
-from bytestream.alphabet import BOS, EOS, PAD
-from bytestream.stream_tokenizer import TEACHER_TOKENIZER_FILE
+from bytestream.stream_kind import StreamKind
+from bytestream.stream_tokenizer import TEACHER_TOKENIZER_FILE, ByteStreamTokenizer
 from students.models.architectures import architecture_of_model
 from students.release import custom_generate
 from students.release.card import card_section, model_card
@@ -51,15 +53,15 @@ REMOTE_CODE_FILE = "tokenization_bytedistill.py"
 CUSTOM_GENERATE_FILE = "custom_generate/generate.py"  # transformers binds it as model.generate (trust_remote_code)
 
 
-def generation_config() -> GenerationConfig:
-    """Stop at ``<eos>``. No length of its own: the caller's ``max_new_tokens`` or ``max_length`` (as
-    lm-evaluation-harness passes it) decides, and transformers warns when a config's length and the
-    caller's are both set."""
+def generation_config(stream: StreamKind = StreamKind.EOT) -> GenerationConfig:
+    """Stop at the stream's ``<eos>``. No length of its own: the caller's ``max_new_tokens`` or
+    ``max_length`` (as lm-evaluation-harness passes it) decides, and transformers warns when a
+    config's length and the caller's are both set."""
     return GenerationConfig(
-        bos_token_id=BOS,
-        eos_token_id=EOS,
-        pad_token_id=PAD,
-        suppress_tokens=[BOS, PAD],  # a document never restarts mid-stream; padding is never a symbol
+        bos_token_id=stream.bos,
+        eos_token_id=stream.eos,
+        pad_token_id=stream.pad,
+        suppress_tokens=[stream.bos, stream.pad],  # a document never restarts mid-stream; padding is never a symbol
     )
 
 
@@ -85,7 +87,7 @@ def export_student(
         model = load_student(checkpoint)  # before the (slow) tokenizer: a damaged checkpoint is refused at once
         tokenizer_json = teacher_tokenizer_json(teacher_tokenizer, info)
         model.config.max_position_embeddings = trained_context(model, info)
-        model.generation_config = generation_config()
+        model.generation_config = generation_config(StreamKind.of_config(model.config))
         card = {"repo_id": repo_id, "license": license, "teacher": teacher, "data": data}
         with staging(output, previous) as staged:
             write_export(staged, model, tokenizer_json, info, **card)
@@ -96,10 +98,15 @@ def export_student(
 def write_export(folder: Path, model, tokenizer_json: str, info: dict[str, Any], **card: Any) -> None:
     """Write every file of the export, and its record, into the empty ``folder``."""
     architecture = architecture_of_model(model)
+    stream = StreamKind.of_config(model.config)
     architecture.export_files(model, folder)
     model.save_pretrained(folder)
-    build_tokenizer().save_pretrained(folder)
     (folder / TEACHER_TOKENIZER_FILE).write_text(tokenizer_json, encoding="utf-8")
+    if stream is StreamKind.EOT:
+        build_tokenizer().save_pretrained(folder)
+    else:  # no plain byte tokenizer: the stream tokenizer's own config, naming its stream
+        teacher_file = str(folder / TEACHER_TOKENIZER_FILE)
+        ByteStreamTokenizer(teacher_tokenizer_file=teacher_file, byte_stream=stream.value).save_pretrained(folder)
     shutil.copyfile(stream_tokenizer.__file__, folder / REMOTE_CODE_FILE)
     (folder / CUSTOM_GENERATE_FILE).parent.mkdir(exist_ok=True)
     shutil.copyfile(custom_generate.__file__, folder / CUSTOM_GENERATE_FILE)
@@ -114,6 +121,7 @@ def write_export(folder: Path, model, tokenizer_json: str, info: dict[str, Any],
         info,
         model.config.max_position_embeddings,
         architecture=architecture,
+        stream=stream,
         architecture_section=card_section(model, info),
         **card,
     ).save(folder / "README.md")

@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 from bytestream.errors import UserError, first_line
+from bytestream.stream_kind import StreamKind
 from bytestream.stream_tokenizer import TEACHER_TOKENIZER_FILE, ByteStreamTokenizer
 from students.models.architectures import known_auto_maps, register_auto_classes
 
@@ -103,12 +104,33 @@ def _from_pretrained(folder: Path, **options):
     return model
 
 
+def saved_byte_stream(folder: Path) -> str:
+    """The stream the folder's ``tokenizer_config.json`` names (``byte_stream``; absent: ``eot``)."""
+    try:
+        saved = json.loads((Path(folder) / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return "eot"  # missing or corrupt: folders exported before either stream was named
+    return (saved.get("byte_stream") if isinstance(saved, dict) else None) or "eot"
+
+
 def load_stream_tokenizer(folder: Path) -> ByteStreamTokenizer:
-    """The folder's stream tokenizer (this library's own class, no remote code run)."""
+    """The folder's stream tokenizer, in the stream its ``tokenizer_config.json`` names (this
+    library's own class, no remote code run)."""
     path = Path(folder) / TEACHER_TOKENIZER_FILE
     if not path.is_file():
         raise UserError(f"{folder} has no {TEACHER_TOKENIZER_FILE}: export it again with this version of bytedistill")
     try:
-        return ByteStreamTokenizer(teacher_tokenizer_file=str(path))
+        return ByteStreamTokenizer(teacher_tokenizer_file=str(path), byte_stream=saved_byte_stream(folder))
     except Exception as exc:  # the tokenizers library raises a bare Exception for a corrupt file
         raise UserError(f"{path} is not a teacher tokenizer the stream tokenizer reads: {first_line(exc)}") from exc
+
+
+def require_same_stream(model, tokenizer: ByteStreamTokenizer) -> StreamKind:
+    """The stream the student reads, which its stream tokenizer must write (a mismatch is one line)."""
+    stream = StreamKind.of_config(model.config)
+    if tokenizer.byte_stream != stream.value:
+        raise UserError(
+            f"the student reads the {stream.shown} stream but its stream tokenizer writes the "
+            f"{StreamKind(tokenizer.byte_stream).shown} stream: export the student again"
+        )
+    return stream

@@ -1,9 +1,10 @@
 """Sample text from an exported student folder (``bytedistill generate``).
 
-The prompt becomes the training stream (the teacher's ``<eot>`` marks, via the folder's stream
-tokenizer) up to its last word, whose bytes are fed with the student placing the ``<eot>`` marks
-(``HealingProcessor``: the word may go on, so the teacher's segmentation of the cut-off word is not
-imposed); the student places its own ``<eot>`` marks in what it generates. Past the trained
+The prompt becomes the training stream (the teacher's token ends, as ``<eot>`` marks or as the
+fused stream's flagged bytes, via the folder's stream tokenizer) up to its last word, whose bytes
+are fed with the student placing the token ends (``HealingProcessor``: the word may go on, so the
+teacher's segmentation of the cut-off word is not imposed); the student places its own in what it
+generates. Budgets count text bytes, never ``<eot>``, and the output drops every mark. Past the trained
 context the window slides: generation continues from the last half context of symbols, so no
 position the student never trained is run.
 """
@@ -15,24 +16,30 @@ from pathlib import Path
 import torch
 from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
-from bytestream.alphabet import EOS, NUM_BYTES, PAD
+from bytestream.stream_kind import StreamKind
 from bytestream.stream_tokenizer import HealingProcessor
-from students.release.exported_folder import load_model, load_stream_tokenizer
+from students.release.exported_folder import load_model, load_stream_tokenizer, require_same_stream
 from students.release.generate_options import GenerateOptions
-from students.release.tokenizer import decode_bytes
 
 
 class _ByteBudget(StoppingCriteria):
-    """Stop each row once its ``max_bytes`` byte symbols (not counting ``<eot>``) follow the prompt,
-    or once it has ``max_symbols`` new symbols (where its own window reaches the trained context)."""
+    """Stop each row once its ``max_bytes`` text bytes (symbols below ``text_symbols``: not ``<eot>``)
+    follow the prompt, or once it has ``max_symbols`` new symbols (where its own window reaches the
+    trained context)."""
 
-    def __init__(self, prompt_len: int, max_bytes: int | list[int], max_symbols: int | list[int] | None = None):
-        self.prompt_len, self.max_bytes = prompt_len, torch.as_tensor(max_bytes)
+    def __init__(
+        self,
+        prompt_len: int,
+        max_bytes: int | list[int],
+        max_symbols: int | list[int] | None,
+        text_symbols: int,
+    ):
+        self.prompt_len, self.max_bytes, self.text_symbols = prompt_len, torch.as_tensor(max_bytes), text_symbols
         self.max_symbols = None if max_symbols is None else torch.as_tensor(max_symbols)
 
     def __call__(self, input_ids: torch.LongTensor, scores, **kwargs) -> torch.BoolTensor:
         new = input_ids[:, self.prompt_len :]
-        done = (new < NUM_BYTES).sum(-1) >= self.max_bytes.to(new.device)
+        done = (new < self.text_symbols).sum(-1) >= self.max_bytes.to(new.device)
         if self.max_symbols is not None:
             done |= new.shape[1] >= self.max_symbols.to(new.device)
         return done
@@ -44,13 +51,14 @@ def load_folder(folder: Path):
 
 
 def generate_bytes(model, tokenizer, prompt: str, options: GenerateOptions) -> bytes:
-    """The continuation's exact bytes (``<eot>`` and other specials dropped)."""
+    """The continuation's exact bytes (``<eot>``, flags and other specials dropped)."""
     return generate_batch(model, tokenizer, [prompt], options)[0]
 
 
 def generate_batch(model, tokenizer, prompts: list[str], options: GenerateOptions) -> list[bytes]:
     """Each prompt's continuation, the prompts generated together as one left-padded batch (each
     healed on its own; greedy, a row's continuation is the one it gets alone)."""
+    require_same_stream(model, tokenizer)
     encoded = [tokenizer.encode_prompt(prompt.encode("utf-8")) for prompt in prompts]
     return continue_streams(model, [s for s, _ in encoded], [o for _, o in encoded], options)
 
@@ -66,6 +74,8 @@ def continue_streams(model, streams: list[list[int]], open_bytes: list[bytes], o
     """:func:`continue_stream` for several streams at once: each row slides its own window, and a
     row leaves the batch once it has its bytes (or ``<eos>``)."""
     torch.manual_seed(options.seed)
+    stream = StreamKind.of_config(model.config)
+    eos, pad, text_symbols = stream.eos, stream.pad, stream.text_symbols
     context = model.config.max_position_embeddings
     symbols = [list(s) for s in streams]
     prompt_len = [len(s) for s in streams]
@@ -75,12 +85,12 @@ def continue_streams(model, streams: list[list[int]], open_bytes: list[bytes], o
         {} if options.greedy else {"temperature": options.temperature, "top_k": options.top_k, "top_p": options.top_p}
     )
     device = next(model.parameters()).device
-    while active := [r for r in range(len(symbols)) if produced[r] < wanted[r] and symbols[r][-1] != EOS]:
+    while active := [r for r in range(len(symbols)) if produced[r] < wanted[r] and symbols[r][-1] != eos]:
         windows = [_window(symbols[r], context) for r in active]
         length = max(map(len, windows))
-        ids = torch.tensor([[PAD] * (length - len(w)) + w for w in windows], device=device)
+        ids = torch.tensor([[pad] * (length - len(w)) + w for w in windows], device=device)
         mask = torch.tensor([[0] * (length - len(w)) + [1] * len(w) for w in windows], device=device)
-        healing = HealingProcessor([open_bytes[r][produced[r] :] for r in active], length)
+        healing = HealingProcessor([open_bytes[r][produced[r] :] for r in active], length, stream.value)
         # each row stops where its own window reaches the context, so it slides where it would alone
         budgets, limits = [wanted[r] - produced[r] for r in active], [context - len(w) for w in windows]
         output = model.generate(
@@ -88,16 +98,16 @@ def continue_streams(model, streams: list[list[int]], open_bytes: list[bytes], o
             attention_mask=mask,
             do_sample=not options.greedy,
             max_new_tokens=context - min(map(len, windows)),
-            pad_token_id=PAD,
-            stopping_criteria=StoppingCriteriaList([_ByteBudget(length, budgets, limits)]),
+            pad_token_id=pad,
+            stopping_criteria=StoppingCriteriaList([_ByteBudget(length, budgets, limits, text_symbols)]),
             logits_processor=LogitsProcessorList([healing]),
             **sampling,
         )
         for row, r in enumerate(active):
-            new = _until_stopped(output[row, length : length + limits[row]].tolist(), budgets[row])
+            new = _until_stopped(output[row, length : length + limits[row]].tolist(), budgets[row], stream)
             symbols[r] += new
-            produced[r] += sum(1 for s in new if s < NUM_BYTES)
-    return [decode_bytes(symbols[r][prompt_len[r] :])[len(open_bytes[r]) : wanted[r]] for r in range(len(symbols))]
+            produced[r] += sum(1 for s in new if s < text_symbols)
+    return [stream.text_bytes(symbols[r][prompt_len[r] :])[len(open_bytes[r]) : wanted[r]] for r in range(len(symbols))]
 
 
 def _window(symbols: list[int], context: int) -> list[int]:
@@ -105,11 +115,11 @@ def _window(symbols: list[int], context: int) -> list[int]:
     return symbols if len(symbols) < context else symbols[-max(context // 2, 1) :]
 
 
-def _until_stopped(new: list[int], budget: int) -> list[int]:
+def _until_stopped(new: list[int], budget: int, stream: StreamKind) -> list[int]:
     """A row's generated symbols up to its byte budget or ``<eos>`` (what follows is the batch's padding)."""
     seen = 0
     for i, symbol in enumerate(new):
-        seen += symbol < NUM_BYTES
-        if seen >= budget or symbol == EOS:
+        seen += symbol < stream.text_symbols
+        if seen >= budget or symbol == stream.eos:
             return new[: i + 1]
     return new

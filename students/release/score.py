@@ -5,8 +5,10 @@ document, a ``.jsonl``/``.jsonl.zst``/``.parquet`` file one per record; empty do
 and a source without any document is refused.
 
 Same definitions as ``train``'s evaluation (docs/DESIGN.md, "Evaluation"): every symbol's NLL
-(``<eot>`` and ``<eos>`` included) over the UTF-8 bytes. Every document becomes its training
-stream ``<bos> bytes(t_1) <eot> … <eot> <eos>``: a store's own stream, or the exported stream
+(``<eot>`` and ``<eos>`` included) over the UTF-8 bytes (the text symbols: in the fused stream
+both flags of a byte). Every document becomes its training stream in the stream the student
+reads (``<bos> bytes(t_1) <eot> … <eot> <eos>``, or the fused ``<bos> f(t_1) … f(t_m) <eos>``):
+a store's own stream (a store of the other stream is refused), or the exported stream
 tokenizer's for text; the streams of all documents are packed one after another, as in training,
 and scored in windows of at most the trained context. With ``stride`` = context (the default)
 the windows do not overlap, exactly as ``train`` evaluates; a smaller stride slides the window so
@@ -15,8 +17,9 @@ With ``packed=False`` each document is scored on its own from its ``<bos>`` (ind
 figures; lm-evaluation-harness's rolling loglikelihood windows are these, without ``<eos>``).
 
 A store also gives the teacher's BPB on the same bytes (its stored distributions). The
-``plain`` modes feed ``<bos>`` + the bytes without ``<eot>`` marks (the stock tokenizer's path);
-``plain-renormalised`` renormalises the student's probabilities over the 256 bytes + ``<eos>``.
+``plain`` modes feed ``<bos>`` + the bytes without token ends (no ``<eot>``, no byte flagged: the
+stock tokenizer's path); ``plain-renormalised`` renormalises the student's probabilities over the
+256 unflagged bytes + ``<eos>``.
 """
 
 from __future__ import annotations
@@ -31,11 +34,13 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from bytestream.alphabet import BOS, EOS, NUM_BYTES, PAD
+from bytestream.alphabet import NUM_BYTES
 from bytestream.errors import UserError
+from bytestream.stream_kind import StreamKind
 from bytestream.stream_tokenizer import TEACHER_TOKENIZER_FILE, ByteStreamTokenizer
 from distill.corpus import RECORD_SUFFIXES, TEXT_SUFFIXES, CorpusSpec, raw_documents
-from students.release.exported_folder import load_model, load_stream_tokenizer
+from logit_store.file_names import MANIFEST
+from students.release.exported_folder import load_model, load_stream_tokenizer, require_same_stream
 from students.release.score_options import MODES, ScoreOptions
 
 
@@ -66,8 +71,9 @@ class SourceScore:
 # ------------------------------------------------------------------------------ documents
 
 
-def plain_symbols(data: bytes) -> list[int]:
-    return [BOS, *data, EOS]
+def plain_symbols(data: bytes, stream: StreamKind) -> list[int]:
+    """``<bos>`` + the bytes + ``<eos>``, no token end marked."""
+    return [stream.bos, *data, stream.eos]
 
 
 def _file_documents(path: Path, text_field: str) -> Iterator[bytes]:
@@ -80,12 +86,24 @@ def _file_documents(path: Path, text_field: str) -> Iterator[bytes]:
             yield data
 
 
-def _store_documents(path: Path, index: int, mode: str) -> Iterator[Document]:
+def require_stream(path: Path, stream: StreamKind) -> None:
+    """Refuse a store of another stream than the student's (neither is derived from the other)."""
+    from logit_store.manifest import manifest_stream, read_manifest
+
+    held = manifest_stream(read_manifest(path))
+    if held is not stream:
+        raise UserError(
+            f"{path} is a {held.shown}-stream store and the student reads the {stream.shown} stream: score "
+            f"a store dumped with --stream {stream.value}, or the text"
+        )
+
+
+def _store_documents(path: Path, index: int, mode: str, stream: StreamKind) -> Iterator[Document]:
     from logit_store import LogitStore
     from logit_store.reader import densify
-    from students.training.batch_source import refuse_other_streams
 
-    refuse_other_streams([str(path)])  # the student reads the <eot> stream
+    if (path / MANIFEST).is_file():  # not a store: LogitStore names what is wrong
+        require_stream(path, stream)
     store = LogitStore(path)
     for i in range(len(store)):
         doc = store.document(i)
@@ -96,14 +114,20 @@ def _store_documents(path: Path, index: int, mode: str) -> Iterator[Document]:
         if mode == "stream":
             yield Document(index, layout.symbols.astype(np.int64), teacher_nll)
         else:
-            yield Document(index, np.asarray(plain_symbols(layout.text_bytes())), None)
+            yield Document(index, np.asarray(plain_symbols(layout.text_bytes(), stream)), None)
 
 
-def documents(sources: list[Path], tokenizer: ByteStreamTokenizer | None, options: ScoreOptions) -> Iterator[Document]:
-    """Every document of every source, in order, as its stream; a source without any is refused."""
+def documents(
+    sources: list[Path],
+    tokenizer: ByteStreamTokenizer | None,
+    options: ScoreOptions,
+    stream: StreamKind = StreamKind.EOT,
+) -> Iterator[Document]:
+    """Every document of every source, in order, as its stream (``stream``, the student's; text goes
+    through ``tokenizer``, which writes it); a source without any is refused."""
     for index, path in enumerate(sources):
         found = False
-        for document in _source_documents(path, index, tokenizer, options):
+        for document in _source_documents(path, index, tokenizer, options, stream):
             found = True
             yield document
         if not found:
@@ -111,16 +135,16 @@ def documents(sources: list[Path], tokenizer: ByteStreamTokenizer | None, option
 
 
 def _source_documents(
-    path: Path, index: int, tokenizer: ByteStreamTokenizer | None, options: ScoreOptions
+    path: Path, index: int, tokenizer: ByteStreamTokenizer | None, options: ScoreOptions, stream: StreamKind
 ) -> Iterator[Document]:
     if path.is_dir():
-        yield from _store_documents(path, index, options.mode)
+        yield from _store_documents(path, index, options.mode, stream)
         return
     if not path.is_file():
         raise UserError(f"{path}: no such file or store folder")
     for data in _file_documents(path, options.text_field):
         try:
-            symbols = tokenizer.encode_bytes(data, eos=True) if tokenizer is not None else plain_symbols(data)
+            symbols = tokenizer.encode_bytes(data, eos=True) if tokenizer is not None else plain_symbols(data, stream)
         except ValueError as exc:
             raise UserError(f"{path}: {exc}") from exc
         yield Document(index, np.asarray(symbols, dtype=np.int64), None)
@@ -140,12 +164,12 @@ class PackedStream:
     teacher_nll: np.ndarray  # 0 where unknown
 
 
-def pack(docs: list[Document]) -> PackedStream:
+def pack(docs: list[Document], stream: StreamKind) -> PackedStream:
     inputs, targets, scored, source, teacher = [], [], [], [], []
     for doc in docs:
         n = len(doc.symbols)
         inputs.append(doc.symbols)
-        targets.append(np.append(doc.symbols[1:], PAD))
+        targets.append(np.append(doc.symbols[1:], stream.pad))
         scored.append(np.arange(n) < n - 1)
         source.append(np.full(n, doc.source))
         teacher.append(np.append(doc.teacher_nll, 0.0) if doc.teacher_nll is not None else np.zeros(n))
@@ -166,31 +190,39 @@ def windows(total: int, context: int, stride: int, begin: int = 0) -> list[tuple
         start += stride
 
 
-def all_windows(packed: PackedStream, context: int, stride: int, per_document: bool) -> list[tuple[int, int, int]]:
+def all_windows(
+    packed: PackedStream, context: int, stride: int, per_document: bool, stream: StreamKind
+) -> list[tuple[int, int, int]]:
     """Windows over the whole packed stream, or over each document's stream on its own."""
     if not per_document:
         return windows(len(packed.inputs), context, stride)
-    starts = np.flatnonzero(packed.inputs == BOS).tolist() + [len(packed.inputs)]
+    starts = np.flatnonzero(packed.inputs == stream.bos).tolist() + [len(packed.inputs)]
     return [w for begin, end in pairwise(starts) for w in windows(end, context, stride, begin)]
 
 
 @torch.no_grad()
 def window_nll(
-    model, packed: PackedStream, spans: list[tuple[int, int, int]], mode: str, batch_size: int, progress: bool
+    model,
+    packed: PackedStream,
+    spans: list[tuple[int, int, int]],
+    mode: str,
+    batch_size: int,
+    progress: bool,
+    stream: StreamKind,
 ) -> np.ndarray:
     """The student's NLL (nats) of every position's target, each from one of the windows ``spans``."""
     nll = np.zeros(len(packed.inputs), dtype=np.float64)
     context = max(end - start for start, _, end in spans)
     for at in tqdm(range(0, len(spans), batch_size), desc="score", unit="batch", disable=not progress):
         batch = spans[at : at + batch_size]
-        ids = torch.full((len(batch), context), PAD, dtype=torch.long)
+        ids = torch.full((len(batch), context), stream.pad, dtype=torch.long)
         for row, (start, _, end) in enumerate(batch):
             ids[row, : end - start] = torch.from_numpy(packed.inputs[start:end])
         logits = model(input_ids=ids, use_cache=False).logits.float()
         if mode == "plain-renormalised":
             keep = torch.zeros(logits.shape[-1], dtype=torch.bool)
             keep[:NUM_BYTES] = True
-            keep[EOS] = True
+            keep[stream.eos] = True
             logits = logits.masked_fill(~keep, float("-inf"))
         logprobs = torch.log_softmax(logits, -1)
         for row, (start, first, end) in enumerate(batch):
@@ -228,35 +260,43 @@ def score(folder: Path, sources: list[Path], options: ScoreOptions) -> list[Sour
     """Per-source scores of the exported student at ``folder`` (the last entry is the total)."""
     if options.mode not in MODES:
         raise UserError(f"mode must be one of {', '.join(MODES)}, got {options.mode!r}")
+    stream = StreamKind.of_config(load_model(folder, weights=False).config)
+    for path in sources:  # before any weight is read
+        if (path / MANIFEST).is_file():
+            require_stream(path, stream)
     model = load_model(folder)
     tokenizer = load_stream_tokenizer(folder) if options.mode == "stream" else None
-    if options.mode == "stream":
+    if tokenizer is not None:
+        require_same_stream(model, tokenizer)
         require_own_teacher(Path(folder), [path for path in sources if path.is_dir()])
-    return score_documents(model, sources, list(documents(sources, tokenizer, options)), options)
+    return score_documents(model, sources, list(documents(sources, tokenizer, options, stream)), options)
 
 
 def score_documents(model, sources: list[Path], docs: list[Document], options: ScoreOptions) -> list[SourceScore]:
-    """Score ready-made document streams (``Document.source`` indexes ``sources``)."""
+    """Score ready-made document streams (``Document.source`` indexes ``sources``), in the stream the
+    model reads."""
+    stream = StreamKind.of_config(model.config)
     context = options.context or model.config.max_position_embeddings
     stride = options.stride or context
     if not 0 < stride <= context <= model.config.max_position_embeddings:
         raise UserError(f"need 0 < stride ({stride}) <= context ({context}) <= {model.config.max_position_embeddings}")
-    packed = pack(docs)
-    spans = all_windows(packed, context, stride, per_document=not options.packed)
-    nll = window_nll(model, packed, spans, options.mode, options.batch_size, options.progress)
-    return summarise(sources, packed, nll)
+    packed = pack(docs, stream)
+    spans = all_windows(packed, context, stride, not options.packed, stream)
+    nll = window_nll(model, packed, spans, options.mode, options.batch_size, options.progress, stream)
+    return summarise(sources, packed, nll, stream)
 
 
-def summarise(sources: list[Path], packed: PackedStream, nll: np.ndarray) -> list[SourceScore]:
+def summarise(sources: list[Path], packed: PackedStream, nll: np.ndarray, stream: StreamKind) -> list[SourceScore]:
+    """Each source's NLL over its text bytes (the denominator: targets that are text symbols)."""
     results = []
-    counted = packed.scored & (packed.targets < NUM_BYTES)
+    counted = packed.scored & (packed.targets < stream.text_symbols)
     for index, path in enumerate(sources):
         here = packed.scored & (packed.source == index)
         is_store = path.is_dir() and bool(packed.teacher_nll[here].any())
         results.append(
             SourceScore(
                 name=path.name or str(path),
-                documents=int((here & (packed.targets == EOS)).sum()),
+                documents=int((here & (packed.targets == stream.eos)).sum()),
                 bytes=int((counted & (packed.source == index)).sum()),
                 student_nll=float(nll[here].sum()),
                 teacher_nll=float(packed.teacher_nll[here].sum()) if is_store else None,

@@ -36,12 +36,12 @@ def teacher_tokenizer_json(source: str | None, info: dict[str, Any]) -> str:
     stores = training_stores(info)
     found = bool(stores) and (stores[0] / MANIFEST).is_file()
     manifest = read_manifest(stores[0]) if found else {}
+    where = f"the training store {stores[0]} is not found" if stores else "the run names no training store"
     if not found and not source:
-        where = f"the training store {stores[0]} is not found" if stores else "the run names no training store"
         raise UserError(f"give --teacher-tokenizer: {where}, so its teacher and vocabulary are unknown")
     if not found:
         print(
-            f"warning: the training store {stores[0]} is not found: --teacher-tokenizer {source} is not checked "
+            f"warning: {where}: --teacher-tokenizer {source} is not checked "
             "against the vocabulary the student was trained with",
             file=sys.stderr,
         )
