@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.train_data import benchmark_store
+from benchmarks.train_data import SMOKE_KILOBYTES, benchmark_store
 
 ALPHAS = (0.9, 0.0)
 
@@ -40,7 +40,7 @@ def main() -> None:
     parser.add_argument("--markdown", action="store_true", help="write the table into docs/RESULTS.md")
     args = parser.parse_args()
     if args.smoke:
-        args.kilobytes, args.steps, args.warmup, args.seq_len, args.batch_size = 10, 2, 1, 64, 2
+        args.kilobytes, args.steps, args.warmup, args.seq_len, args.batch_size = SMOKE_KILOBYTES, 2, 1, 64, 2
     import torch
     from accelerate import Accelerator
 

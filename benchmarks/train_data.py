@@ -22,6 +22,7 @@ from benchmarks.common import kjv_chapters, llama3_tokenizer_json
 
 CACHE = Path(__file__).resolve().parent / ".cache"
 VERSES_PER_DOCUMENT = 12
+SMOKE_KILOBYTES = 4  # the smoke runs' store (train_data and train share it): three documents, two shards
 
 
 def benchmark_store(kilobytes: int) -> Path:
@@ -158,7 +159,7 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="toy sizes (seconds): a check that the benchmark runs")
     args = parser.parse_args()
     if args.smoke:
-        args.kilobytes, args.seq_len, args.batch_size, args.epochs, args.repeats = 10, 64, 2, 1, 1
+        args.kilobytes, args.seq_len, args.batch_size, args.epochs, args.repeats = SMOKE_KILOBYTES, 64, 2, 1, 1
     from logit_store import LogitStore
 
     store = benchmark_store(args.kilobytes)

@@ -23,7 +23,7 @@ from bytestream.errors import UserError
 from bytestream.vocab import TeacherVocab, load_teacher_tokenizer, split_gguf_path, vocab_from_tokenizer
 from distill.column_order import ColumnOrder
 from distill.teacher_identity import hub_revision, teacher_name, weights_hash
-from distill.teacher_weights import check_weights, refuse_missing
+from distill.teacher_weights import check_weights, one_tensor_name_map, refuse_missing
 
 logger = logging.getLogger(__name__)
 
@@ -122,9 +122,10 @@ def load_teacher(
     kwargs = {"gguf_file": gguf} if gguf else {}
     check_weights(source, model_source, gguf)  # before memory is allocated for a model
     try:
-        model, loading = AutoModelForCausalLM.from_pretrained(
-            model_source, dtype=dtype, output_loading_info=True, **kwargs
-        )
+        with one_tensor_name_map():
+            model, loading = AutoModelForCausalLM.from_pretrained(
+                model_source, dtype=dtype, output_loading_info=True, **kwargs
+            )
     except Exception as exc:  # noqa: BLE001 - transformers raises many types for a bad source
         raise UserError(f"cannot load the teacher {source}: {str(exc).splitlines()[0]}") from None
     refuse_missing(source, loading.get("missing_keys", ()))

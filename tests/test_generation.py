@@ -250,12 +250,14 @@ def test_lm_eval_generate_until_at_batch_size_8_on_the_patched_student(folder, t
         "metric_list:\n  - metric: exact_match\n    aggregation: mean\n    higher_is_better: true\n"
     )
 
+    tasks = TaskManager(include_path=str(tmp_path), include_defaults=False)  # not lm-eval's own 14k task files
+
     def responses(batch_size: int) -> list[str]:
         results = lm_eval.simple_evaluate(
             model="hf",
             model_args=f"pretrained={folder},trust_remote_code=True",
             tasks=["bytedistill_cuts8"],
-            task_manager=TaskManager(include_path=str(tmp_path)),
+            task_manager=tasks,
             batch_size=batch_size,
             device="cpu",
             log_samples=True,

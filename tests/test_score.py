@@ -171,12 +171,14 @@ def test_lm_eval_bits_per_byte_equals_score(exported, tmp_path, monkeypatch):
         "metric_list:\n  - metric: bits_per_byte\n    aggregation: bits_per_byte\n    higher_is_better: false\n"
     )
 
+    tasks = TaskManager(include_path=str(tmp_path), include_defaults=False)  # not lm-eval's own 14k task files
+
     def harness_bpb(model_args: str) -> float:
         results = lm_eval.simple_evaluate(
             model="hf",
             model_args=model_args,
             tasks=["bytedistill_local"],
-            task_manager=TaskManager(include_path=str(tmp_path)),
+            task_manager=tasks,
             batch_size=4,
             device="cpu",
         )
@@ -239,7 +241,7 @@ def test_prompts_heal_through_the_card_remote_generate_and_lm_eval(exported, tmp
         model="hf",
         model_args=f"pretrained={exported.folder},trust_remote_code=True",
         tasks=["bytedistill_cuts"],
-        task_manager=TaskManager(include_path=str(tmp_path)),
+        task_manager=TaskManager(include_path=str(tmp_path), include_defaults=False),
         batch_size=2,
         device="cpu",
         log_samples=True,
