@@ -508,7 +508,7 @@ EDGES = [
     Edge(
         "score-fused-store",
         ["score", "{tmp}/model", "{tmp}/train", "--progress", "false"],
-        "train is a fused-stream store; this student reads the <eot> stream",
+        "train is a fused-stream store and the student reads the <eot> stream: score a store dumped with --stream eot",
         setup=lambda tmp: (fused_store(tmp), with_model(tmp)),
     ),
     # score and generate on the exported student (plain mode: the stream tokenizer is slow to load, and not needed)

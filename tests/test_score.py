@@ -97,8 +97,8 @@ def test_long_text_slides_within_the_trained_context(exported, tmp_path):
 
     load = score_module.load_model
 
-    def recording_load(folder):
-        model = load(folder)
+    def recording_load(folder, **options):
+        model = load(folder, **options)
         model.register_forward_pre_hook(
             lambda m, args, kwargs: model_positions.append(kwargs["input_ids"].shape[1]), with_kwargs=True
         )
