@@ -31,13 +31,13 @@ import os
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
-from benchmarks.common import smollm2_gguf
-from benchmarks.patched import Size, dump_store, prompts, train
+from benchmarks import patched
+from benchmarks.patched import Recipe, Size, dump_store, prompts, train
 from benchmarks.results import markdown_table, write_section
 
 STREAMS = ("eot", "fused")
@@ -54,23 +54,13 @@ SMOKE_SIZES = [
 ]
 
 
-@dataclass(frozen=True)
-class Recipe:
-    teacher: str
-    teacher_name: str
-    train: tuple[list[str], int]  # books, chapters
-    heldout: tuple[list[str], int]
-    sizes: list[Size]
-
-
 def real_recipe() -> Recipe:
-    return Recipe(str(smollm2_gguf()), "SmolLM2-135M", (["Genesis"], 50), (["Ruth", "Jonah"], 8), SIZES)
+    """benchmarks/patched.py's teacher and held-out books, all of Genesis to train on, these sizes."""
+    return replace(patched.real_recipe(), train=(["Genesis"], 50), sizes=SIZES)
 
 
 def smoke_recipe() -> Recipe:
-    from benchmarks.smoke import TEACHER_NAME, tiny_teacher
-
-    return Recipe(str(tiny_teacher()), TEACHER_NAME, (["Genesis"], 2), (["Ruth", "Jonah"], 2), SMOKE_SIZES)
+    return replace(patched.smoke_recipe(), sizes=SMOKE_SIZES)
 
 
 # ------------------------------------------------------------------------------ stores
