@@ -27,7 +27,7 @@ from students.training.trainer import train
 from tests.conftest import SAMPLE_DOCUMENTS
 from tests.stores import random_texts, write_random_store
 from tests.teachers import dump_args, mistral_sentencepiece_folder, phi3_style, save_tiny_llama3_teacher
-from tests.test_generation import check_call_forms
+from tests.test_generation import check_call_forms, check_padded_batch_heals_each_row
 from tests.tiny_student import tiny_config
 
 FUSED = StreamKind.FUSED
@@ -316,16 +316,7 @@ def test_every_call_form_gives_the_same_symbols(fused_folder):
 
 
 def test_a_padded_batch_of_complete_streams_heals_each_row_as_alone(fused_folder):
-    tokenizer = AutoTokenizer.from_pretrained(fused_folder, trust_remote_code=True)
-    remote = AutoModelForCausalLM.from_pretrained(fused_folder, trust_remote_code=True).eval()
-    batch = tokenizer(PROMPTS, padding=True, return_tensors="pt")
-    assert batch["attention_mask"][:, 0].tolist().count(0) == 2 and batch["input_ids"][1, 0] == FUSED_PAD
-    output = remote.generate(**batch, max_new_tokens=12, do_sample=False)
-    width = batch["input_ids"].shape[1]
-    for row, prompt in enumerate(PROMPTS):
-        alone = tokenizer(prompt, return_tensors="pt")
-        single = remote.generate(**alone, max_new_tokens=12, do_sample=False)[0]
-        assert continuation(output[row], width) == continuation(single, alone["input_ids"].shape[1]), prompt
+    check_padded_batch_heals_each_row(fused_folder, FUSED_PAD)
 
 
 def test_the_remote_generate_heals_rows_cut_on_the_left(fused_folder):

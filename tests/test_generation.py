@@ -64,9 +64,9 @@ def stream_tokenizer(llama3_tokenizer_path):
     return ByteStreamTokenizer(teacher_tokenizer_file=llama3_tokenizer_path)
 
 
-def continuation(output: torch.Tensor, width: int) -> list[int]:
+def continuation(output: torch.Tensor, width: int, pad: int = PAD) -> list[int]:
     """A row's generated symbols (the padding after a row that stopped early left out)."""
-    return [s for s in output[width:].tolist() if s != PAD]
+    return [s for s in output[width:].tolist() if s != pad]
 
 
 @pytest.mark.parametrize("build", [flat_model, patched_model], ids=["flat", "patched"])
@@ -186,16 +186,23 @@ def check_call_forms(tokenizer, remote, stock, sampling: dict) -> None:
 
 def test_a_padded_batch_of_complete_streams_heals_each_row_as_alone(folder):
     """``tokenizer([...], padding=True)`` pads on the left; the folder's generate heals each row."""
+    check_padded_batch_heals_each_row(folder, PAD)
+
+
+def check_padded_batch_heals_each_row(folder, pad: int) -> None:
+    """A left-padded batch of complete streams through the folder's ``generate`` continues each row as
+    that prompt alone does; ``pad`` is the folder's stream's padding symbol."""
     tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
     remote = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True).eval()
     batch = tokenizer(PROMPTS, padding=True, return_tensors="pt")
     assert batch["attention_mask"][:, 0].tolist().count(0) == 2  # two shorter rows, padded on the left
+    assert batch["input_ids"][1, 0] == pad
     output = remote.generate(**batch, max_new_tokens=12, do_sample=False)
     width = batch["input_ids"].shape[1]
     for row, prompt in enumerate(PROMPTS):
         alone = tokenizer(prompt, return_tensors="pt")
         single = remote.generate(**alone, max_new_tokens=12, do_sample=False)[0]
-        assert continuation(output[row], width) == continuation(single, alone["input_ids"].shape[1]), prompt
+        assert continuation(output[row], width, pad) == continuation(single, alone["input_ids"].shape[1], pad), prompt
 
 
 def test_generate_cli_batches_prompts_and_a_prompts_file(folder, tmp_path, capsys):
