@@ -10,10 +10,14 @@ a logits processor that forces the next symbol, so the patched student steps its
 the real patch rate. Per model, batch and thread count: prompt processing and decoding, in text
 bytes per second, separately (prefill = ``generate`` of one symbol; decoding = the rest); the
 per-step time; the FLOPs-implied bound (forward FLOPs per byte from ``students/models/cost.py`` against
-a measured matrix-product rate) and the share of it reached. Then a line starting ``summary``
-with the goals of issue 30, each met or missed. ``--smoke`` runs toy sizes in seconds (a test).
+a measured matrix-product rate) and the share of it reached. Each model decodes eagerly and on the
+compiled path (``students/models/decode.py``: static caches, ``torch.compile``; compiling is
+timed apart, by a first run of the same shapes, with dynamo reset before each model and batch so
+each row runs the static graph a fresh process would). Then a line starting ``summary`` with the
+goals of issue 30 on the compiled rows (the eager figures beside them), each met or missed.
+``--smoke`` runs toy sizes in seconds (a test).
 
-    python -m benchmarks.generation [--threads 1 0] [--batches 1 8 32] [--new-bytes 512] [--markdown]
+    python -m benchmarks.generation [--threads 1 0] [--batches 1 8 32] [--new-bytes 512] [--decode eager compiled] [--markdown]
     python -m benchmarks.generation --device cuda --threads 0     # the prepared GPU line
     python -m benchmarks.generation --smoke
 """
@@ -32,6 +36,7 @@ from bytestream.alphabet import NUM_BYTES, PAD
 from bytestream.stream_tokenizer import ByteStreamTokenizer
 from students.models.architectures import student_cost
 from students.models.cost import StreamRates
+from students.models.decode import compiled_decoding
 from students.models.llama import build_student, count_parameters, student_config
 from students.models.patched_model import PatchedStudent, PatchedStudentConfig
 
@@ -60,11 +65,13 @@ class Row:
     parameters: int
     batch: int
     threads: int
+    decode: str  # "eager" or "compiled"
     prompt_bps: float
     decode_bps: float
     step_ms: float
     bound_bps: float
     overhead_ms: float
+    compile_s: float | None  # the compiled path's first run of these shapes (compiling included)
 
     @property
     def of_bound(self) -> float:
@@ -139,10 +146,11 @@ def _sync(device: str) -> None:
 
 
 @torch.no_grad()
-def timed_generate(model, prompts, targets, new: int, device: str) -> float:
+def timed_generate(model, prompts, targets, new: int, device: str, decoding: dict) -> float:
     _sync(device)
     start = time.perf_counter()
     model.generate(
+        **decoding,
         input_ids=prompts,
         attention_mask=torch.ones_like(prompts),
         max_new_tokens=new,
@@ -156,33 +164,42 @@ def timed_generate(model, prompts, targets, new: int, device: str) -> float:
     return time.perf_counter() - start
 
 
-def measure(name, model, data, args, batch, threads, rate, per_byte: float, rates, token: bool) -> Row:
-    """One row: ``per_byte`` is the model's symbols (or tokens) per text byte."""
+def measure(name, model, data, args, batch, threads, decode, rate, per_byte: float, rates, token: bool) -> Row:
+    """One row: ``per_byte`` is the model's symbols (or tokens) per text byte; ``decode`` "eager" or "compiled"."""
     prompt = max(1, round(args.prompt_bytes * per_byte))
     new = max(2, round(args.new_bytes * per_byte))
     prompts, targets = streams(args.tokenizer, data, batch, prompt, new, token)
     vocab = model.config.vocab_size  # a token model of another vocabulary replays the ids modulo its own
     prompts, targets = (prompts % vocab).to(args.device), (targets % vocab).to(args.device)
     model.to(args.device)
-    timed_generate(model, prompts, targets, 2, args.device)  # warm up
-    prefill = timed_generate(model, prompts, targets, 1, args.device)
-    total = timed_generate(model, prompts, targets, new, args.device)
-    decode = max(total - prefill, 1e-9)
+    decoding = {}
+    if decode == "compiled":
+        torch._dynamo.reset()  # this model and batch's own static graph, as in a fresh process
+        decoding = compiled_decoding(model)
+        compile_s = timed_generate(model, prompts, targets, new, args.device, decoding)  # compiles these shapes
+    else:
+        compile_s = None
+        timed_generate(model, prompts, targets, 2, args.device, decoding)  # warm up
+    prefill = timed_generate(model, prompts, targets, 1, args.device, {})  # the prompt runs eagerly either way
+    total = timed_generate(model, prompts, targets, new, args.device, decoding)
+    decode_s = max(total - prefill, 1e-9)
     new_bytes = new / per_byte * batch
     cost = student_cost(model)
     flops_per_byte = cost.generate_flops_per_symbol(rates, prompt + new // 2) * per_byte
-    step_s = decode / (new - 1)
+    step_s = decode_s / (new - 1)
     model_s = flops_per_byte / per_byte * batch / rate  # the FLOPs-implied time of one step
     return Row(
         name,
         count_parameters(model),
         batch,
         threads,
+        decode,
         prompt * batch / per_byte / prefill,
-        new_bytes / decode,
+        new_bytes / decode_s,
         1000 * step_s,
         rate / flops_per_byte,
         1000 * (step_s - model_s),
+        compile_s,
     )
 
 
@@ -222,7 +239,7 @@ def patched_student(size: Shape) -> PatchedStudent:
 
 def models(args, rates: StreamRates, tokens_per_byte: float):
     """(name, builder, symbols or tokens per byte, token model?) of every model in the table."""
-    sizes = SMOKE_SIZES if args.smoke else SIZES[: args.sizes]
+    sizes = (SMOKE_SIZES if args.smoke else SIZES)[: args.sizes]
     teacher = SMOKE_TEACHER if args.smoke else TEACHER
     vocab = 512 if args.smoke else TEACHER_VOCAB
     yield "teacher-shaped token model", lambda: token_model(teacher, vocab), tokens_per_byte, True
@@ -234,18 +251,32 @@ def models(args, rates: StreamRates, tokens_per_byte: float):
 
 
 def table(rows: list[Row], markdown: bool) -> list[str]:
-    header = ["model", "parameters", "batch", "threads", "prompt B/s", "decode B/s", "ms/step", "bound B/s", "of bound"]
+    header = [
+        "model",
+        "parameters",
+        "batch",
+        "threads",
+        "decoding",
+        "prompt B/s",
+        "decode B/s",
+        "ms/step",
+        "bound B/s",
+        "of bound",
+        "first run s",
+    ]
     body = [
         [
             r.model,
             f"{r.parameters:,}",
             str(r.batch),
             str(r.threads),
+            r.decode,
             f"{r.prompt_bps:,.0f}",
             f"{r.decode_bps:,.0f}",
             f"{r.step_ms:.2f}",
             f"{r.bound_bps:,.0f}",
             f"{100 * r.of_bound:.1f}%",
+            "" if r.compile_s is None else f"{r.compile_s:.1f}",
         ]
         for r in rows
     ]
@@ -258,9 +289,12 @@ def table(rows: list[Row], markdown: bool) -> list[str]:
 
 
 def summary(rows: list[Row]) -> str:
-    """The goals, each met or missed (on the most threads measured)."""
+    """The goals, each met or missed, on the most threads measured and the compiled rows (the eager
+    overhead beside, where both were measured)."""
     threads = max(r.threads for r in rows)
-    at = {(r.model, r.batch): r for r in rows if r.threads == threads}
+    decoding = "compiled" if any(r.decode == "compiled" for r in rows) else "eager"
+    at = {(r.model, r.batch): r for r in rows if r.threads == threads and r.decode == decoding}
+    eager = {(r.model, r.batch): r for r in rows if r.threads == threads and r.decode == "eager"}
     batches = sorted({r.batch for r in rows})
     b8 = 8 if 8 in batches else batches[-1]
     sizes = [m.removeprefix("flat ") for m, _ in at if m.startswith("flat ")]
@@ -272,9 +306,13 @@ def summary(rows: list[Row]) -> str:
         parts.append(f"{text}: {'met' if met else 'MISSED'}")
 
     one = batches[0]
-    overhead = max(at[(f"{kind} {small}", one)].overhead_ms for kind in ("flat", "patched"))
+    smallest = [(f"{kind} {small}", one) for kind in ("flat", "patched")]
+    overhead = max(at[key].overhead_ms for key in smallest)
+    before = (
+        f", eager {max(eager[key].overhead_ms for key in smallest):.2f} ms" if decoding != "eager" and eager else ""
+    )
     goal(
-        f"per-step overhead {overhead:.2f} ms at batch {one} (goal <= {GOAL_OVERHEAD_MS} ms)",
+        f"per-step overhead {overhead:.2f} ms at batch {one}, {decoding}{before} (goal <= {GOAL_OVERHEAD_MS} ms)",
         overhead <= GOAL_OVERHEAD_MS,
     )
     ratio = at[(f"patched {large}", b8)].decode_bps / at[(f"flat {large}", b8)].decode_bps
@@ -294,7 +332,7 @@ def summary(rows: list[Row]) -> str:
         f"batch-{b8} decode of size {large} at {100 * share:.0f}% of the FLOPs bound (goal >= {100 * GOAL_BOUND:.0f}%)",
         share >= GOAL_BOUND,
     )
-    return "summary: " + "; ".join(parts) + f" ({threads} threads)"
+    return "summary: " + "; ".join(parts) + f" ({threads} threads, {decoding} decoding)"
 
 
 def main() -> None:
@@ -305,11 +343,14 @@ def main() -> None:
     parser.add_argument("--new-bytes", type=int, default=512)
     parser.add_argument("--prompt-bytes", type=int, default=64)
     parser.add_argument("--sizes", type=int, default=3, help="how many student sizes (S, M, L)")
+    parser.add_argument(
+        "--decode", nargs="+", choices=["eager", "compiled"], default=["eager", "compiled"], help="decoding paths"
+    )
     parser.add_argument("--markdown", action="store_true", help="a markdown table, also written into docs/RESULTS.md")
     parser.add_argument("--smoke", action="store_true", help="toy sizes and lengths: seconds")
     args = parser.parse_args()
     if args.smoke:
-        args.threads, args.batches, args.new_bytes, args.prompt_bytes = [1], [1, 2], 24, 16
+        args.threads, args.batches, args.new_bytes, args.prompt_bytes, args.sizes = [1], [2], 24, 16, 1
     from benchmarks.common import llama3_tokenizer_json
 
     args.tokenizer = ByteStreamTokenizer(teacher_tokenizer_file=str(llama3_tokenizer_json()))
@@ -324,9 +365,11 @@ def main() -> None:
         for name, build, per_byte, token in models(args, rates, tokens_per_byte):
             model = build()
             for batch in args.batches:
-                rows.append(
-                    measure(name, model, data, args, batch, threads or all_threads, rate, per_byte, rates, token)
-                )
+                for decode in args.decode:
+                    row = measure(
+                        name, model, data, args, batch, threads or all_threads, decode, rate, per_byte, rates, token
+                    )
+                    rows.append(row)
     print(
         f"{args.device}; {args.new_bytes} new bytes after {args.prompt_bytes}; {rates.symbols_per_byte:.3f} symbols, "
         f"{rates.patches_per_byte:.3f} patches and {tokens_per_byte:.3f} teacher tokens per byte (KJV, Llama-3 tokenizer)"

@@ -133,3 +133,20 @@ def test_the_hub_in_any_spelling_gets_the_hugging_face_token_and_only_it(monkeyp
     for lookalike in ("https://huggingface.co.evil.example", "https://huggingface.co:8443", "http://huggingface.co"):
         with pytest.raises(UserError, match="never sent there"):
             resolve_target(lookalike)
+
+
+def test_a_fused_folder_pushes_exactly_its_planned_files(hub, tmp_path, llama3_tokenizer_path, monkeypatch):
+    """A fused student's folder (no plain byte tokenizer, ``byte_stream: "fused"`` in its configs)
+    passes push's load check and uploads what export wrote."""
+    run = tmp_path / "run"
+    train(tiny_config(run, num_layers=1, intermediate_size=32, max_steps=1, stream="fused"), SYNTHETIC_SOURCE)
+    out = export_student(run, tmp_path / "fused", teacher_tokenizer=llama3_tokenizer_path)
+    monkeypatch.setenv("HF_TOKEN", "hf_fake_token")
+    monkeypatch.setenv("HF_ENDPOINT", hub)
+    push_folder(out, "me/fused-student", private=True, revision="main", commit_message="fused")
+    (commit,) = FakeHub.commits
+    uploaded = commit["files"]
+    assert sorted(uploaded) == [f.path for f in upload_plan(out)]
+    assert "tokenizer.json" not in uploaded  # a fused folder ships no plain byte tokenizer
+    assert json.loads(uploaded["config.json"])["byte_stream"] == "fused"
+    assert json.loads(uploaded["tokenizer_config.json"])["byte_stream"] == "fused"

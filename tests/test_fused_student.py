@@ -371,6 +371,25 @@ def test_score_of_a_fused_store_equals_the_score_of_its_text(fused_folder, fused
     assert alone.bytes == of_texts.bytes and math.isfinite(alone.student_bpb)
 
 
+def test_plain_scores_of_a_fused_student_are_its_unflagged_bytes(fused_folder, tmp_path):
+    """``--mode plain`` feeds ``<bos>`` + bytes + ``<eos>`` with no byte flagged; its NLL is the
+    model's own on those symbols (recomputed here), and ``plain-renormalised`` (the 256 unflagged
+    bytes and ``<eos>`` only) scores the same bytes higher."""
+    text = SCORED[1]
+    (tmp_path / "one.txt").write_bytes(text)
+    options = {"progress": False, "packed": False}
+    plain = score(fused_folder, [tmp_path / "one.txt"], ScoreOptions(mode="plain", **options))[-1]
+    renormalised = score(fused_folder, [tmp_path / "one.txt"], ScoreOptions(mode="plain-renormalised", **options))[-1]
+    model, _ = load_folder(fused_folder)
+    ids = torch.tensor([[FUSED_BOS, *text, FUSED_EOS]])
+    with torch.no_grad():
+        logprobs = torch.log_softmax(model(input_ids=ids).logits.float(), -1)[0, :-1]
+    by_hand = -logprobs.gather(-1, ids[0, 1:].unsqueeze(-1)).sum().item()
+    assert plain.bytes == renormalised.bytes == len(text)
+    assert plain.student_nll == pytest.approx(by_hand, rel=1e-5)
+    assert renormalised.student_nll < plain.student_nll
+
+
 def test_a_store_of_the_other_stream_is_refused_in_one_line(fused_folder, fused_stores, capsys):
     assert cli_main(["score", str(fused_folder), str(fused_stores[1]), "--progress", "false"]) == 2
     err = capsys.readouterr().err.strip()

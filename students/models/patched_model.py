@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
+from transformers.generation import CompileConfig
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 # bytestream/alphabet.py's values, copied (this file runs without the package): tests/test_alphabet_copies.py
@@ -213,7 +214,8 @@ class PatchedCache:
     ``global_k/global_v[l]`` (B, H, capacity, D) with ``global_length`` (B,) valid entries per row;
     ``pad`` (B,): each row's left pads; ``open_sum``/``open_count``: the pooled local states of each
     row's open patch; ``context`` (B, global hidden): each row's latest global output; ``seen``:
-    symbols consumed (pads included).
+    symbols consumed (pads included), and ``step`` the same as a tensor (what a compiled step reads);
+    ``steps``: the compiled step parts (:class:`CompiledSteps`) when the generation asked for them.
     """
 
     is_compileable = False
@@ -222,6 +224,8 @@ class PatchedCache:
     def __init__(self, capacity: int | None = None):
         self.capacity = capacity
         self.seen = 0
+        self.step: torch.Tensor | None = None
+        self.steps: CompiledSteps | None = None
         self.local: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.slot_index: torch.Tensor | None = None
         self.pad: torch.Tensor | None = None
@@ -364,7 +368,7 @@ class PatchedStudent(PreTrainedModel, GenerationMixin):
         logits = self.lm_head(self.final_norm(x))
         if cache is not None:
             rows = torch.arange(b, device=input_ids.device)
-            cache.seen = t
+            cache.seen, cache.step = t, torch.tensor(t, device=input_ids.device)
             cache.pad = (t - valid.long().sum(1)) if valid is not None else torch.zeros_like(rows)
             index = torch.arange(max(t - config.local_window, 0), t, device=input_ids.device)
             cache.slot_index = torch.full((config.local_window,), -1, dtype=torch.long, device=input_ids.device)
@@ -396,65 +400,68 @@ class PatchedStudent(PreTrainedModel, GenerationMixin):
     @torch.no_grad()
     def _step(self, symbol: torch.Tensor, cache: PatchedCache) -> torch.Tensor:
         """Logits (B, 1, vocab_size) after one more symbol per row; updates ``cache`` in place (no
-        cache tensor is allocated: the local layers write one ring slot, the global ones one entry)."""
-        config = self.config
-        window = config.local_window
-        position = (cache.seen - cache.pad).unsqueeze(-1)  # (B, 1): each row's own position
-        slot = cache.seen % window
-        cache.slot_index[slot] = cache.seen
+        cache tensor is allocated: the local layers write one ring slot, the global ones one entry).
+        Three parts, each compiled when the generation asked for it (:class:`CompiledSteps`): the
+        encoder, the global step of the rows whose symbol closes a patch, the decoder."""
+        steps = cache.steps or self
+        h, closing, where = steps.encode_symbol(symbol, cache)
+        rows = closing.nonzero().squeeze(-1)
+        if rows.numel():
+            if cache.steps is None:  # eager: read only the global entries in use
+                _grow(cache, int(cache.global_length.max()) + 1)
+            elif cache.seen + 2 > cache.global_k[0].shape[2]:  # a patch per symbol at most
+                _grow(cache, cache.seen + 2)
+            steps.global_step(rows, cache, rows.numel() == symbol.shape[0])
+        cache.seen += 1
+        return steps.decode_symbol(h, cache, where)
+
+    def encode_symbol(self, symbol: torch.Tensor, cache: PatchedCache):
+        """The new symbol's local state (B, 1, local), whether it closes a patch (B,), and where it
+        sits (its position per row, ring slot and mask, for the decoder); pools it into the open patch."""
+        window = self.config.local_window
+        position = (cache.step - cache.pad).unsqueeze(-1)  # (B, 1): each row's own position
+        slot = (cache.step % window).view(1)  # a tensor index (index_copy_), so a compiled step reads no Python int
+        cache.slot_index.index_copy_(0, slot, cache.step.view(1))
         readable = (cache.slot_index.unsqueeze(0) >= cache.pad.unsqueeze(-1)) & (cache.slot_index >= 0)
-        mask = readable[:, None, None, :]  # (B, 1, 1, window): the ring's symbols of this row
-
-        def run_local(x, block, index):
-            keys, values = cache.local[index]
-
-            def join(k, v):
-                keys[:, :, slot] = k[:, :, 0]
-                values[:, :, slot] = v[:, :, 0]
-                return keys, values
-
-            return block(x, position, mask, join)
-
+        where = (position, slot, readable[:, None, None, :])  # mask (B, 1, 1, window): the ring's symbols of this row
         h = self.embed(symbol).unsqueeze(1)
         for index, block in enumerate(self.encoder):
-            h = run_local(h, block, index)
-        closing = self.closes(symbol)
-        if config.patch_pooling == "last":
+            h = _local_step(h, block, cache.local[index], where)
+        if self.config.patch_pooling == "last":
             cache.open_sum.copy_(h[:, 0])
             cache.open_count.fill_(1.0)
         else:
             cache.open_sum.add_(h[:, 0])
             cache.open_count.add_(1.0)
-        rows = closing.nonzero().squeeze(-1)
-        if rows.numel():
-            self._global_step(rows, cache)
+        return h, self.closes(symbol), where
+
+    def decode_symbol(self, h: torch.Tensor, cache: PatchedCache, where) -> torch.Tensor:
+        """The next symbol's logits from the local state and each row's latest global output."""
         x = h + self.global_down(cache.context).unsqueeze(1)
         for index, block in enumerate(self.decoder, start=len(self.encoder)):
-            x = run_local(x, block, index)
-        cache.seen += 1
+            x = _local_step(x, block, cache.local[index], where)
+        cache.step.add_(1)
         return self.lm_head(self.final_norm(x))
 
-    def _global_step(self, rows: torch.Tensor, cache: PatchedCache) -> None:
-        """Close the open patch of ``rows``: one global step for them only."""
-        every = rows.numel() == cache.global_length.numel()
-        pooled = (cache.open_sum / cache.open_count.clamp_min(1).unsqueeze(-1)) if every else None
-        if pooled is None:
-            pooled = cache.open_sum[rows] / cache.open_count[rows].clamp_min(1).unsqueeze(-1)
-        g = self.patch_up(self.patch_norm(pooled)).unsqueeze(1)
+    def global_step(self, rows: torch.Tensor, cache: PatchedCache, every: bool) -> None:
+        """Close the open patch of ``rows`` (``every``: all of them): one global step for them only.
+        Eager, it reads the global entries in use; compiled, all of the cache's (masked), so that
+        the shapes stay fixed for the generation."""
+        open_sum, open_count = (
+            (cache.open_sum, cache.open_count) if every else (cache.open_sum[rows], cache.open_count[rows])
+        )
+        g = self.patch_up(self.patch_norm(open_sum / open_count.clamp_min(1).unsqueeze(-1))).unsqueeze(1)
         at = cache.global_length if every else cache.global_length[rows]  # each row's next global position
-        used = int(at.max()) + 1
-        _grow(cache, used)
-        mask = (torch.arange(used, device=g.device) <= at.unsqueeze(-1)).view(len(rows), 1, 1, used)
+        used = cache.global_k[0].shape[2] if cache.steps is not None else int(at.max()) + 1
+        mask = (torch.arange(used, device=g.device) <= at.unsqueeze(-1)).view(len(at), 1, 1, used)
         for index, block in enumerate(self.global_layers):
+            keys, values = cache.global_k[index], cache.global_v[index]
 
-            def join(k, v, index=index):
-                keys, values = cache.global_k[index], cache.global_v[index]
-                if every:  # every row steps: write and read in place
-                    keys[rows, :, at] = k[:, :, 0]
-                    values[rows, :, at] = v[:, :, 0]
-                    return keys[:, :, :used], values[:, :, :used]
+            def join(k, v, keys=keys, values=values):
                 keys[rows, :, at] = k[:, :, 0]
                 values[rows, :, at] = v[:, :, 0]
+                if every:  # every row steps: read in place
+                    return keys[:, :, :used], values[:, :, :used]
                 return keys[rows, :, :used], values[rows, :, :used]
 
             g = block(g, at.unsqueeze(-1), mask, join)
@@ -466,10 +473,31 @@ class PatchedStudent(PreTrainedModel, GenerationMixin):
     # --------------------------------------------------------------------------- generate()
 
     def _prepare_cache_for_generation(self, generation_config, model_kwargs, *args, **kwargs):
-        """One :class:`PatchedCache` for the generation, sized for its maximum length."""
+        """One :class:`PatchedCache` for the generation, sized for its maximum length, with the
+        compiled step parts when the generation asks for compilation (:meth:`compiled_steps`)."""
         given = model_kwargs.get("cache", model_kwargs.get("past_key_values"))
         if given is None and generation_config.use_cache is not False:
-            model_kwargs[_CACHE_FIELD] = PatchedCache(capacity=getattr(generation_config, "max_length", None))
+            cache = PatchedCache(capacity=getattr(generation_config, "max_length", None))
+            cache.steps = self.compiled_steps(generation_config)
+            model_kwargs[_CACHE_FIELD] = cache
+
+    def compiled_steps(self, generation_config) -> CompiledSteps | None:
+        """The step parts compiled with the generation's ``compile_config`` (given, or the default
+        one for ``cache_implementation="static"``, as stock models compile with a static cache);
+        None when it asks for neither or sets ``disable_compile``. Compiled once per set of options."""
+        compile_config = getattr(generation_config, "compile_config", None)
+        static = getattr(generation_config, "cache_implementation", None) == "static"
+        if getattr(generation_config, "disable_compile", False) or (compile_config is None and not static):
+            return None
+        options = (compile_config or CompileConfig()).to_dict()
+        key = repr(sorted(options.items()))
+        compiled = self.__dict__.setdefault("_compiled_steps", {})
+        if key not in compiled:
+            compiled[key] = CompiledSteps(self, options)
+        return compiled[key]
+
+    def _valid_auto_compile_criteria(self, model_kwargs, generation_config) -> bool:
+        return False  # the step's parts are compiled by compiled_steps, not the whole forward
 
     def prepare_inputs_for_generation(
         self, input_ids, cache=None, past_key_values=None, use_cache=None, attention_mask=None, **kwargs
@@ -479,6 +507,31 @@ class PatchedStudent(PreTrainedModel, GenerationMixin):
         if cache is not None and cache.seen > 0:
             return {"input_ids": input_ids[:, cache.seen :], "use_cache": use_cache, "cache": cache}
         return {"input_ids": input_ids, "use_cache": use_cache, "cache": cache, "attention_mask": attention_mask}
+
+
+def _local_step(x: torch.Tensor, block: Block, ring: tuple[torch.Tensor, torch.Tensor], where) -> torch.Tensor:
+    """One symbol through a local layer: its keys/values go into the ring's slot, the query reads the ring."""
+    keys, values = ring
+    position, slot, mask = where
+
+    def join(k, v):
+        keys.index_copy_(2, slot, k)
+        values.index_copy_(2, slot, v)
+        return keys, values
+
+    return block(x, position, mask, join)
+
+
+class CompiledSteps:
+    """:meth:`PatchedStudent.encode_symbol`, ``global_step`` and ``decode_symbol``, each through
+    ``torch.compile(**options)``: the eager methods' code, so the symbols are the same. Their
+    shapes are fixed for a generation (the cache is allocated once), so each compiles once per
+    batch size and capacity; ``global_step`` also once for a subset of rows."""
+
+    def __init__(self, model: PatchedStudent, options: dict):
+        self.encode_symbol = torch.compile(model.encode_symbol, **options)
+        self.global_step = torch.compile(model.global_step, **options)
+        self.decode_symbol = torch.compile(model.decode_symbol, **options)
 
 
 def _left_padding(attention_mask: torch.Tensor | None, input_ids: torch.Tensor) -> torch.Tensor | None:

@@ -18,6 +18,7 @@ from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteria
 
 from bytestream.stream_kind import StreamKind
 from bytestream.stream_tokenizer import HealingProcessor
+from students.models.decode import generate_compiled
 from students.release.exported_folder import load_model, load_stream_tokenizer, require_same_stream
 from students.release.generate_options import GenerateOptions
 
@@ -93,16 +94,17 @@ def continue_streams(model, streams: list[list[int]], open_bytes: list[bytes], o
         healing = HealingProcessor([open_bytes[r][produced[r] :] for r in active], length, stream.value)
         # each row stops where its own window reaches the context, so it slides where it would alone
         budgets, limits = [wanted[r] - produced[r] for r in active], [context - len(w) for w in windows]
-        output = model.generate(
-            input_ids=ids,
-            attention_mask=mask,
-            do_sample=not options.greedy,
-            max_new_tokens=context - min(map(len, windows)),
-            pad_token_id=pad,
-            stopping_criteria=StoppingCriteriaList([_ByteBudget(length, budgets, limits, text_symbols)]),
-            logits_processor=LogitsProcessorList([healing]),
+        arguments = {
+            "input_ids": ids,
+            "attention_mask": mask,
+            "do_sample": not options.greedy,
+            "max_new_tokens": context - min(map(len, windows)),
+            "pad_token_id": pad,
+            "stopping_criteria": StoppingCriteriaList([_ByteBudget(length, budgets, limits, text_symbols)]),
+            "logits_processor": LogitsProcessorList([healing]),
             **sampling,
-        )
+        }
+        output = generate_compiled(model, **arguments) if options.compile else model.generate(**arguments)
         for row, r in enumerate(active):
             new = _until_stopped(output[row, length : length + limits[row]].tolist(), budgets[row], stream)
             symbols[r] += new

@@ -177,9 +177,11 @@ def check_loadable(folder: Path) -> None:
     folder = Path(folder)
     try:
         load_model(folder, weights=False)
-        load_stream_tokenizer(folder)
+        byte_stream = load_stream_tokenizer(folder).byte_stream
     except UserError as exc:
         raise UserError(f"cannot push {folder}: {exc}") from exc
+    if byte_stream != "eot":
+        return  # a fused folder ships no plain byte tokenizer: bytes flagging no token end are not its stream
     try:
         PreTrainedTokenizerFast.from_pretrained(folder)  # the plain byte tokenizer (AutoTokenizer needs remote code)
     except Exception as exc:  # any failure means the folder is not publishable

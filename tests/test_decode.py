@@ -1,0 +1,104 @@
+"""The compiled decode path (``students/models/decode.py``) for both architectures: greedy, a
+left-padded batch of three prompts of different lengths generates the same symbols compiled as
+eagerly, the patched student's global model stepping for subsets of the rows (each row closes its
+patches at its own steps); ``generate_batch`` with ``compile`` gives the eager bytes; the model
+card's compiled-decoding block runs on an exported patched folder loaded with its own code; and with
+no working C++ compiler, generation decodes eagerly with one warning line and the same symbols."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+from transformers import LogitsProcessor, LogitsProcessorList
+
+from bytestream.alphabet import BOS, EOT, PAD
+from students.models.decode import compiled_decoding, generate_compiled
+from students.models.patched_model import PatchedStudent
+from students.release.export import export_student
+from students.release.generate import GenerateOptions, generate_batch
+from students.training.synthetic import SYNTHETIC_SOURCE
+from students.training.trainer import train
+from tests.test_generation import GREEDY, PATCHED, PROMPTS, flat_model, patched_model, stream_tokenizer  # noqa: F401
+from tests.tiny_student import tiny_config
+
+pytestmark = pytest.mark.slow  # each test compiles (tens of seconds on 2 CPUs)
+
+
+class StaggeredEot(LogitsProcessor):
+    """Row ``r`` must place ``<eot>`` at each step ``s`` with ``(s + r) % 3 == 0`` (else the model chooses):
+    rows close patches at different steps, so the global model steps for subsets of them."""
+
+    def __init__(self, prompt_length: int):
+        self.prompt_length = prompt_length
+
+    def __call__(self, input_ids, scores):
+        step = input_ids.shape[1] - self.prompt_length
+        rows = (torch.arange(scores.shape[0], device=scores.device) + step) % 3 == 0
+        scores = scores.clone()
+        scores[rows, EOT] = scores.max() + 1.0
+        return scores
+
+
+@pytest.mark.parametrize("build", [flat_model, patched_model], ids=["flat", "patched"])
+def test_compiled_decoding_gives_the_eager_symbols(build, stream_tokenizer):  # noqa: F811
+    model = build()
+    batch = dict(stream_tokenizer.prompt(PROMPTS, padding=True))
+    width = batch["input_ids"].shape[1]
+    healing = batch.pop("logits_processor")  # the prompts' last words, healed, then the staggered marks
+    common = {
+        **GREEDY,
+        "suppress_tokens": [BOS, PAD],
+        "logits_processor": LogitsProcessorList([*healing, StaggeredEot(width)]),
+    }
+    eager = model.generate(**batch, **common)
+    decoding = compiled_decoding(model)
+    assert decoding, "this machine has a C++ compiler: the step must compile"
+    compiled = model.generate(**batch, **common, **decoding)
+    assert torch.equal(compiled, eager)
+    closes = (eager[:, width:] == EOT).T  # (steps, rows)
+    assert bool((closes.any(1) & ~closes.all(1)).any()), "some step closes patches for a subset of the rows"
+    compiled_parts = getattr(model, "_compiled_steps", None) if build is patched_model else model._compiled_call
+    assert compiled_parts, "generate ran the compiled step"
+
+    options = GenerateOptions(max_new_bytes=24, greedy=True)
+    eager_bytes = generate_batch(model, stream_tokenizer, PROMPTS, options)
+    options.compile = True
+    assert generate_batch(model, stream_tokenizer, PROMPTS, options) == eager_bytes
+
+
+def test_without_a_cxx_compiler_generation_decodes_eagerly(stream_tokenizer, capsys):  # noqa: F811
+    model = flat_model()
+    batch = stream_tokenizer.prompt(PROMPTS, padding=True)
+    common = {**GREEDY, "suppress_tokens": [BOS, PAD]}
+    eager = model.generate(**batch, **common)
+    torch._dynamo.reset()
+    with torch._inductor.config.patch({"cpp.cxx": ("/nonexistent/g++",), "force_disable_caches": True}):
+        output = generate_compiled(model, **batch, **common)
+    assert torch.equal(output, eager)
+    warning = capsys.readouterr().err.strip().splitlines()
+    assert len(warning) == 1 and warning[0].startswith("warning: decoding eagerly: compiling the step failed")
+
+
+@pytest.fixture(scope="module")
+def patched_folder(tmp_path_factory, llama3_tokenizer_path):
+    root = tmp_path_factory.mktemp("patched")
+    train(tiny_config(root / "run", max_steps=1, **PATCHED), SYNTHETIC_SOURCE)
+    return export_student(root / "run", root / "model", teacher_tokenizer=llama3_tokenizer_path)
+
+
+def test_the_cards_compiled_decoding_runs_as_it_says(patched_folder):
+    """The card's usage, then its compiled-decoding block, on the patched folder loaded with the
+    folder's own code: the compiled output is the eager greedy one."""
+    card = (patched_folder / "README.md").read_text()
+    usage, compiled_block = re.findall(r"```python\n(.*?)```", card, re.DOTALL)[:2]
+    assert "cache_implementation" in compiled_block
+    namespace: dict = {}
+    exec(re.sub(r'repo = "[^"]*"', f"repo = {str(patched_folder)!r}", usage), namespace)  # noqa: S102 - the card's own code
+    exec(compiled_block, namespace)  # noqa: S102
+    model, tokenizer = namespace["model"], namespace["tokenizer"]
+    assert type(model).__module__ != PatchedStudent.__module__, "loaded with the folder's code"
+    eager = model.generate(**tokenizer.prompt("The meaning of life is"), max_new_tokens=200, do_sample=False)
+    assert torch.equal(namespace["output"], eager)
+    assert model._compiled_steps
