@@ -147,7 +147,7 @@ CASES: dict[str, tuple[str, str]] = {
         "generate",
         (
             "m --prompt hi there --prompt again --prompts-file prompts.txt --max-new-bytes 10 --temperature 0.5 "
-            "--top-k 5 --top-p 0.9 --greedy --seed 3"
+            "--top-k 5 --top-p 0.9 --greedy --seed 3 --compile"
         ),
     ),
     "all score": (
