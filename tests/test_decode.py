@@ -1,7 +1,7 @@
 """The compiled decode path (``students/models/decode.py``) for both architectures: greedy, a
 left-padded batch of three prompts of different lengths generates the same symbols compiled as
 eagerly, the patched student's global model stepping for subsets of the rows (each row closes its
-patches at its own steps); ``generate_batch`` with ``compile`` gives the eager bytes (patched); the model
+patches at its own steps); ``generate_batch`` with ``compile`` gives the eager bytes (flat); the model
 card's compiled-decoding block runs on an exported patched folder loaded with its own code; and with
 no working C++ compiler, generation decodes eagerly with one warning line and the same symbols."""
 
@@ -61,7 +61,7 @@ def test_compiled_decoding_gives_the_eager_symbols(build, stream_tokenizer):  # 
     compiled_parts = getattr(model, "_compiled_steps", None) if build is patched_model else model._compiled_call
     assert compiled_parts, "generate ran the compiled step"
 
-    if build is patched_model:  # bytedistill generate --compile (the flat student's path is the same call)
+    if build is flat_model:  # bytedistill generate --compile (the patched student's path is the same call)
         options = GenerateOptions(max_new_bytes=24, greedy=True)
         eager_bytes = generate_batch(model, stream_tokenizer, PROMPTS, options)
         options.compile = True
