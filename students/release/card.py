@@ -38,7 +38,7 @@ nats_per_symbol = model(**text, labels=text.input_ids).loss
 COMPILED_USAGE = """Long generations run faster with the decode step compiled: caches allocated once
 (`cache_implementation="static"`) and a `compile_config`, `transformers`' own options (on a CPU,
 inductor's C++ with the system's compiler; on a GPU, `CompileConfig(fullgraph=True)`: CUDA graphs).
-Compiling takes seconds to a minute per batch size; greedy, the symbols are those of eager decoding.
+Compiling takes seconds to minutes per batch size, so it pays for long generations; greedy, the symbols are those of eager decoding.
 
 ```python
 from transformers import CompileConfig
