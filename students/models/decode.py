@@ -18,6 +18,8 @@ import sys
 import torch
 from transformers import CompileConfig
 
+from bytestream.errors import first_line
+
 CXX_COMPILERS = ("c++", "g++", "clang++")
 
 
@@ -59,14 +61,14 @@ def generate_compiled(model, **kwargs):
     try:
         return model.generate(**kwargs, **decoding)
     except torch._dynamo.exc.BackendCompilerFailed as error:  # e.g. the C++ compiler fails
-        print(f"warning: decoding eagerly: compiling the step failed ({first_line(error)})", file=sys.stderr)
+        print(f"warning: decoding eagerly: compiling the step failed ({_cause(error)})", file=sys.stderr)
         torch.random.set_rng_state(random_state)  # sampling draws what it would have drawn
         if cuda_state is not None:
             torch.cuda.set_rng_state_all(cuda_state)
         return model.generate(**kwargs)
 
 
-def first_line(error: BaseException) -> str:
-    inner = getattr(error, "inner_exception", None) or error
-    text = str(inner).strip().splitlines()
-    return f"{type(inner).__name__}: {text[0][:200]}" if text else type(inner).__name__
+def _cause(error: torch._dynamo.exc.BackendCompilerFailed) -> str:
+    """The compiler's own error, in one line."""
+    inner = error.inner_exception or error
+    return f"{type(inner).__name__}: {first_line(inner)}"

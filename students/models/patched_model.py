@@ -407,11 +407,14 @@ class PatchedStudent(PreTrainedModel, GenerationMixin):
         h, closing, where = steps.encode_symbol(symbol, cache)
         rows = closing.nonzero().squeeze(-1)
         if rows.numel():
+            every = rows.numel() == symbol.shape[0]
             if cache.steps is None:  # eager: read only the global entries in use
-                _grow(cache, int(cache.global_length.max()) + 1)
-            elif cache.seen + 2 > cache.global_k[0].shape[2]:  # a patch per symbol at most
-                _grow(cache, cache.seen + 2)
-            steps.global_step(rows, cache, rows.numel() == symbol.shape[0])
+                used = int((cache.global_length if every else cache.global_length[rows]).max()) + 1
+                _grow(cache, used)
+            else:  # compiled: all of the cache's (masked), so that the shapes stay fixed for the generation
+                _grow(cache, cache.seen + 2)  # a patch per symbol at most
+                used = cache.global_k[0].shape[2]
+            steps.global_step(rows, cache, every, used)
         cache.seen += 1
         return steps.decode_symbol(h, cache, where)
 
@@ -443,16 +446,14 @@ class PatchedStudent(PreTrainedModel, GenerationMixin):
         cache.step.add_(1)
         return self.lm_head(self.final_norm(x))
 
-    def global_step(self, rows: torch.Tensor, cache: PatchedCache, every: bool) -> None:
-        """Close the open patch of ``rows`` (``every``: all of them): one global step for them only.
-        Eager, it reads the global entries in use; compiled, all of the cache's (masked), so that
-        the shapes stay fixed for the generation."""
+    def global_step(self, rows: torch.Tensor, cache: PatchedCache, every: bool, used: int) -> None:
+        """Close the open patch of ``rows`` (``every``: all of them): one global step for them only,
+        reading the first ``used`` global entries of each row (masked past the row's own)."""
         open_sum, open_count = (
             (cache.open_sum, cache.open_count) if every else (cache.open_sum[rows], cache.open_count[rows])
         )
         g = self.patch_up(self.patch_norm(open_sum / open_count.clamp_min(1).unsqueeze(-1))).unsqueeze(1)
         at = cache.global_length if every else cache.global_length[rows]  # each row's next global position
-        used = cache.global_k[0].shape[2] if cache.steps is not None else int(at.max()) + 1
         mask = (torch.arange(used, device=g.device) <= at.unsqueeze(-1)).view(len(at), 1, 1, used)
         for index, block in enumerate(self.global_layers):
             keys, values = cache.global_k[index], cache.global_v[index]

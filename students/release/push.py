@@ -45,6 +45,7 @@ from typing import BinaryIO, Self, TypeVar
 from urllib.parse import urlsplit
 
 from bytestream.errors import UserError, first_line
+from bytestream.stream_kind import StreamKind
 from students.release.export_record import recorded_files
 from students.release.export_staging import export_lock
 
@@ -180,8 +181,8 @@ def check_loadable(folder: Path) -> None:
         byte_stream = load_stream_tokenizer(folder).byte_stream
     except UserError as exc:
         raise UserError(f"cannot push {folder}: {exc}") from exc
-    if byte_stream != "eot":
-        return  # a fused folder ships no plain byte tokenizer: bytes flagging no token end are not its stream
+    if StreamKind(byte_stream) is not StreamKind.EOT:
+        return  # as export writes it: only an <eot> folder ships the plain byte tokenizer
     try:
         PreTrainedTokenizerFast.from_pretrained(folder)  # the plain byte tokenizer (AutoTokenizer needs remote code)
     except Exception as exc:  # any failure means the folder is not publishable
