@@ -32,6 +32,7 @@ NN); another tokenizer family is refused when the tokenizer is loaded.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -149,6 +150,26 @@ def _is_prefix_rule(step: dict) -> bool:
 # ------------------------------------------------------------------ the teacher's tokens
 
 
+@functools.lru_cache(maxsize=4)
+def _parsed_teacher(tokenizer_json: str) -> tuple[str, bool, Tokenizer, dict[int, bytes]]:
+    """The family, dummy prefix, encoder and non-special added tokens of a ``tokenizer.json``,
+    built once per process and text (about a second for a 128k-token vocabulary; a folder's
+    tokenizer is loaded more than once when it is scored, evaluated and prompted). Read only."""
+    spec = json.loads(tokenizer_json)
+    family = tokenizer_family(spec)
+    if family is None:
+        raise ValueError(
+            "the teacher tokenizer is neither a byte-level BPE (no ByteLevel pre-tokenizer or decoder) nor a "
+            "SentencePiece model with byte fallback; its <eot> marks cannot be placed exactly"
+        )
+    tokenizer = Tokenizer.from_str(json.dumps(without_dummy_prefix(spec)))
+    tokenizer.encode_special_tokens = True  # literal "<|begin_of_text|>" is text
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
+    added = {t["id"]: t["content"].encode("utf-8") for t in spec.get("added_tokens", []) if not t["special"]}
+    return family, adds_dummy_prefix(spec), tokenizer, added
+
+
 class TeacherTokens:
     """The teacher's tokenization of document bytes: each token's id, its bytes in the stream and
     the pre-token ("word") it belongs to.
@@ -160,19 +181,7 @@ class TeacherTokens:
 
     def __init__(self, tokenizer_json: str):
         self.tokenizer_json = tokenizer_json  # as given, for saving
-        spec = json.loads(tokenizer_json)
-        self.family = tokenizer_family(spec)
-        if self.family is None:
-            raise ValueError(
-                "the teacher tokenizer is neither a byte-level BPE (no ByteLevel pre-tokenizer or decoder) nor a "
-                "SentencePiece model with byte fallback; its <eot> marks cannot be placed exactly"
-            )
-        self.dummy_prefix = adds_dummy_prefix(spec)
-        self._tokenizer = Tokenizer.from_str(json.dumps(without_dummy_prefix(spec)))
-        self._tokenizer.encode_special_tokens = True  # literal "<|begin_of_text|>" is text
-        self._tokenizer.no_padding()
-        self._tokenizer.no_truncation()
-        self._added = {t["id"]: t["content"].encode("utf-8") for t in spec.get("added_tokens", []) if not t["special"]}
+        self.family, self.dummy_prefix, self._tokenizer, self._added = _parsed_teacher(tokenizer_json)
 
     @classmethod
     def from_file(cls, path: str | os.PathLike) -> TeacherTokens:

@@ -16,6 +16,7 @@ Two families are understood (docs/DESIGN.md, "Tokenizer families"):
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 from dataclasses import dataclass
@@ -160,12 +161,49 @@ def vocab_from_tokenizer(tokenizer, *, name: str = "", end_of_text: list[str] | 
     :data:`END_OF_TEXT_NAMES` that exists, plus the tokenizer's own ``eos_token``.
     """
     backend = getattr(tokenizer, "backend_tokenizer", tokenizer)
-    spec = json.loads(backend.to_str())
+    view = _byte_view(backend.to_str(), backend.get_vocab_size(with_added_tokens=True))
+    names = list(end_of_text) if end_of_text else list(END_OF_TEXT_NAMES)
+    eos_token = getattr(tokenizer, "eos_token", None)
+    if not end_of_text and eos_token:
+        names.append(eos_token)
+    eot_ids = sorted({view.special_by_name[n] for n in names if n in view.special_by_name})
+    if end_of_text and len(eot_ids) != len(set(end_of_text)):
+        missing = [n for n in end_of_text if n not in view.special_by_name]
+        raise UserError(f"end-of-text token(s) {missing} are not special tokens of this tokenizer")
+    if not eot_ids:
+        raise UserError("the tokenizer has no end-of-text token; name one with --end-of-text")
+    return TeacherVocab(
+        token_bytes=view.token_bytes,
+        special_ids=view.special_ids,
+        end_of_text_ids=tuple(eot_ids),
+        family=view.family,
+        prefix_ids=tuple(_prefix_ids(tokenizer, backend, view.special_by_name)),
+        name=name,
+        adds_prefix_space=view.adds_prefix_space,
+    )
+
+
+@dataclass(frozen=True)
+class _ByteView:
+    """What a ``tokenizer.json`` alone says of its ids: their bytes, the special ones, the ids of
+    added tokens and special pieces by name (read only: shared by every vocabulary of the text)."""
+
+    family: str
+    token_bytes: tuple[bytes, ...]
+    special_ids: tuple[int, ...]
+    special_by_name: dict[str, int]
+    adds_prefix_space: bool
+
+
+@functools.lru_cache(maxsize=4)
+def _byte_view(spec_text: str, backend_size: int) -> _ByteView:
+    """The byte view of a tokenizer's spec, built once per process and spec (seconds for a
+    128k-token vocabulary: a dump, an export and a score each read the teacher's)."""
+    spec = json.loads(spec_text)
     family = _detect_family(spec)
     model_ids = _model_vocab(spec)
-    size = max(backend.get_vocab_size(with_added_tokens=True), max(model_ids.values()) + 1)
     added = {tok["id"]: tok for tok in spec.get("added_tokens", [])}
-    size = max(size, max(added, default=-1) + 1)
+    size = max(backend_size, max(model_ids.values()) + 1, max(added, default=-1) + 1)
 
     table = gpt2_unicode_to_byte()
     token_bytes: list[bytes | None] = [None] * size
@@ -195,29 +233,14 @@ def vocab_from_tokenizer(tokenizer, *, name: str = "", end_of_text: list[str] | 
             if i is not None and i not in special:
                 token_bytes[i] = b""
                 special.append(i)
-
-    names = list(end_of_text) if end_of_text else list(END_OF_TEXT_NAMES)
-    eos_token = getattr(tokenizer, "eos_token", None)
-    if not end_of_text and eos_token:
-        names.append(eos_token)
-    by_name = {tok["content"]: i for i, tok in added.items()} | {p: i for p, i in model_ids.items() if i in special}
-    eot_ids = sorted({by_name[n] for n in names if n in by_name})
-    if end_of_text and len(eot_ids) != len(set(end_of_text)):
-        missing = [n for n in end_of_text if n not in by_name]
-        raise UserError(f"end-of-text token(s) {missing} are not special tokens of this tokenizer")
-    if not eot_ids:
-        raise UserError("the tokenizer has no end-of-text token; name one with --end-of-text")
-
-    prefix = tuple(_prefix_ids(tokenizer, backend, by_name))
-    adds_space = adds_dummy_prefix(spec)
-    return TeacherVocab(
-        token_bytes=tuple(token_bytes),  # type: ignore[arg-type]
-        special_ids=tuple(sorted(set(special))),
-        end_of_text_ids=tuple(eot_ids),
+    special_set = set(special)
+    by_name = {tok["content"]: i for i, tok in added.items()} | {p: i for p, i in model_ids.items() if i in special_set}
+    return _ByteView(
         family=family,
-        prefix_ids=prefix,
-        name=name,
-        adds_prefix_space=adds_space,
+        token_bytes=tuple(token_bytes),  # type: ignore[arg-type]
+        special_ids=tuple(sorted(special_set)),
+        special_by_name=by_name,
+        adds_prefix_space=adds_dummy_prefix(spec),
     )
 
 

@@ -418,7 +418,7 @@ def lm_eval_run(folder: Path, tmp_path: Path, task: str, batch_size: int) -> dic
         model="hf",
         model_args=f"pretrained={folder},trust_remote_code=True",
         tasks=[task],
-        task_manager=TaskManager(include_path=str(tmp_path)),
+        task_manager=TaskManager(include_path=str(tmp_path), include_defaults=False),  # not lm-eval's own task files
         batch_size=batch_size,
         device="cpu",
         log_samples=True,
