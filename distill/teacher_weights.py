@@ -11,6 +11,7 @@ layer tied to the embedding) need no tensor of their own.
 
 from __future__ import annotations
 
+import os
 import re
 from contextlib import contextmanager
 from functools import lru_cache
@@ -110,6 +111,35 @@ def one_tensor_name_map():
         yield
     finally:
         gguf.get_tensor_name_map = original
+
+
+@contextmanager
+def one_gguf_reader():
+    """Within this context a GGUF file is parsed once. Loading a GGUF teacher reads the file's
+    metadata five times (the tokenizer, the weight check, the config twice, the weights), and
+    gguf's reader takes seconds for each on a 49k-token vocabulary (SmolLM2: about 3 s). The reader
+    is only read, so one is shared per file and state (size, modification time); it is dropped
+    when the context ends."""
+    import gguf
+
+    original = gguf.GGUFReader
+    readers: dict[tuple, object] = {}
+
+    def shared(path, mode="r"):
+        if mode != "r":
+            return original(path, mode)
+        stat = os.stat(path)
+        key = (os.path.realpath(path), stat.st_size, stat.st_mtime_ns)
+        if key not in readers:
+            readers[key] = original(path, mode)
+        return readers[key]
+
+    gguf.GGUFReader = shared
+    try:
+        yield
+    finally:
+        gguf.GGUFReader = original
+        readers.clear()
 
 
 @contextmanager

@@ -18,7 +18,6 @@ INNER_LOOP_SKIPS = (
     "tests/test_dump.py::test_writer_failure_ends_the_dump_in_one_line",
     "tests/test_dump.py::test_stream_nll_equals_teacher_token_nll",
     "tests/test_dump.py::test_teacher_tokenizer_mismatch_is_refused",
-    "tests/test_vocab.py::test_trie_ranges_match_prefixes",
     "tests/test_export.py::test_export_replaces_its_own_files_and_refuses_other_content",
     "tests/test_sentencepiece.py::test_check_teacher_verdicts",
     "tests/test_patched_student.py::test_exported_folder_loads_with_remote_code_and_scores_as_train_evaluates",

@@ -1,5 +1,7 @@
 """Every benchmark runs: ``python -m benchmarks.X --smoke`` (toy sizes, seconds) exits 0 and prints
-its table, so that an API change that breaks one fails here rather than at its next real run.
+its table, so that an API change that breaks one fails here rather than at its next real run. The
+module runs as ``__main__`` in the test's process, or in its own where it measures its process
+(tests/benchmark_smoke.py).
 
 Where a benchmark needs the real SmolLM2 teacher, the quickstart's model or a GPU, its smoke run
 uses the tiny teacher and the toy exported student of ``benchmarks/smoke.py``, or the CPU. Not
@@ -25,5 +27,5 @@ def test_every_benchmark_is_smoked_or_says_why_not():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("benchmark", list(SMOKED_TRAINING))
-def test_the_benchmark_runs_at_toy_sizes(benchmark):
-    run_smoke(benchmark)
+def test_the_benchmark_runs_at_toy_sizes(benchmark, capsys):
+    run_smoke(benchmark, capsys)

@@ -9,5 +9,5 @@ from tests.benchmark_smoke import SMOKED_DUMPING, run_smoke
 
 @pytest.mark.slow
 @pytest.mark.parametrize("benchmark", list(SMOKED_DUMPING))
-def test_the_benchmark_runs_at_toy_sizes(benchmark):
-    run_smoke(benchmark)
+def test_the_benchmark_runs_at_toy_sizes(benchmark, capsys):
+    run_smoke(benchmark, capsys)

@@ -468,6 +468,30 @@ def test_killed_two_process_dump_resumes_with_one_or_three(small_teacher, tmp_pa
     assert code == 2 and "6 writers but 7 workers" in err
 
 
+def test_a_gguf_teacher_is_parsed_once_per_load_into_the_weights_transformers_loads(tmp_path, monkeypatch):
+    """Loading a GGUF teacher reads its metadata in five places (tokenizer, weight check, config
+    twice, weights); the file is parsed once per load, and the weights are the ones transformers'
+    own load of the file gives."""
+    import gguf
+
+    from distill.teacher import load_teacher
+
+    path = write_tiny_gguf(tmp_path / "tiny.gguf")
+    parsed, original = [], gguf.GGUFReader
+
+    def counted(file, mode="r"):
+        parsed.append(Path(file).name)
+        return original(file, mode)
+
+    monkeypatch.setattr(gguf, "GGUFReader", counted)
+    teacher = load_teacher(str(path))
+    assert parsed == ["tiny.gguf"] and gguf.GGUFReader is counted  # once, and the reader put back
+    plain = AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file="tiny.gguf").state_dict()
+    assert len(parsed) > 1  # transformers alone parses it again
+    shared = teacher.model.state_dict()
+    assert shared.keys() == plain.keys() and all(torch.equal(shared[k], plain[k]) for k in plain)
+
+
 def test_a_hub_teacher_is_named_by_the_revision_it_loaded(tmp_path):
     """A Hub id's identity is the revision its files were read at (the cache's snapshot), so a
     resume after the id's revision moved is refused; a local teacher's is its files' hash."""

@@ -7,9 +7,6 @@ the patched student at batch size 8, and the generation benchmark runs (``--smok
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -27,7 +24,6 @@ from students.training.synthetic import SYNTHETIC_SOURCE
 from students.training.trainer import train
 from tests.tiny_student import tiny_config
 
-ROOT = Path(__file__).resolve().parent.parent
 PROMPTS = ["In the beginning God creat", "And", "x = f(a1, b"]  # three lengths, each cut inside a word
 PATCHED = {"architecture": "patched", "local_hidden_size": 16, "local_window": 6}
 GREEDY = {"max_new_tokens": 20, "do_sample": False}
@@ -277,17 +273,10 @@ def test_lm_eval_generate_until_at_batch_size_8_on_the_patched_student(folder, t
     assert batched == responses(1)
 
 
-def test_generation_benchmark_smoke():
-    proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.generation", "--smoke"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    lines = proc.stdout.splitlines()
+def test_generation_benchmark_smoke(capsys):
+    from tests.benchmark_smoke import run_smoke
+
+    lines = run_smoke("generation", capsys).splitlines()
     assert any(line.startswith("| patched") for line in lines) and any(line.startswith("| flat") for line in lines)
     summary = [line for line in lines if line.startswith("summary")]
     assert len(summary) == 1 and all(goal in summary[0] for goal in ("overhead", "2.5x", "token model", "bound"))

@@ -59,13 +59,18 @@ def test_vocab_hash_is_stable_and_sensitive(llama3_vocab, llama3_tokenizer_path)
 def test_trie_ranges_match_prefixes(llama3_vocab):
     trie = build_trie(llama3_vocab)
     strings = [llama3_vocab.token_bytes[i] for i in trie.order]
+    # every string as a zero-padded row, to test "starts with" against all 128k strings at once
+    lengths = np.array([len(s) for s in strings])
+    padded = np.zeros((len(strings), lengths.max()), dtype=np.uint8)
+    for k, s in enumerate(strings):
+        padded[k, : len(s)] = np.frombuffer(s, dtype=np.uint8)
     rng = np.random.default_rng(1)
     for node in rng.choice(trie.num_nodes, 300, replace=False):
         lo, hi, depth = trie.node_lo[node], trie.node_hi[node], trie.node_depth[node]
         prefix = strings[lo][:depth]
-        members = [k for k, s in enumerate(strings) if s.startswith(prefix)]
-        assert members == list(range(lo, hi))
-        assert trie.node_n_exact[node] == sum(s == prefix for s in strings)
+        starts = (lengths >= depth) & (padded[:, :depth] == np.frombuffer(prefix, dtype=np.uint8)).all(axis=1)
+        assert np.flatnonzero(starts).tolist() == list(range(lo, hi))
+        assert trie.node_n_exact[node] == int((starts & (lengths == depth)).sum())
         kids = trie.children(node)
         spans = [lo + trie.node_n_exact[node]] + [x for c in kids for x in (trie.node_lo[c], trie.node_hi[c])] + [hi]
         assert spans[0::2] == spans[1::2]  # the children tile the range after the exact ids
