@@ -443,8 +443,9 @@ class ByteStreamTokenizer(PreTrainedTokenizer):
         """Prompts ready for ``model.generate(**tokenizer.prompt(text), …)``: ``input_ids`` and
         ``attention_mask`` (tensors, padded on the left) of each prompt's stream up to its last
         word, and a ``logits_processor`` that feeds that word's bytes with the model placing the
-        token ends; the output then holds the whole prompt and its continuation. Prompts of
-        different lengths are always padded (``padding=False`` refuses them instead)."""
+        token ends; the output then holds the whole prompt and its continuation (``input_ids``
+        alone, without the processor, stop before that word). Prompts of different lengths are
+        always padded (``padding=False`` refuses them instead)."""
         texts = [text] if isinstance(text, str) else list(text)
         streams, forced = zip(*(self.encode_prompt(t.encode("utf-8")) for t in texts)) if texts else ((), ())
         if padding in (False, "do_not_pad") and len(set(map(len, streams))) > 1:

@@ -24,7 +24,8 @@ model = {model_loading}
 tokenizer = AutoTokenizer.from_pretrained(repo, trust_remote_code=True)
 
 # a prompt: the teacher's marks up to its last word, whose bytes generate feeds, the student
-# placing the {marks} (the word may go on: the student, not the cut, decides where it ends)
+# placing the {marks} (the word may go on: the student, not the cut, decides where it ends);
+# pass all of inputs: its input_ids alone stop before the last word, which its logits_processor feeds
 inputs = tokenizer.prompt("The meaning of life is")
 output = model.generate(**inputs, max_new_tokens=100, do_sample=True, top_k=50)
 # {decoded}
