@@ -300,12 +300,10 @@ def summary(rows: list[Row]) -> str:
     """The goals, each met or missed, on the most threads measured and the compiled rows (the eager
     overhead beside, where both were measured)."""
     threads = max(r.threads for r in rows)
-    decoding = "compiled" if any(r.decode == "compiled" for r in rows) else "eager"
-    at = {(r.model, r.batch): r for r in rows if r.threads == threads and r.decode == "eager"}
-    at |= {(r.model, r.batch): r for r in rows if r.threads == threads and r.decode == decoding}  # compiled where run
-    if decoding != "eager" and len(at) > sum(r.threads == threads and r.decode == decoding for r in rows):
-        decoding = "compiled where measured"  # the smoke run's
     eager = {(r.model, r.batch): r for r in rows if r.threads == threads and r.decode == "eager"}
+    compiled = {(r.model, r.batch): r for r in rows if r.threads == threads and r.decode == "compiled"}
+    at = eager | compiled  # each model's compiled rows, where it was compiled (the smoke run compiles one)
+    decoding = "eager" if not compiled else "compiled" if len(compiled) == len(at) else "compiled where measured"
     batches = sorted({r.batch for r in rows})
     b8 = 8 if 8 in batches else batches[-1]
     sizes = [m.removeprefix("flat ") for m, _ in at if m.startswith("flat ")]

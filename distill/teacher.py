@@ -96,6 +96,7 @@ def default_dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
+@one_gguf_reader()  # a GGUF teacher's file is parsed once per load, not five times
 def load_teacher(
     source: str,
     *,
@@ -112,25 +113,22 @@ def load_teacher(
     model_source, gguf = split_gguf_path(source, gguf_file)
     if not Path(model_source).exists() and model_source.startswith((".", "/")):
         raise UserError(f"teacher not found: {model_source}")
-    with one_gguf_reader():  # a GGUF teacher's file is parsed once, not five times
-        tokenizer_path = tokenizer_source or source
-        tokenizer = load_teacher_tokenizer(tokenizer_path, None if tokenizer_source else gguf)
-        tokenizer_gguf = None if tokenizer_source else gguf_file  # a GGUF file the flag names inside a folder
-        vocab = vocab_from_tokenizer(
-            tokenizer, name=teacher_name(tokenizer_path, tokenizer_gguf), end_of_text=end_of_text
-        )
+    tokenizer_path = tokenizer_source or source
+    tokenizer = load_teacher_tokenizer(tokenizer_path, None if tokenizer_source else gguf)
+    tokenizer_gguf = None if tokenizer_source else gguf_file  # a GGUF file the flag names inside a folder
+    vocab = vocab_from_tokenizer(tokenizer, name=teacher_name(tokenizer_path, tokenizer_gguf), end_of_text=end_of_text)
 
-        device = torch.device(device)
-        dtype = dtype or default_dtype(device)
-        kwargs = {"gguf_file": gguf} if gguf else {}
-        check_weights(source, model_source, gguf)  # before memory is allocated for a model
-        try:
-            with one_tensor_name_map():
-                model, loading = AutoModelForCausalLM.from_pretrained(
-                    model_source, dtype=dtype, output_loading_info=True, **kwargs
-                )
-        except Exception as exc:  # noqa: BLE001 - transformers raises many types for a bad source
-            raise UserError(f"cannot load the teacher {source}: {str(exc).splitlines()[0]}") from None
+    device = torch.device(device)
+    dtype = dtype or default_dtype(device)
+    kwargs = {"gguf_file": gguf} if gguf else {}
+    check_weights(source, model_source, gguf)  # before memory is allocated for a model
+    try:
+        with one_tensor_name_map():
+            model, loading = AutoModelForCausalLM.from_pretrained(
+                model_source, dtype=dtype, output_loading_info=True, **kwargs
+            )
+    except Exception as exc:  # noqa: BLE001 - transformers raises many types for a bad source
+        raise UserError(f"cannot load the teacher {source}: {str(exc).splitlines()[0]}") from None
     refuse_missing(source, loading.get("missing_keys", ()))
     model.to(device).eval()
     head = model.get_output_embeddings()
