@@ -68,6 +68,43 @@ def test_compiled_decoding_gives_the_eager_symbols(build, stream_tokenizer):  # 
         assert generate_batch(model, stream_tokenizer, PROMPTS, options) == eager_bytes
 
 
+class EotEveryOtherStep(LogitsProcessor):
+    """``<eot>`` at every other step: one row closes more patches than the first bucket of global entries."""
+
+    def __init__(self, prompt_length: int):
+        self.prompt_length = prompt_length
+
+    def __call__(self, input_ids, scores):
+        if (input_ids.shape[1] - self.prompt_length) % 2:
+            scores = scores.clone()
+            scores[:, EOT] = scores.max() + 1.0
+        return scores
+
+
+def test_one_prompt_compiled_is_one_graph_a_step_across_buckets_of_global_entries(stream_tokenizer):  # noqa: F811
+    """Batch 1: every step runs ``whole_step`` (no row or every row closes), its global step reading
+    a power-of-two bucket of the cache's entries; past the first bucket (64 entries) the next one
+    compiles, and the symbols stay the eager ones."""
+    model = patched_model()
+    batch = dict(stream_tokenizer.prompt(PROMPTS[0]))
+    width = batch["input_ids"].shape[1]
+    healing = batch.pop("logits_processor")
+    common = {
+        "max_new_tokens": 150,
+        "do_sample": False,
+        "suppress_tokens": [BOS, PAD],
+        "logits_processor": LogitsProcessorList([*healing, EotEveryOtherStep(width)]),
+    }
+    eager = model.generate(**batch, **common)
+    torch._dynamo.reset()
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    compiled = model.generate(**batch, **common, **compiled_decoding(model))
+    assert torch.equal(compiled, eager)
+    assert int(model.closes(eager).sum()) > 64 + 8, "the global step read more than the first bucket"
+    new_graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs
+    assert new_graphs == 3, "whole_step, once with no row closing and once for each of two buckets"
+
+
 def test_without_a_cxx_compiler_generation_decodes_eagerly(stream_tokenizer, capsys):  # noqa: F811
     model = flat_model()
     batch = stream_tokenizer.prompt(PROMPTS, padding=True)

@@ -27,7 +27,7 @@ from students.models.architectures import student_cost
 from students.models.cost import StreamRates, summary_line
 from students.models.llama import build_student, count_parameters, student_config
 from students.models.patched import MODELING_FILE
-from students.models.patched_model import PatchedStudent, PatchedStudentConfig
+from students.models.patched_model import PatchedCache, PatchedStudent, PatchedStudentConfig, _global_bucket
 from students.release.export import export_student
 from students.release.push import push_folder
 from students.release.score import ScoreOptions, score
@@ -316,3 +316,20 @@ def test_push_uploads_the_modeling_file(request, exported, monkeypatch):
     push_folder(exported[1], "me/patched", endpoint=endpoint)
     (commit,) = FakeHub.commits
     assert {MODELING_FILE, "config.json", "model.safetensors"} <= set(commit["files"])
+
+
+def test_a_compiled_global_step_reads_a_power_of_two_bucket_of_the_entries_in_use():
+    """At least 64 entries, at most twice those in use (never the whole capacity); past the capacity
+    the cache grows (doubling, to the bucket at least)."""
+    model = tiny_model()
+    with torch.no_grad():
+        out = model(random_stream(2, 11, seed=5), cache=PatchedCache(capacity=200))
+    cache, capacity = out.cache, out.cache.global_k[0].shape[2]
+    assert capacity == 201
+    for in_use, bucket in ((1, 64), (64, 64), (65, min(128, capacity)), (capacity, min(256, capacity))):
+        cache.global_length = torch.tensor([in_use - 1, 0])
+        assert _global_bucket(cache) == bucket
+    assert cache.global_k[0].shape[2] == capacity  # nothing grew
+    cache.global_length = torch.tensor([capacity + 3, 0])
+    used = _global_bucket(cache)
+    assert used == 256 and cache.global_k[0].shape[2] >= used

@@ -323,7 +323,8 @@ class PatchedStudent(PreTrainedModel, GenerationMixin):
         if cache is None and use_cache:
             cache = PatchedCache()
         if cache is not None and cache.seen > 0:
-            logits = torch.cat([self._step(input_ids[:, i], cache) for i in range(input_ids.shape[1])], dim=1)
+            steps = [self._step(input_ids[:, i], cache) for i in range(input_ids.shape[1])]
+            logits = steps[0] if len(steps) == 1 else torch.cat(steps, dim=1)
         else:
             logits = self._full(input_ids, cache, _left_padding(attention_mask, input_ids))
         loss = None
@@ -401,22 +402,39 @@ class PatchedStudent(PreTrainedModel, GenerationMixin):
     def _step(self, symbol: torch.Tensor, cache: PatchedCache) -> torch.Tensor:
         """Logits (B, 1, vocab_size) after one more symbol per row; updates ``cache`` in place (no
         cache tensor is allocated: the local layers write one ring slot, the global ones one entry).
-        Three parts, each compiled when the generation asked for it (:class:`CompiledSteps`): the
-        encoder, the global step of the rows whose symbol closes a patch, the decoder."""
-        steps = cache.steps or self
-        h, closing, where = steps.encode_symbol(symbol, cache)
+        Three parts: the encoder, the global step of the rows whose symbol closes a patch, the
+        decoder; compiled when the generation asked for it (:class:`CompiledSteps`), as one graph
+        where no row or every row closes."""
+        steps = cache.steps
+        if steps is not None:
+            closing = int(self.closes(symbol).sum())
+            if closing in (0, symbol.shape[0]):  # no row or every row closes a patch: one compiled call
+                used = _global_bucket(cache) if closing else 0
+                logits = steps.whole_step(symbol, cache, used)
+                cache.seen += 1
+                return logits
+        parts = steps or self
+        h, closing, where = parts.encode_symbol(symbol, cache)
         rows = closing.nonzero().squeeze(-1)
         if rows.numel():
             every = rows.numel() == symbol.shape[0]
-            if cache.steps is None:  # eager: read only the global entries in use
+            if steps is None:  # eager: read only the global entries in use
                 used = int((cache.global_length if every else cache.global_length[rows]).max()) + 1
                 _grow(cache, used)
-            else:  # compiled: all of the cache's (masked), so that the shapes stay fixed for the generation
-                _grow(cache, cache.seen + 2)  # a patch per symbol at most
-                used = cache.global_k[0].shape[2]
-            steps.global_step(rows, cache, every, used)
+            else:  # compiled: a bucket of them, so that the shapes repeat
+                used = _global_bucket(cache)
+            parts.global_step(rows, cache, every, used)
         cache.seen += 1
-        return steps.decode_symbol(h, cache, where)
+        return parts.decode_symbol(h, cache, where)
+
+    def whole_step(self, symbol: torch.Tensor, cache: PatchedCache, used: int) -> torch.Tensor:
+        """:meth:`_step` when no row's symbol closes a patch (``used`` 0) or every row's does (the
+        global step reading ``used`` entries): encoder, global step, decoder as one graph."""
+        h, _, where = self.encode_symbol(symbol, cache)
+        if used:
+            rows = torch.arange(symbol.shape[0], device=symbol.device)
+            self.global_step(rows, cache, True, used)
+        return self.decode_symbol(h, cache, where)
 
     def encode_symbol(self, symbol: torch.Tensor, cache: PatchedCache):
         """The new symbol's local state (B, 1, local), whether it closes a patch (B,), and where it
@@ -524,12 +542,16 @@ def _local_step(x: torch.Tensor, block: Block, ring: tuple[torch.Tensor, torch.T
 
 
 class CompiledSteps:
-    """:meth:`PatchedStudent.encode_symbol`, ``global_step`` and ``decode_symbol``, each through
-    ``torch.compile(**options)``: the eager methods' code, so the symbols are the same. Their
-    shapes are fixed for a generation (the cache is allocated once), so each compiles once per
-    batch size and capacity; ``global_step`` also once for a subset of rows."""
+    """:meth:`PatchedStudent.whole_step`, ``encode_symbol``, ``global_step`` and ``decode_symbol``,
+    each through ``torch.compile(**options)``: the eager methods' code, so the symbols are the same.
+    A step where no row or every row closes a patch (at batch 1, every step) is one call of
+    ``whole_step``; one where only some rows close runs the three parts, the global step for those
+    rows. The cache is allocated once, so the shapes repeat: each compiles once per batch size and
+    bucket of global entries read (:func:`_global_bucket`); ``global_step`` also once per number of
+    rows that close."""
 
     def __init__(self, model: PatchedStudent, options: dict):
+        self.whole_step = torch.compile(model.whole_step, **options)
         self.encode_symbol = torch.compile(model.encode_symbol, **options)
         self.global_step = torch.compile(model.global_step, **options)
         self.decode_symbol = torch.compile(model.decode_symbol, **options)
@@ -582,6 +604,22 @@ def _keep_all(cache: PatchedCache | None, fallback: int):
         return k, v
 
     return keep
+
+
+GLOBAL_BUCKET = 64
+
+
+def _global_bucket(cache: PatchedCache) -> int:
+    """How many global entries a compiled global step reads: those in use rounded up to a power of
+    two (at least ``GLOBAL_BUCKET``), so the step compiles once per bucket, not once per length, and
+    reads at most twice the entries in use, not the whole capacity."""
+    needed = int(cache.global_length.max()) + 1
+    used = max(GLOBAL_BUCKET, 1 << (needed - 1).bit_length())
+    capacity = cache.global_k[0].shape[2]
+    if needed <= capacity:
+        return min(used, capacity)
+    _grow(cache, used)
+    return used
 
 
 def _grow(cache: PatchedCache, needed: int) -> None:
