@@ -31,6 +31,7 @@ SMOKED_DUMPING = {
     "prompt_cut": "summary: healed ",
     "store": "best (smallest with mean KL",
     "dump_memory": "summary: worst |estimate - peak| / peak",
+    "budget": "summary: <eot> stream: best BPB patched - flat at budgets",
 }
 SMOKED = SMOKED_TRAINING | SMOKED_DUMPING
 
