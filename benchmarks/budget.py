@@ -17,7 +17,8 @@ the training time. Then each family's frontier (its best BPB at each budget), an
 cross), and the patched student's training FLOPs per byte over the flat one's at equal parameters.
 
     python -m benchmarks.budget [--workdir runs/budget] [--markdown]        # hours on 2 CPUs
-    python -m benchmarks.budget --train-books Genesis Exodus --budgets 6e11 1.8e12 5.4e12  # a reduced run
+    python -m benchmarks.budget --train-books Genesis Exodus --budgets 5.2e11 1.6e12 4.7e12 \\
+        --min-steps 100      # a reduced run: two books, budgets a tenth as large
     python -m benchmarks.budget --device cuda --workdir runs/budget-gpu --budgets 5e14 1.5e15 4.5e15 \\
         --sizes-scale 2      # the prepared GPU line
     python -m benchmarks.budget --smoke  # seconds: a check that the benchmark runs
@@ -43,7 +44,9 @@ from benchmarks.patched import Size, dump_store, interpolate, prompts, train
 from benchmarks.results import markdown_table, write_section
 
 HELDOUT_BOOKS = ["Ruth", "Jonah"]
-BUDGETS = (6e12, 1.8e13, 5.4e13)  # training FLOPs per run; the largest about 30 CPU-minutes (2 cores)
+# training FLOPs per run: at the largest, the student cheapest per byte (patched-256x4, about 6.5e6 FLOPs
+# a byte) reads the KJV's 4.3 MB about twice, and a run takes 10-20 minutes on 2 cores
+BUDGETS = (6e12, 1.8e13, 5.4e13)
 LRS = (1e-3, 3e-3, 1e-2)
 SIZES = [
     Size("flat-128x4", "flat", 128, 4, 4),

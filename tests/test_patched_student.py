@@ -276,8 +276,9 @@ def test_exported_folder_loads_with_remote_code_and_scores_as_train_evaluates(ex
 def test_card_names_the_architecture_and_its_costs(exported):
     card = (exported[1] / "README.md").read_text()
     assert "patched hierarchical architecture" in card and "trust_remote_code=True)  # the patched student" in card
-    for row in ("large-model steps per text byte", "training FLOPs per text byte", "symbols/s, batch 1"):
+    for row in ("large-model steps per text byte", "training FLOPs per text byte", "measured by `bytedistill export`"):
         assert row in card, row
+    assert re.search(r"[\d,]+ symbols/s: \d+ greedy symbols after `<bos>`, batch 1", card)
 
 
 def test_shipped_modeling_file_is_the_librarys_module_and_self_contained(exported):

@@ -259,8 +259,10 @@ def card_section(model, info: dict) -> str:
     cpu = f"CPU with {threads} thread{'' if threads == 1 else 's'}"
     rows.append(
         (
-            "generation speed (measured at export)",
-            f"{speed.symbols_per_s:,.0f} symbols/s, batch 1, {cpu}, caches on",
+            "generation speed (measured by `bytedistill export`)",
+            f"{speed.symbols_per_s:,.0f} symbols/s: {speed.new_symbols} greedy symbols after `<bos>`, batch 1, "
+            f"{cpu}, caches on, eager (`generate --compile` decodes compiled: docs/RESULTS.md, \"Generation\", "
+            "in the toolkit's repository)",
         )
     )
     table = "\n".join(f"| {name} | {value} |" for name, value in rows)
