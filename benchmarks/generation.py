@@ -175,6 +175,8 @@ def measure(name, model, data, args, batch, threads, decode, rate, per_byte: flo
     if decode == "compiled":
         torch._dynamo.reset()  # this model and batch's own static graph, as in a fresh process
         decoding = compiled_decoding(model)
+        if args.smoke and "compile_config" in decoding:  # dynamo traces the step whole; inductor's code is
+            decoding["compile_config"].backend = "eager"  # tests/test_decode.py's (a minute of a cold CI)
         compile_s = timed_generate(model, prompts, targets, new, args.device, decoding)  # compiles these shapes
     else:
         compile_s = None

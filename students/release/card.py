@@ -260,9 +260,11 @@ def card_section(model, info: dict) -> str:
     rows.append(
         (
             "generation speed (measured by `bytedistill export`)",
-            f"{speed.symbols_per_s:,.0f} symbols/s: {speed.new_symbols} greedy symbols after `<bos>`, batch 1, "
-            f"{cpu}, caches on, eager (`generate --compile` decodes compiled: docs/RESULTS.md, \"Generation\", "
-            "in the toolkit's repository)",
+            (
+                f"{speed.symbols_per_s:,.0f} symbols/s: {speed.new_symbols} greedy symbols after `<bos>`, batch 1, "
+                f'{cpu}, caches on, eager (`generate --compile` decodes compiled: docs/RESULTS.md, "Generation", '
+                "in the toolkit's repository)"
+            ),
         )
     )
     table = "\n".join(f"| {name} | {value} |" for name, value in rows)
