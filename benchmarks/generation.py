@@ -175,8 +175,8 @@ def measure(name, model, data, args, batch, threads, decode, rate, per_byte: flo
     if decode == "compiled":
         torch._dynamo.reset()  # this model and batch's own static graph, as in a fresh process
         decoding = compiled_decoding(model)
-        if args.smoke and "compile_config" in decoding:  # dynamo traces the step whole; inductor's code is
-            decoding["compile_config"].backend = "eager"  # tests/test_decode.py's (a minute of a cold CI)
+        if args.smoke and "compile_config" in decoding:  # dynamo traces each model's step whole; inductor's
+            decoding["compile_config"].backend = "eager"  # code is tests/test_decode.py's (minutes of a cold CI)
         compile_s = timed_generate(model, prompts, targets, new, args.device, decoding)  # compiles these shapes
     else:
         compile_s = None
@@ -238,15 +238,6 @@ def patched_student(size: Shape) -> PatchedStudent:
     return PatchedStudent(config).eval()
 
 
-def decodings(args, name: str) -> list[str]:
-    """The decoding paths measured for one model. The smoke run compiles the patched student only:
-    the stock Llama models' compiled step is tests/test_decode.py's, and each compile costs tens of
-    seconds of a cold CI's time."""
-    if args.smoke and not name.startswith("patched"):
-        return [d for d in args.decode if d != "compiled"] or args.decode
-    return args.decode
-
-
 def models(args, rates: StreamRates, tokens_per_byte: float):
     """(name, builder, symbols or tokens per byte, token model?) of every model in the table."""
     sizes = (SMOKE_SIZES if args.smoke else SIZES)[: args.sizes]
@@ -304,8 +295,8 @@ def summary(rows: list[Row]) -> str:
     threads = max(r.threads for r in rows)
     eager = {(r.model, r.batch): r for r in rows if r.threads == threads and r.decode == "eager"}
     compiled = {(r.model, r.batch): r for r in rows if r.threads == threads and r.decode == "compiled"}
-    at = eager | compiled  # each model's compiled rows, where it was compiled (the smoke run compiles one)
-    decoding = "eager" if not compiled else "compiled" if len(compiled) == len(at) else "compiled where measured"
+    at = eager | compiled  # the compiled rows where --decode measured them, else the eager ones
+    decoding = "compiled" if compiled else "eager"
     batches = sorted({r.batch for r in rows})
     b8 = 8 if 8 in batches else batches[-1]
     sizes = [m.removeprefix("flat ") for m, _ in at if m.startswith("flat ")]
@@ -376,7 +367,7 @@ def main() -> None:
         for name, build, per_byte, token in models(args, rates, tokens_per_byte):
             model = build()
             for batch in args.batches:
-                for decode in decodings(args, name):
+                for decode in args.decode:
                     row = measure(
                         name, model, data, args, batch, threads or all_threads, decode, rate, per_byte, rates, token
                     )
