@@ -339,11 +339,11 @@ def summary(rows: list[Row]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda where a GPU is lent")
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 0], help="thread counts (0: all)")
-    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
-    parser.add_argument("--new-bytes", type=int, default=512)
-    parser.add_argument("--prompt-bytes", type=int, default=64)
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32], help="batch sizes (prompts at once)")
+    parser.add_argument("--new-bytes", type=int, default=512, help="text bytes each row generates")
+    parser.add_argument("--prompt-bytes", type=int, default=64, help="text bytes of each prompt")
     parser.add_argument("--sizes", type=int, default=3, help="how many student sizes (S, M, L)")
     parser.add_argument(
         "--decode", nargs="+", choices=["eager", "compiled"], default=["eager", "compiled"], help="decoding paths"

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -96,7 +97,6 @@ def default_dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
-@one_gguf_reader()  # a GGUF teacher's file is parsed once per load, not five times
 def load_teacher(
     source: str,
     *,
@@ -108,9 +108,15 @@ def load_teacher(
 ) -> Teacher:
     """Load a causal LM (folder, Hub id or ``.gguf`` file) and its tokenizer, and check they match
     and that the checkpoint holds every weight (:mod:`distill.teacher_weights`)."""
+    model_source, gguf = split_gguf_path(source, gguf_file)
+    # a GGUF teacher's file is parsed once per load, not five times; other teachers never import gguf
+    with one_gguf_reader() if gguf else nullcontext():
+        return _load_teacher(source, model_source, gguf, tokenizer_source, gguf_file, device, dtype, end_of_text)
+
+
+def _load_teacher(source, model_source, gguf, tokenizer_source, gguf_file, device, dtype, end_of_text) -> Teacher:
     from transformers import AutoModelForCausalLM
 
-    model_source, gguf = split_gguf_path(source, gguf_file)
     if not Path(model_source).exists() and model_source.startswith((".", "/")):
         raise UserError(f"teacher not found: {model_source}")
     tokenizer_path = tokenizer_source or source
@@ -123,7 +129,7 @@ def load_teacher(
     kwargs = {"gguf_file": gguf} if gguf else {}
     check_weights(source, model_source, gguf)  # before memory is allocated for a model
     try:
-        with one_tensor_name_map():
+        with one_tensor_name_map() if gguf else nullcontext():
             model, loading = AutoModelForCausalLM.from_pretrained(
                 model_source, dtype=dtype, output_loading_info=True, **kwargs
             )

@@ -60,6 +60,16 @@ def test_compiled_decoding_gives_the_eager_symbols(build, stream_tokenizer):  # 
     assert bool((closes.any(1) & ~closes.all(1)).any()), "some step closes patches for a subset of the rows"
     compiled_parts = getattr(model, "_compiled_steps", None) if build is patched_model else model._compiled_call
     assert compiled_parts, "generate ran the compiled step"
+    if build is patched_model:  # each row kept its own global steps and entries, whichever rows closed with it
+        caches = [
+            model.generate(**batch, **common, **options, return_dict_in_generate=True).past_key_values
+            for options in ({}, decoding)
+        ]
+        lengths = caches[0].global_steps()
+        assert torch.equal(caches[1].global_steps(), lengths)
+        for row, length in enumerate(lengths.tolist()):
+            for eager_keys, compiled_keys in zip(caches[0].global_k, caches[1].global_k):
+                torch.testing.assert_close(compiled_keys[row, :, :length], eager_keys[row, :, :length])
 
     if build is flat_model:  # bytedistill generate --compile (the patched student's path is the same call)
         options = GenerateOptions(max_new_bytes=24, greedy=True)

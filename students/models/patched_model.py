@@ -403,37 +403,37 @@ class PatchedStudent(PreTrainedModel, GenerationMixin):
         """Logits (B, 1, vocab_size) after one more symbol per row; updates ``cache`` in place (no
         cache tensor is allocated: the local layers write one ring slot, the global ones one entry).
         Three parts: the encoder, the global step of the rows whose symbol closes a patch, the
-        decoder; compiled when the generation asked for it (:class:`CompiledSteps`), as one graph
-        where no row or every row closes."""
+        decoder. Compiled (:class:`CompiledSteps`), the step is one graph whichever rows close
+        (:meth:`whole_step`); eager, the global step runs for the closing rows only."""
         steps = cache.steps
         if steps is not None:
-            closing = int(self.closes(symbol).sum())
-            if closing in (0, symbol.shape[0]):  # no row or every row closes a patch: one compiled call
-                used = _global_bucket(cache) if closing else 0
-                logits = steps.whole_step(symbol, cache, used)
-                cache.seen += 1
-                return logits
-        parts = steps or self
-        h, closing, where = parts.encode_symbol(symbol, cache)
+            closing = self.closes(symbol)
+            count = int(closing.sum())
+            stepping = min(len(closing), 1 << (count - 1).bit_length()) if count else 0
+            used = _global_bucket(cache) if count else 0
+            symbol = symbol.clone(memory_format=torch.contiguous_format)  # a column of the ids: strides of its own
+            logits = steps.whole_step(symbol, closing, cache, stepping, used)
+            cache.seen += 1
+            return logits
+        h, closing, where = self.encode_symbol(symbol, cache)
         rows = closing.nonzero().squeeze(-1)
         if rows.numel():
             every = rows.numel() == symbol.shape[0]
-            if steps is None:  # eager: read only the global entries in use
-                used = int((cache.global_length if every else cache.global_length[rows]).max()) + 1
-                _grow(cache, used)
-            else:  # compiled: a bucket of them, so that the shapes repeat
-                used = _global_bucket(cache)
-            parts.global_step(rows, cache, every, used)
+            used = int((cache.global_length if every else cache.global_length[rows]).max()) + 1
+            _grow(cache, used)  # read only the global entries in use
+            self.global_step(rows, cache, every, used)
         cache.seen += 1
-        return parts.decode_symbol(h, cache, where)
+        return self.decode_symbol(h, cache, where)
 
-    def whole_step(self, symbol: torch.Tensor, cache: PatchedCache, used: int) -> torch.Tensor:
-        """:meth:`_step` when no row's symbol closes a patch (``used`` 0) or every row's does (the
-        global step reading ``used`` entries): encoder, global step, decoder as one graph."""
+    def whole_step(
+        self, symbol: torch.Tensor, closing: torch.Tensor, cache: PatchedCache, stepping: int, used: int
+    ) -> torch.Tensor:
+        """:meth:`_step` as one graph of fixed shapes: encoder, a global step of ``stepping`` rows
+        (none: no row closes a patch) reading ``used`` entries, kept only by the rows whose symbol
+        closes one (``closing``, which the caller needs anyway: :meth:`masked_global_step`), decoder."""
         h, _, where = self.encode_symbol(symbol, cache)
-        if used:
-            rows = torch.arange(symbol.shape[0], device=symbol.device)
-            self.global_step(rows, cache, True, used)
+        if stepping:
+            self.masked_global_step(closing, cache, stepping, used)
         return self.decode_symbol(h, cache, where)
 
     def encode_symbol(self, symbol: torch.Tensor, cache: PatchedCache):
@@ -467,6 +467,33 @@ class PatchedStudent(PreTrainedModel, GenerationMixin):
     def global_step(self, rows: torch.Tensor, cache: PatchedCache, every: bool, used: int) -> None:
         """Close the open patch of ``rows`` (``every``: all of them): one global step for them only,
         reading the first ``used`` global entries of each row (masked past the row's own)."""
+        context = self._global_output(rows, cache, every, used)
+        cache.context[rows] = context
+        cache.global_length[rows] += 1
+        cache.open_sum[rows] = 0.0
+        cache.open_count[rows] = 0.0
+
+    def masked_global_step(self, closing: torch.Tensor, cache: PatchedCache, stepping: int, used: int) -> None:
+        """A global step of ``stepping`` rows, every row that closes a patch (``closing``, (B,) bool)
+        among them, the others filling the count (the compiled step rounds it up to a power of two,
+        so that its shapes repeat): the closing rows keep its result, the others drop it. A row that
+        does not close writes its keys and values into its next free global entry, which it
+        overwrites before any step it keeps reads it (its next close writes the same entry first)."""
+        every = stepping == len(closing)
+        if every:
+            rows = torch.arange(len(closing), device=closing.device)
+        else:  # the closing rows first
+            rows = torch.sort(closing.to(torch.int8), descending=True, stable=True).indices[:stepping]
+        keep = closing[rows]
+        context = self._global_output(rows, cache, every, used)
+        cache.context[rows] = torch.where(keep.unsqueeze(-1), context, cache.context[rows])
+        cache.global_length[rows] += keep.to(cache.global_length.dtype)
+        cache.open_sum[rows] = torch.where(keep.unsqueeze(-1), 0.0, cache.open_sum[rows])
+        cache.open_count[rows] = torch.where(keep, 0.0, cache.open_count[rows])
+
+    def _global_output(self, rows: torch.Tensor, cache: PatchedCache, every: bool, used: int) -> torch.Tensor:
+        """The global model's normalised output (rows, global hidden) for the open patches of
+        ``rows``, each row's keys and values written at its next global position."""
         open_sum, open_count = (
             (cache.open_sum, cache.open_count) if every else (cache.open_sum[rows], cache.open_count[rows])
         )
@@ -484,10 +511,7 @@ class PatchedStudent(PreTrainedModel, GenerationMixin):
                 return keys[rows, :, :used], values[rows, :, :used]
 
             g = block(g, at.unsqueeze(-1), mask, join)
-        cache.context[rows] = self.global_norm(g)[:, 0]
-        cache.global_length[rows] += 1
-        cache.open_sum[rows] = 0.0
-        cache.open_count[rows] = 0.0
+        return self.global_norm(g)[:, 0]
 
     # --------------------------------------------------------------------------- generate()
 
@@ -542,19 +566,16 @@ def _local_step(x: torch.Tensor, block: Block, ring: tuple[torch.Tensor, torch.T
 
 
 class CompiledSteps:
-    """:meth:`PatchedStudent.whole_step`, ``encode_symbol``, ``global_step`` and ``decode_symbol``,
-    each through ``torch.compile(**options)``: the eager methods' code, so the symbols are the same.
-    A step where no row or every row closes a patch (at batch 1, every step) is one call of
-    ``whole_step``; one where only some rows close runs the three parts, the global step for those
-    rows. The cache is allocated once, so the shapes repeat: each compiles once per batch size and
-    bucket of global entries read (:func:`_global_bucket`); ``global_step`` also once per number of
-    rows that close."""
+    """:meth:`PatchedStudent.whole_step` through ``torch.compile(**options)``: the eager methods'
+    code, so the symbols are the same. Every step is one call. When k rows close a patch, the
+    global model steps for k rounded up to a power of two (at most the batch): the closing rows
+    and enough others, whose results are dropped, so that the step's shapes repeat; eagerly it
+    steps for the k rows alone. The cache is allocated once: the step compiles once per batch
+    size, count of stepping rows (none, 1, 2, 4, … the batch) and bucket of global entries read
+    (:func:`_global_bucket`)."""
 
     def __init__(self, model: PatchedStudent, options: dict):
         self.whole_step = torch.compile(model.whole_step, **options)
-        self.encode_symbol = torch.compile(model.encode_symbol, **options)
-        self.global_step = torch.compile(model.global_step, **options)
-        self.decode_symbol = torch.compile(model.decode_symbol, **options)
 
 
 def _left_padding(attention_mask: torch.Tensor | None, input_ids: torch.Tensor) -> torch.Tensor | None:
