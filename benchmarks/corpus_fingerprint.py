@@ -59,7 +59,9 @@ def measured(step) -> tuple[float, int]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--megabytes", type=int, default=200, help="megabytes of the generated .jsonl corpus of KJV verses")
+    parser.add_argument(
+        "--megabytes", type=int, default=200, help="megabytes of the generated .jsonl corpus of KJV verses"
+    )
     parser.add_argument(
         "--smoke", action="store_true", help=f"{SMOKE_BYTES // 1000} KB (seconds): a check that it runs"
     )
