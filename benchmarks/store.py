@@ -61,7 +61,7 @@ class TeacherFiles:
         from transformers import AutoModelForCausalLM
 
         gguf = {"gguf_file": self.gguf_file} if self.gguf_file else {}
-        return AutoModelForCausalLM.from_pretrained(self.folder, **gguf, dtype=torch.float32).eval()
+        return AutoModelForCausalLM.from_pretrained(self.folder, **gguf, dtype=torch.float32, use_kernels=False).eval()
 
 
 def smollm2_teacher() -> TeacherFiles:

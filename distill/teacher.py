@@ -131,7 +131,7 @@ def _load_teacher(source, model_source, gguf, tokenizer_source, gguf_file, devic
     try:
         with one_tensor_name_map() if gguf else nullcontext():
             model, loading = AutoModelForCausalLM.from_pretrained(
-                model_source, dtype=dtype, output_loading_info=True, **kwargs
+                model_source, dtype=dtype, output_loading_info=True, use_kernels=False, **kwargs
             )
     except Exception as exc:  # noqa: BLE001 - transformers raises many types for a bad source
         raise UserError(f"cannot load the teacher {source}: {str(exc).splitlines()[0]}") from None

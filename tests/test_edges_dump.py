@@ -412,3 +412,13 @@ def _teacher_path(arg: str) -> str:
     if arg.startswith("{teacher:"):
         return str(TEACHERS[arg[len("{teacher:") : -1]])
     return arg
+
+
+def test_missing_weights_are_found_before_the_model_is_allocated():
+    """The check reads the folder on ``meta`` (no memory for weights); a failing meta load would
+    hide the gap until the full load (transformers' hub kernels refused ``meta``)."""
+    from distill.teacher_weights import missing_weights
+
+    assert missing_weights(str(TEACHERS["small"])) == []
+    missing = missing_weights(str(TEACHERS["no-mlp"]))
+    assert len(missing) == 6 and all(".mlp." in name for name in missing)

@@ -86,7 +86,12 @@ def _from_pretrained(folder: Path, **options):
         hf_logging.disable_progress_bar()  # the check reads no tensor: no "Loading weights" bar
     try:
         model, info = AutoModelForCausalLM.from_pretrained(  # never the folder's code: the library's own classes
-            folder, output_loading_info=True, ignore_mismatched_sizes=True, trust_remote_code=False, **options
+            folder,
+            output_loading_info=True,
+            ignore_mismatched_sizes=True,
+            trust_remote_code=False,
+            use_kernels=False,  # the layers as trained, on every device: no kernels from the Hub
+            **options,
         )
     except Exception as exc:  # json, safetensors and transformers each raise their own types for a corrupt file
         raise UserError(f"{folder} does not load as a model: {first_line(exc)}") from exc
