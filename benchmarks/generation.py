@@ -33,6 +33,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, LogitsProcessor, LogitsP
 
 from benchmarks.results import write_section
 from bytestream.alphabet import NUM_BYTES, PAD
+from bytestream.errors import first_line
 from bytestream.stream_tokenizer import ByteStreamTokenizer
 from students.models.architectures import student_cost
 from students.models.cost import StreamRates
@@ -290,50 +291,59 @@ def table(rows: list[Row], markdown: bool) -> list[str]:
 
 
 def summary(rows: list[Row]) -> str:
-    """The goals, each met or missed, on the most threads measured and the compiled rows (the eager
-    overhead beside, where both were measured)."""
+    """The goals, each met or missed (or not measured, where a row failed), on the most threads
+    measured and the compiled rows (the eager overhead beside, where both were measured)."""
     threads = max(r.threads for r in rows)
     eager = {(r.model, r.batch): r for r in rows if r.threads == threads and r.decode == "eager"}
     compiled = {(r.model, r.batch): r for r in rows if r.threads == threads and r.decode == "compiled"}
     at = eager | compiled  # the compiled rows where --decode measured them, else the eager ones
     decoding = "compiled" if compiled else "eager"
     batches = sorted({r.batch for r in rows})
-    b8 = 8 if 8 in batches else batches[-1]
-    sizes = [m.removeprefix("flat ") for m, _ in at if m.startswith("flat ")]
-    sizes = list(dict.fromkeys(sizes))
+    b8, one = (8 if 8 in batches else batches[-1]), batches[0]
+    sizes = list(dict.fromkeys(m.removeprefix("flat ") for m, _ in at if m.startswith("flat ")))
     small, large = sizes[0], sizes[-1]
+
+    def row(model: str, batch: int, rows: dict = at) -> Row:
+        if (model, batch) not in rows:
+            raise LookupError(f"{model} at batch {batch}")
+        return rows[(model, batch)]
+
+    def overhead() -> tuple[str, bool]:
+        worst = max(row(f"{kind} {small}", one).overhead_ms for kind in ("flat", "patched"))
+        before = ""
+        if decoding != "eager" and eager:
+            before = (
+                f", eager {max(row(f'{kind} {small}', one, eager).overhead_ms for kind in ('flat', 'patched')):.2f} ms"
+            )
+        text = f"per-step overhead {worst:.2f} ms at batch {one}, {decoding}{before} (goal <= {GOAL_OVERHEAD_MS} ms)"
+        return text, worst <= GOAL_OVERHEAD_MS
+
+    def patched_over_flat() -> tuple[str, bool]:
+        ratio = row(f"patched {large}", b8).decode_bps / row(f"flat {large}", b8).decode_bps
+        text = f"patched/flat {ratio:.2f}x at batch {b8}, size {large} (goal >= {GOAL_RATIO}x; random weights: BPB not measured)"
+        return text, ratio >= GOAL_RATIO
+
+    def patched_over_token_model() -> tuple[str, bool]:
+        worst = min(
+            row(f"patched {s}", b).decode_bps / row(f"token model {s}", b).decode_bps
+            for s in sizes
+            for b in batches
+            if b <= 8
+        )
+        return f"patched/token model of its global shape {worst:.2f}x at worst (goal >= 1x)", worst >= 1.0
+
+    def share_of_bound() -> tuple[str, bool]:
+        share = min(row(f"{kind} {large}", b8).of_bound for kind in ("flat", "patched"))
+        text = f"batch-{b8} decode of size {large} at {100 * share:.0f}% of the FLOPs bound (goal >= {100 * GOAL_BOUND:.0f}%)"
+        return text, share >= GOAL_BOUND
+
     parts = []
-
-    def goal(text: str, met: bool) -> None:
-        parts.append(f"{text}: {'met' if met else 'MISSED'}")
-
-    one = batches[0]
-    smallest = [(f"{kind} {small}", one) for kind in ("flat", "patched")]
-    overhead = max(at[key].overhead_ms for key in smallest)
-    before = (
-        f", eager {max(eager[key].overhead_ms for key in smallest):.2f} ms" if decoding != "eager" and eager else ""
-    )
-    goal(
-        f"per-step overhead {overhead:.2f} ms at batch {one}, {decoding}{before} (goal <= {GOAL_OVERHEAD_MS} ms)",
-        overhead <= GOAL_OVERHEAD_MS,
-    )
-    ratio = at[(f"patched {large}", b8)].decode_bps / at[(f"flat {large}", b8)].decode_bps
-    goal(
-        f"patched/flat {ratio:.2f}x at batch {b8}, size {large} (goal >= {GOAL_RATIO}x; random weights: BPB not measured)",
-        ratio >= GOAL_RATIO,
-    )
-    worst = min(
-        at[(f"patched {s}", b)].decode_bps / at[(f"token model {s}", b)].decode_bps
-        for s in sizes
-        for b in batches
-        if b <= 8
-    )
-    goal(f"patched/token model of its global shape {worst:.2f}x at worst (goal >= 1x)", worst >= 1.0)
-    share = min(at[(f"{kind} {large}", b8)].of_bound for kind in ("flat", "patched"))
-    goal(
-        f"batch-{b8} decode of size {large} at {100 * share:.0f}% of the FLOPs bound (goal >= {100 * GOAL_BOUND:.0f}%)",
-        share >= GOAL_BOUND,
-    )
+    for goal in (overhead, patched_over_flat, patched_over_token_model, share_of_bound):
+        try:
+            text, met = goal()
+            parts.append(f"{text}: {'met' if met else 'MISSED'}")
+        except LookupError as missing:
+            parts.append(f"{goal.__name__.replace('_', ' ')}: not measured ({missing} failed)")
     return "summary: " + "; ".join(parts) + f" ({threads} threads, {decoding} decoding)"
 
 
@@ -368,19 +378,30 @@ def main() -> None:
             model = build()
             for batch in args.batches:
                 for decode in args.decode:
-                    row = measure(
-                        name, model, data, args, batch, threads or all_threads, decode, rate, per_byte, rates, token
-                    )
+                    try:
+                        row = measure(
+                            name, model, data, args, batch, threads or all_threads, decode, rate, per_byte, rates, token
+                        )
+                    except Exception as error:  # one failing row (a new device) keeps the others
+                        if args.smoke:
+                            raise
+                        print(f"FAILED {name}, batch {batch}, {decode}: {type(error).__name__}: {first_line(error)}")
+                        continue
                     rows.append(row)
+                    print(table([row], markdown=True)[-1], flush=True)  # progress: each row as it is measured
+    device = (
+        torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else f"cpu ({all_threads} threads)"
+    )
     print(
-        f"{args.device}; {args.new_bytes} new bytes after {args.prompt_bytes}; {rates.symbols_per_byte:.3f} symbols, "
+        f"{device}; {args.new_bytes} new bytes after {args.prompt_bytes}; {rates.symbols_per_byte:.3f} symbols, "
         f"{rates.patches_per_byte:.3f} patches and {tokens_per_byte:.3f} teacher tokens per byte (KJV, Llama-3 tokenizer)"
     )
     lines, line = table(rows, args.markdown), summary(rows)
     print("\n".join(lines))
     print(line)
     if args.markdown and not args.smoke:
-        write_section("generation", "\n".join(lines) + f"\n\n`{line}`")
+        section = "generation" if args.device == "cpu" else f"generation_{args.device.split(':')[0]}"
+        write_section(section, f"On {device}.\n\n" + "\n".join(lines) + f"\n\n`{line}`")
 
 
 if __name__ == "__main__":

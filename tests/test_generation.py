@@ -290,3 +290,18 @@ def test_the_tokenizer_without_remote_code_refuses_instead_of_placing_no_eot(fol
         AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
     assert AutoTokenizer.from_pretrained(folder, trust_remote_code=True)("ab").input_ids[-1] == 256  # <eot>
     assert PreTrainedTokenizerFast.from_pretrained(folder)("ab").input_ids == [257, 97, 98]
+
+
+def test_the_generation_summary_names_a_goal_whose_row_failed_as_not_measured():
+    """A row that failed on a new device leaves its goal 'not measured', the others judged."""
+    from benchmarks.generation import Row, summary
+
+    def row(model: str, batch: int, decode_bps: float, overhead_ms: float = 0.5) -> Row:
+        return Row(model, 1, batch, 1, "compiled", 1.0, decode_bps, 1.0, 4 * decode_bps, overhead_ms, None)
+
+    rows = [row(f"{kind} S", batch, bps) for kind, bps in (("flat", 100), ("patched", 300)) for batch in (1, 8)]
+    rows += [row("token model S", 1, 200)]  # its batch-8 row failed
+    line = summary(rows)
+    assert "per-step overhead 0.50 ms at batch 1, compiled (goal <= 1.0 ms): met" in line
+    assert "patched/flat 3.00x at batch 8, size S" in line and "MISSED" in line  # 25% of the bound
+    assert "patched over token model: not measured (token model S at batch 8 failed)" in line
