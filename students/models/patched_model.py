@@ -243,6 +243,15 @@ class PatchedCache:
         """Global steps taken per row (the start step included)."""
         return self.global_length.clone()
 
+    def mark_static(self) -> None:
+        """Tag every tensor a step updates in place as a fixed address (unguarded: no recompiles),
+        as ``transformers``' static cache does: CUDA graphs replay only a step whose in-place
+        updates land in such tensors (else inductor skips them: "mutated inputs")."""
+        state = [self.step, self.pad, self.slot_index, self.global_length, self.open_sum, self.open_count, self.context]
+        rings = [tensor for pair in self.local for tensor in pair]
+        for tensor in [*state, *rings, *self.global_k, *self.global_v]:
+            torch._dynamo.mark_static_address(tensor)
+
 
 # ------------------------------------------------------------------------------ model
 
@@ -377,6 +386,8 @@ class PatchedStudent(PreTrainedModel, GenerationMixin):
             cache.global_length = num_closed + 1
             cache.open_sum, cache.open_count = sums[rows, num_closed], counts[rows, num_closed]
             cache.context = g[rows, num_closed]
+            if cache.steps is not None:
+                cache.mark_static()
         return logits
 
     def _pool(self, h, closes, patch_of, slots, valid=None):
@@ -652,3 +663,5 @@ def _grow(cache: PatchedCache, needed: int) -> None:
     for store in (cache.global_k, cache.global_v):
         for index, tensor in enumerate(store):
             store[index] = torch.cat([tensor, tensor.new_zeros(*tensor.shape[:2], extra, tensor.shape[3])], dim=2)
+    if cache.steps is not None:
+        cache.mark_static()
