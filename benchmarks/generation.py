@@ -25,6 +25,7 @@ goals of issue 30 on the compiled rows (the eager figures beside them), each met
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from dataclasses import dataclass
 
@@ -390,7 +391,7 @@ def main() -> None:
                     rows.append(row)
                     print(table([row], markdown=True)[-1], flush=True)  # progress: each row as it is measured
     device = (
-        torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else f"cpu ({all_threads} threads)"
+        torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else f"cpu ({os.cpu_count()} cores)"
     )
     print(
         f"{device}; {args.new_bytes} new bytes after {args.prompt_bytes}; {rates.symbols_per_byte:.3f} symbols, "
