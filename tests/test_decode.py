@@ -67,6 +67,9 @@ def test_compiled_decoding_gives_the_eager_symbols(build, stream_tokenizer):  # 
         ]
         lengths = caches[0].global_steps()
         assert torch.equal(caches[1].global_steps(), lengths)
+        assert not any(_static(tensor) for tensor in _updated_in_place(caches[0]))
+        # CUDA graphs replay a step only if what it updates in place has a static address (DESIGN, "Decoding")
+        assert all(_static(tensor) for tensor in _updated_in_place(caches[1]))
         for row, length in enumerate(lengths.tolist()):
             for eager_keys, compiled_keys in zip(caches[0].global_k, caches[1].global_k):
                 torch.testing.assert_close(compiled_keys[row, :, :length], eager_keys[row, :, :length])
@@ -76,6 +79,16 @@ def test_compiled_decoding_gives_the_eager_symbols(build, stream_tokenizer):  # 
         eager_bytes = generate_batch(model, stream_tokenizer, PROMPTS, options)
         options.compile = True
         assert generate_batch(model, stream_tokenizer, PROMPTS, options) == eager_bytes
+
+
+def _updated_in_place(cache) -> list[torch.Tensor]:
+    """Every tensor of a patched cache that a decoding step writes into."""
+    state = [cache.step, cache.slot_index, cache.global_length, cache.open_sum, cache.open_count, cache.context]
+    return [*state, *(tensor for ring in cache.local for tensor in ring), *cache.global_k, *cache.global_v]
+
+
+def _static(tensor: torch.Tensor) -> bool:
+    return getattr(tensor, "_dynamo_static_input_type", None) == "unguarded"
 
 
 class EotEveryOtherStep(LogitsProcessor):
