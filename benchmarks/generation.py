@@ -401,8 +401,11 @@ def main() -> None:
     print("\n".join(lines))
     print(line)
     if args.markdown and not args.smoke:
-        section = "generation" if args.device == "cpu" else f"generation_{args.device.split(':')[0]}"
-        write_section(section, f"On {device}.\n\n" + "\n".join(lines) + f"\n\n`{line}`")
+        block = f"On {device}.\n\n" + "\n".join(lines) + f"\n\n`{line}`"
+        if args.device == "cpu":
+            write_section("generation", block)
+        else:  # a GPU's run keeps a section of its own beside the CPU's
+            write_section("generation_cuda", block)
 
 
 if __name__ == "__main__":
