@@ -32,6 +32,7 @@ SMOKED_DUMPING = {
     "store": "best (smallest with mean KL",
     "dump_memory": "summary: worst |estimate - peak| / peak",
     "budget": "summary: <eot> stream: best BPB patched - flat at budgets",
+    "fused_store_coding": "summary: fused/<eot> shard bytes",
 }
 SMOKED = SMOKED_TRAINING | SMOKED_DUMPING
 
