@@ -32,6 +32,7 @@ import numpy as np
 
 from benchmarks.results import markdown_table, write_section
 from bytestream.alphabet import FUSED_ENDS, NUM_BYTES
+from logit_store import rans
 from logit_store.encodings import ContextCodedEncoding
 
 GOAL_STORE = 1.1
@@ -61,22 +62,27 @@ def conditional_entropy(contexts: np.ndarray, codes: np.ndarray) -> float:
 
 
 def read(path: Path) -> Coded:
+    """Each value's code, its context as the store's coder chains it (``rans.chained_contexts``),
+    its decoded probability, symbol, position and depth; each chunk decoded once."""
     from logit_store import LogitStore
 
     store = LogitStore(path)
+    if store.encoding.name != CODING.name:
+        raise SystemExit(f"{path} is coded with {store.encoding.name}; this benchmark reads {CODING.name} stores")
     parts: dict[str, list[np.ndarray]] = {k: [] for k in ("codes", "ctx", "values", "symbols", "pos", "depth")}
     first_position = 0
     for i in range(len(store)):
-        encoded, document = store.encoded_document(i), store.document(i)
-        layout = document.layout
-        codes = encoded.value_bytes.reshape(-1).astype(np.int64)
-        position = np.repeat(np.arange(layout.num_positions), np.diff(layout.offsets))
-        parts["codes"].append(codes)
-        parts["ctx"].append(CODING.contexts(layout).astype(np.int64) * 5 + _two_before(codes, layout.offsets, position))
-        parts["values"].append(document.values.astype(np.float64))
+        encoded = store.encoded_document(i)
+        layout = encoded.layout  # made while decoding the chunk's entropy-coded values
+        codes = encoded.value_bytes.reshape(-1)
+        groups = CODING.contexts(layout)  # 2 × (symbol + alphabet × depth) + first value of its position
+        contexts, _ = rans.chained_contexts(groups, 5, CODING.PREVIOUS, codes, CODING.num_contexts)
+        parts["codes"].append(codes.astype(np.int64))
+        parts["ctx"].append(contexts.astype(np.int64))
+        parts["values"].append(store.encoding.decode(encoded.value_bytes, encoded.position_bytes, layout.offsets))
         parts["symbols"].append(layout.support.astype(np.int64))
-        parts["pos"].append(position + first_position)
-        parts["depth"].append(_depths(layout.position_node)[position])
+        parts["pos"].append(np.repeat(np.arange(layout.num_positions), np.diff(layout.offsets)) + first_position)
+        parts["depth"].append((groups.astype(np.int64) >> 1) // layout.alphabet_size)
         first_position += layout.num_positions
     joined = {k: np.concatenate(v) if v else np.zeros(0, np.int64) for k, v in parts.items()}
     stats = store.stats()
@@ -85,27 +91,11 @@ def read(path: Path) -> Coded:
         stats["shard_bytes"],
         joined["codes"],
         joined["ctx"],
-        joined["values"],
+        joined["values"].astype(np.float64),
         joined["symbols"],
         joined["pos"],
         joined["depth"],
     )
-
-
-def _two_before(codes: np.ndarray, offsets: np.ndarray, position: np.ndarray) -> np.ndarray:
-    """The store's 'code two values before at the same position' bucket (0: none)."""
-    bucket = np.zeros(len(codes), np.int64)
-    index = np.arange(len(codes))
-    has = index - 2 >= offsets[position]
-    bucket[has] = CODING.PREVIOUS[codes[index[has] - 2]]
-    return bucket
-
-
-def _depths(position_node: np.ndarray) -> np.ndarray:
-    """Each position's depth in its token (positions since the last token start), capped at 2."""
-    index = np.arange(len(position_node))
-    last_start = np.maximum.accumulate(np.where(position_node == 0, index, 0))
-    return np.minimum(index - last_start, 2)
 
 
 def paired_half(fused: Coded) -> float:

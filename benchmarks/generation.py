@@ -304,10 +304,10 @@ def summary(rows: list[Row]) -> str:
     sizes = list(dict.fromkeys(m.removeprefix("flat ") for m, _ in at if m.startswith("flat ")))
     small, large = sizes[0], sizes[-1]
 
-    def row(model: str, batch: int, rows: dict = at) -> Row:
-        if (model, batch) not in rows:
+    def row(model: str, batch: int, among: dict = at) -> Row:
+        if (model, batch) not in among:
             raise LookupError(f"{model} at batch {batch}")
-        return rows[(model, batch)]
+        return among[(model, batch)]
 
     def overhead() -> tuple[str, bool]:
         worst = max(row(f"{kind} {small}", one).overhead_ms for kind in ("flat", "patched"))
