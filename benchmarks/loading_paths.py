@@ -6,11 +6,13 @@ Defaults: the quickstart's exported model and held-out store (runs/quickstart); 
 toy quickstart of ``benchmarks/smoke.py`` in a temporary folder instead (seconds). Rows:
 
 - the teacher's BPB on the store (its stored distributions);
-- the student on the store's streams (the teacher's ``<eot>`` marks; what ``train`` reports);
+- the student on the store's streams (the teacher's token ends: ``<eot>`` marks or flagged bytes;
+  what ``train`` reports);
 - the documented loading path: ``AutoTokenizer.from_pretrained(folder, trust_remote_code=True)``
   (the folder's own ``tokenization_bytedistill.py``) on each document's text, then ``<eos>``;
-- plain bytes through the stock tokenizer (no remote code), P(byte) as is;
-- the same, renormalised over the 256 bytes + ``<eos>``.
+- plain bytes, ``<bos>`` + the bytes with no token end (an ``<eot>`` folder's stock tokenizer, no
+  remote code; a fused folder has none), P(byte) as is;
+- the same, renormalised over the 256 unflagged bytes + ``<eos>``.
 
 Every row scores the same bytes with the same windows (``bytedistill score`` definitions).
 ``--write-card`` puts the table into the folder's model card (README.md).
@@ -24,7 +26,6 @@ from pathlib import Path
 
 import numpy as np
 
-from bytestream.alphabet import EOS
 from logit_store import LogitStore
 from students.release.exported_folder import load_model
 from students.release.score import Document, ScoreOptions, score, score_documents
@@ -42,7 +43,7 @@ def documented_path_documents(folder: Path, store_path: Path) -> list[Document]:
     for i in range(len(store)):
         data = store.document(i).layout.text_bytes()
         try:
-            symbols = tokenizer(data.decode("utf-8")).input_ids + [EOS]
+            symbols = tokenizer(data.decode("utf-8")).input_ids + [tokenizer.stream.eos]
         except UnicodeDecodeError:  # not text: the tokenizer's bytes entry point
             symbols = tokenizer.encode_bytes(data, eos=True)
         docs.append(Document(0, np.asarray(symbols, dtype=np.int64), None))
@@ -60,10 +61,10 @@ def measure(folder: Path, store: Path) -> tuple[list[tuple[str, float]], int]:
     assert documented.bytes == stream.bytes == plain.bytes, "every row must score the same bytes"
     return [
         ("teacher BPB", stream.teacher_bpb),
-        ("stream with the teacher's `<eot>` marks (what `train` reports)", stream.student_bpb),
+        ("stream with the teacher's token ends (what `train` reports)", stream.student_bpb),
         ("documented path: `AutoTokenizer(..., trust_remote_code=True)`", documented.student_bpb),
-        ("plain bytes (`<bos>` + bytes: the plain byte tokenizer, no remote code), P(byte) as is", plain.student_bpb),
-        ("plain bytes, renormalised over the 256 bytes + `<eos>`", renormalised.student_bpb),
+        ("plain bytes (`<bos>` + bytes with no token end), P(byte) as is", plain.student_bpb),
+        ("plain bytes, renormalised over the 256 unflagged bytes + `<eos>`", renormalised.student_bpb),
     ], stream.bytes
 
 

@@ -243,7 +243,7 @@ def overhead(args, rates, heldout: Path) -> dict[str, float]:
 
     out = {}
     for size in OVERHEAD:
-        shape = StudentShape(**size.train_flags(1))
+        shape = StudentShape(**size.train_flags(1), stream="eot")  # the stores dump_store makes
         model = architecture_named(size.architecture).build(shape, seq_len=args.seq_len, seed=0)
         prompt = prompts(heldout, 1, args.prompt_symbols)
         out[size.architecture] = 1000 * step_time(model, args.device, prompt, 256)

@@ -44,6 +44,7 @@ def main() -> None:
     import torch
     from accelerate import Accelerator
 
+    from logit_store import LogitStore
     from students.models.shape import StudentShape
     from students.training.batch_source import STORE_SOURCE, BatchConfig
     from students.training.loss import LossConfig
@@ -58,7 +59,7 @@ def main() -> None:
             config = TrainConfig(
                 train_stores=[str(store)],
                 output_dir=str(Path(tmp) / f"alpha-{alpha}"),
-                student=StudentShape(preset=args.preset),
+                student=StudentShape(preset=args.preset, stream=LogitStore(store).stream.value),
                 batches=BatchConfig(seq_len=args.seq_len, batch_size=args.batch_size, num_workers=args.num_workers),
                 max_steps=args.warmup + args.steps,
                 loss=LossConfig(alpha=alpha),

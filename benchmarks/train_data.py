@@ -26,12 +26,13 @@ SMOKE_KILOBYTES = 4  # the smoke runs' store (train_data and train share it): th
 
 
 def benchmark_store(kilobytes: int) -> Path:
-    """A logit store of the first ``kilobytes`` KB of KJV chapters (built once, then cached)."""
+    """A logit store of the first ``kilobytes`` KB of KJV chapters in the default (fused) stream
+    (built once, then cached under a name that says its stream)."""
     from bytedistill.cli import main as bytedistill
     from logit_store.file_names import MANIFEST
     from tests.teachers import save_tiny_llama3_teacher
 
-    store = CACHE / f"train-store-{kilobytes}kb"
+    store = CACHE / f"train-store-{kilobytes}kb-fused"
     if (store / MANIFEST).is_file() and not list(store.glob("*.tmp")):
         return store
     CACHE.mkdir(parents=True, exist_ok=True)
@@ -66,6 +67,8 @@ def benchmark_store(kilobytes: int) -> Path:
         "2",
         "--progress",
         "false",
+        "--stream",
+        "fused",
     ]
     if bytedistill(args) != 0:
         raise SystemExit("dump failed")

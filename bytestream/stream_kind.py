@@ -31,6 +31,9 @@ if TYPE_CHECKING:
     from bytestream.trie import VocabTrie
 
 
+AUTO_STREAM = "auto"  # dump's and train's --stream default: the store's stream (a new store: fused)
+
+
 class StreamKind(Enum):
     """``EOT``: bytes with an ``<eot>`` symbol after each teacher token; ``FUSED``: one symbol per
     text byte that says whether the teacher's token ends with it."""

@@ -26,14 +26,14 @@ from __future__ import annotations
 import sys
 import time
 from contextlib import ExitStack
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 
 from bytestream.errors import UserError
-from bytestream.stream_kind import StreamKind
+from bytestream.stream_kind import AUTO_STREAM, StreamKind
 from distill import dump_memory
 from distill.conversion_sink import ConversionSink, DocumentsPlanned, store_errors
 from distill.convert import Converter
@@ -107,10 +107,30 @@ def _store_writers(config: DumpConfig, workers: int) -> int:
     return workers
 
 
+def store_stream(config: DumpConfig) -> StreamKind:
+    """The stream the dump writes: ``--stream``, or for ``auto`` the stream of the store it resumes,
+    else fused (the default: docs/DESIGN.md, "The fused stream")."""
+    from logit_store.file_names import MANIFEST
+    from logit_store.manifest import manifest_stream, read_manifest
+
+    if config.stream != AUTO_STREAM:
+        return StreamKind(config.stream)
+    if (Path(config.output) / MANIFEST).is_file():
+        return manifest_stream(read_manifest(Path(config.output)))
+    return StreamKind.FUSED
+
+
+def with_store_stream(config: DumpConfig) -> DumpConfig:
+    """``config`` with ``--stream auto`` resolved (:func:`store_stream`), so that a store it starts
+    and the stores it resumes agree however long the dump runs."""
+    return replace(config, stream=store_stream(config).value)
+
+
 def run_dump(config: DumpConfig) -> DumpSummary:
     from accelerate import PartialState
 
     _validate(config)
+    config = with_store_stream(config)
     check_source(config.corpus)
     check_store_files(Path(config.output))  # before the teacher loads: a refusal is quick
     started = time.perf_counter()
@@ -141,7 +161,7 @@ def dump_with_teacher(
     """The dump pass of worker ``worker`` of ``workers`` with a loaded teacher (the benchmarks
     build random teachers in memory); ``started`` is when the setup began."""
     _validate(config)
-    return _dump_pass(config, teacher, worker, workers, started)
+    return _dump_pass(with_store_stream(config), teacher, worker, workers, started)
 
 
 def _dump_pass(config: DumpConfig, teacher: Teacher, worker: int, workers: int, started: float | None) -> DumpSummary:
@@ -152,7 +172,7 @@ def _dump_pass(config: DumpConfig, teacher: Teacher, worker: int, workers: int, 
     started = time.perf_counter() if started is None else started
     num_writers = _store_writers(config, workers)
     mine = writers_of(worker, workers, num_writers)
-    stream = StreamKind(config.stream)
+    stream = store_stream(config)
     on_device = config.conversion == "torch" or (config.conversion == "auto" and teacher.device.type == "cuda")
     stage(config, f"building the conversion tables ({teacher.vocab.size:,} tokens)")
     converter = Converter(teacher.vocab)
@@ -257,7 +277,7 @@ def _open_stores(
             docs_per_shard=config.docs_per_shard,
             chunk_bytes=config.chunk_bytes,
             trie=converter.trie,
-            stream=StreamKind(config.stream),
+            stream=store_stream(config),
         )
 
     try:
@@ -311,7 +331,7 @@ def memory_terms(
         writers=writers,
         chunk_bytes=config.chunk_bytes or get_encoding(config.encoding).chunk_bytes,
         longest_document_tokens=longest_document_tokens,
-        stream=StreamKind(config.stream),
+        stream=store_stream(config),
     )
 
 
@@ -319,7 +339,7 @@ def _check_memory(config: DumpConfig, teacher: Teacher, on_device: bool, writers
     """Print the peak-memory formula's terms; refuse settings that cannot fit the device. Returns
     what a document longer than a group may add."""
     terms = memory_terms(config, teacher, on_device, writers)
-    stream = StreamKind(config.stream)
+    stream = store_stream(config)
     print(dump_memory.describe(terms, teacher.device, stream), file=sys.stderr)
     problem = dump_memory.over_budget(terms, teacher.device)
     if problem:

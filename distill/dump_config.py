@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from bytestream.errors import UserError
+from bytestream.stream_kind import AUTO_STREAM
 from configs.fields import flat_values
 from configs.ranges import COUNT, NON_NEGATIVE, at_least, range_problem
 from distill.corpus import CorpusSpec
@@ -61,12 +62,14 @@ class DumpConfig:
         },
     )
     stream: str = field(
-        default="eot",
+        default=AUTO_STREAM,
         metadata={
-            "help": "the stream the store holds: eot (bytes and an <eot> after each teacher token), fused "
-            "(one symbol per text byte that says whether the token ends with it; no <eot>); recorded in the "
-            "store, and a student trains only on stores of its stream",
-            "choices": ["eot", "fused"],
+            "help": "the stream the store holds: fused (one symbol per text byte that says whether the teacher's "
+            "token ends with it; the flat student learns more from it at equal training FLOPs and takes a step "
+            "per byte), eot (bytes and an <eot> after each teacher token; the patched student's better stream "
+            "at equal FLOPs) or auto: the stream of the store a dump resumes, else fused; recorded in the "
+            "store, and a student trains on stores of its stream",
+            "choices": [AUTO_STREAM, "eot", "fused"],
         },
     )
     conversion: str = field(

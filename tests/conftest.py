@@ -27,7 +27,7 @@ INNER_LOOP_SKIPS = (
     "tests/test_convert.py::test_a_sorted_head_is_a_new_teacher_whose_logits_say_their_order",
     "tests/test_dump_skips.py::test_rerun_after_a_refusal_replaces_the_unfinished_store",
     "tests/test_dump_fused.py::test_fused_dump_stores_the_fused_conversion_of_the_teacher",
-    "tests/test_dump_fused.py::test_stream_eot_is_the_store_of_today",
+    "tests/test_dump_fused.py::test_stream_eot_is_the_store_of_before_and_auto_keeps_a_stores_stream",
     "tests/test_dump_fused.py::test_fused_dump_in_the_default_encoding_verifies",
     # 30 s or more (call, or the fixture only they use) in ``-n 2 --durations=60`` of the not-slow
     # set on 2 cores under a load of 8, about 10 s on idle cores

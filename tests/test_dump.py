@@ -79,18 +79,13 @@ def teacher_token_nll(model, token_ids: np.ndarray, prefix: int, end_of_text, sp
     "encoding, rel, conversion", [("float16", 1e-3, "numba"), ("pow8", 2e-2, "numba"), ("float16", 1e-3, "torch")]
 )
 def test_stream_nll_equals_teacher_token_nll(encoding, rel, conversion, teacher_dir, corpus_dir, tmp_path, capsys):
-    """The brute-force check: every document's stream log-likelihood is the teacher's token
+    """The brute-force check: every document's ``<eot>`` stream log-likelihood is the teacher's token
     log-likelihood, computed window by window with the model itself; on both conversion paths
-    (``torch`` is the CUDA code path, run here on CPU tensors), with row chunks that cut windows."""
+    (``torch`` is the CUDA code path, run here on CPU tensors), with row chunks that cut windows.
+    (The fused stream's: tests/test_dump_fused.py.)"""
     out = tmp_path / "store"
-    assert (
-        cli_main(
-            dump_args(
-                teacher_dir, corpus_dir, out, "--encoding", encoding, "--conversion", conversion, "--head-rows", "37"
-            )
-        )
-        == 0
-    )
+    args = ["--encoding", encoding, "--conversion", conversion, "--head-rows", "37", "--stream", "eot"]
+    assert cli_main(dump_args(teacher_dir, corpus_dir, out, *args)) == 0
     summary = capsys.readouterr().out
     assert "1 empty skipped" in summary and "teacher BPB" in summary
     store = LogitStore(out)

@@ -13,7 +13,7 @@ from bytedistill.cli import main as cli_main
 from bytestream.stream_kind import StreamKind
 from distill.convert import Converter
 from distill.windows import plan_windows
-from logit_store import LogitStore, store_content_hash
+from logit_store import LogitStore
 from logit_store.manifest import read_manifest
 from tests.teachers import dump_args
 from tests.test_dump import DOCUMENTS, corpus_dir, teacher_dir, teacher_token_nll  # noqa: F401 (fixtures)
@@ -76,21 +76,22 @@ def test_fused_dump_stores_the_fused_conversion_of_the_teacher(conversion, teach
     assert texts == {k: v for k, v in DOCUMENTS.items() if v}
 
 
-def test_stream_eot_is_the_store_of_today(teacher_dir, corpus_dir, tmp_path, capsys):  # noqa: F811
-    """``--stream eot`` (the default said out loud) writes byte for byte the store a dump without it
-    writes: a version-2 manifest that names no stream, the same shards."""
-    default, eot = tmp_path / "default", tmp_path / "eot"
-    assert cli_main(dump_args(teacher_dir, corpus_dir, default)) == 0
+def test_stream_eot_is_the_store_of_before_and_auto_keeps_a_stores_stream(teacher_dir, corpus_dir, tmp_path, capsys):  # noqa: F811
+    """``--stream eot`` writes the store every dump wrote before the fused stream (a version-2
+    manifest that names no stream); without ``--stream`` (auto) a new store is fused, and a rerun over
+    an existing ``<eot>`` store keeps it one, byte for byte, where ``--stream fused`` is refused."""
+    new, eot = tmp_path / "new", tmp_path / "eot"
     assert cli_main(dump_args(teacher_dir, corpus_dir, eot, "--stream", "eot")) == 0
-    capsys.readouterr()
-    names = sorted(p.name for p in default.iterdir())
-    assert names == sorted(p.name for p in eot.iterdir())
-    for name in names:
-        assert (default / name).read_bytes() == (eot / name).read_bytes(), name
     manifest = read_manifest(eot)
     assert manifest["format_version"] == 2 and "stream" not in manifest
     assert LogitStore(eot).stream is StreamKind.EOT
-    assert store_content_hash(LogitStore(eot)) == store_content_hash(LogitStore(default))
+    written = {p.name: p.read_bytes() for p in eot.iterdir()}
+    assert cli_main(dump_args(teacher_dir, corpus_dir, eot)) == 0
+    assert {p.name: p.read_bytes() for p in eot.iterdir()} == written
+    assert cli_main(dump_args(teacher_dir, corpus_dir, eot, "--stream", "fused")) == 2
+    assert cli_main(dump_args(teacher_dir, corpus_dir, new)) == 0
+    capsys.readouterr()
+    assert LogitStore(new).stream is StreamKind.FUSED and read_manifest(new)["stream"] == "fused"
 
 
 def test_fused_dump_in_the_default_encoding_verifies(teacher_dir, corpus_dir, tmp_path, capsys):  # noqa: F811

@@ -341,7 +341,7 @@ EDGES = [
     # a store of another stream than the student's: neither stream's rows are derived from the other's
     Edge(
         "train-fused-store",
-        [*TRAIN, "--max-steps", "1"],
+        [*TRAIN, "--max-steps", "1", "--stream", "eot"],
         "train is a fused-stream store; this student reads the <eot> stream",
         setup=fused_store,
     ),

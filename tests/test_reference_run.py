@@ -67,7 +67,9 @@ def run_reference(tmp_path: Path, tokenizer_path: str) -> dict:
     stores = {}
     for encoding in ("pow8-ans", "float16"):
         stores[encoding] = tmp_path / f"store-{encoding}"
-        assert bytedistill(dump_args(teacher, corpus, stores[encoding], "--encoding", encoding)) == 0
+        # the <eot> stream, named: the recorded values are of the stream every store before the fused one holds
+        args = ["--encoding", encoding, "--stream", "eot"]
+        assert bytedistill(dump_args(teacher, corpus, stores[encoding], *args)) == 0
     found = {"pow8-ans hash": store_content_hash(LogitStore(stores["pow8-ans"]))}
     found["float16"] = store_arrays(LogitStore(stores["float16"]))
     for architecture in ("flat", "patched"):

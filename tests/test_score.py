@@ -12,7 +12,6 @@ import torch
 from transformers import AutoTokenizer
 
 from bytedistill.cli import main as bytedistill
-from bytestream.alphabet import EOS
 from logit_store import LogitStore
 from students.release.score import ScoreOptions, score, windows
 from tests.exported_student import SEQ_LEN, build
@@ -72,7 +71,7 @@ def test_stream_tokenizer_reproduces_every_stored_stream(exported):
         except UnicodeDecodeError:
             invalid += 1
             continue
-        assert remote(text).input_ids + [EOS] == layout.symbols.tolist()
+        assert remote(text).input_ids + [store.stream.eos] == layout.symbols.tolist()
     assert invalid == 1 and any(
         b"<|begin_of_text|>" in store.document(i).layout.text_bytes() for i in range(len(store))
     )
@@ -200,8 +199,6 @@ def test_prompts_heal_through_the_card_remote_generate_and_lm_eval(exported, tmp
     from lm_eval.tasks import TaskManager
     from transformers import AutoModelForCausalLM
 
-    from students.release.tokenizer import decode_bytes
-
     tokenizer = AutoTokenizer.from_pretrained(exported.folder, trust_remote_code=True)
     stock = AutoModelForCausalLM.from_pretrained(exported.folder).eval()
     remote = AutoModelForCausalLM.from_pretrained(exported.folder, trust_remote_code=True).eval()
@@ -210,7 +207,8 @@ def test_prompts_heal_through_the_card_remote_generate_and_lm_eval(exported, tmp
     def healed(prompt: str) -> bytes:
         inputs = tokenizer.prompt(prompt)
         output = stock.generate(**inputs, max_new_tokens=24, do_sample=False)[0]
-        return decode_bytes(output[inputs["input_ids"].shape[1] :])[len(tokenizer.encode_prompt(prompt.encode())[1]) :]
+        new = tokenizer.text_bytes(output[inputs["input_ids"].shape[1] :].tolist())
+        return new[len(tokenizer.encode_prompt(prompt.encode())[1]) :]
 
     expected = [healed(p) for p in prompts]
     tokenizer.padding_side = "left"
@@ -224,7 +222,7 @@ def test_prompts_heal_through_the_card_remote_generate_and_lm_eval(exported, tmp
     assert first_inputs[0] < width  # it started from the streams cut back to their last words
     assert torch.equal(output[:, :width], streams["input_ids"])  # the caller's frame
     for row, want in enumerate(expected):
-        got = decode_bytes(output[row, width:])
+        got = tokenizer.text_bytes(output[row, width:].tolist())
         assert got and want.startswith(got), prompts[row]
 
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")

@@ -219,9 +219,11 @@ def test_check_teacher_on_llama3(llama3_tokenizer_path, capsys):
 
 
 @pytest.mark.slow
-def test_dump_of_a_padded_sentencepiece_teacher(tmp_path, families):
-    """``dump`` end to end: the store gives back each document's bytes (not the added space), its
-    byte count, and the stream NLL of the teacher given the space."""
+@pytest.mark.parametrize("stream", ["eot", "fused"])
+def test_dump_of_a_padded_sentencepiece_teacher(tmp_path, families, stream):
+    """``dump`` end to end, on either stream: the store gives back each document's bytes (not the
+    added space), its byte count, and the stream NLL of the teacher given the space (whose mass each
+    stream counts at its own node)."""
     folder = save_tiny_teacher(tmp_path / "phi3", families["phi3"][0], vocab_size=32_064, bos_token_id=1)
     documents = {"a.txt": b" leading space", "b.txt": SPECIAL_TEXT, "c.txt": b"\xff a \xc3("}
     corpus = tmp_path / "corpus"
@@ -237,6 +239,8 @@ def test_dump_of_a_padded_sentencepiece_teacher(tmp_path, families):
         "float16",
         "--progress",
         "false",
+        "--stream",
+        stream,
     ]
     assert main(["dump", "--teacher", str(folder), *args]) == 0
     store = LogitStore(tmp_path / "store")
@@ -252,8 +256,11 @@ def test_dump_of_a_padded_sentencepiece_teacher(tmp_path, families):
         input_ids = torch.tensor([teacher.context_prefix + ids.tolist()])
         rows = np.arange(len(ids) + 1)
         logits = teacher.logits(input_ids, torch.ones_like(input_ids), [rows]).tensor.double().numpy()
-        expected = teacher_log_likelihood(teacher.vocab, ids, logits) - reference_context_log_mass(
-            teacher.vocab, ids, logits
-        )
-        stream = float(np.log(doc.target_probabilities().astype(np.float64)).sum())
-        assert stream == pytest.approx(expected, rel=1e-3)
+        from tests.test_convert_fused import reference_fused_context  # it imports this module
+        from tests.test_dump_fused import float16_log_error
+
+        context = reference_fused_context if stream == "fused" else reference_context_log_mass
+        expected = teacher_log_likelihood(teacher.vocab, ids, logits) - context(teacher.vocab, ids, logits)
+        targets = doc.target_probabilities().astype(np.float64)
+        bound = float16_log_error(targets).sum()  # float16's steps, subnormal ones included
+        assert float(np.log(targets).sum()) == pytest.approx(expected, rel=1e-3, abs=bound)

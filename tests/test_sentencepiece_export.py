@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 from transformers import AutoTokenizer
 
-from bytestream.alphabet import EOS
 from logit_store import LogitStore
 from students.release.score import ScoreOptions, score
 from tests.exported_student import HELDOUT, build
@@ -42,7 +41,7 @@ def test_exported_tokenizer_gives_every_stored_stream_and_the_stores_score(expor
         data = layout.text_bytes()
         assert tokenizer.encode_bytes(data, eos=True) == layout.symbols.tolist(), data
         if b"\xff" not in data:  # text (the one document of invalid UTF-8 aside)
-            assert tokenizer(data.decode()).input_ids + [EOS] == layout.symbols.tolist()
+            assert tokenizer(data.decode()).input_ids + [store.stream.eos] == layout.symbols.tolist()
         texts.append(tmp_path / f"{i:02d}.txt")
         texts[-1].write_bytes(data)
     assert len(store) == len(HELDOUT_SP)

@@ -124,7 +124,11 @@ def _train_cli(tmp_path: Path, capsys, train_stores: list[str], *flags: str) -> 
             ["--stream", "fused"],
             "is a <eot>-stream store; this student reads the fused stream: give --stream eot",
         ),
-        ("fused", [], "is a fused-stream store; this student reads the <eot> stream: give --stream fused"),
+        (
+            "fused",
+            ["--stream", "eot"],
+            "is a fused-stream store; this student reads the <eot> stream: give --stream fused",
+        ),
     ],
 )
 def test_a_store_of_the_other_stream_is_refused_naming_the_flag(tmp_path, stores, capsys, store, flags, said):
@@ -132,6 +136,18 @@ def test_a_store_of_the_other_stream_is_refused_naming_the_flag(tmp_path, stores
     assert status == 2 and len(err.strip().splitlines()) == 1, err
     assert err.startswith("bytedistill train: error: ") and stores[store] in err and said in err
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("store", ["eot", "fused"])
+def test_without_stream_a_student_reads_its_stores_stream(tmp_path, stores, capsys, store):
+    """``--stream auto`` (the default) trains a student of the stream its stores hold, and a resume
+    without the flag keeps it."""
+    status, err = _train_cli(tmp_path, capsys, [stores[store]], "--checkpoint-every", "1")
+    assert status == 0, err
+    checkpoint = latest_checkpoint(tmp_path / "run")
+    assert StreamKind.of_config(json.loads((checkpoint / "config.json").read_text())) is StreamKind(store)
+    status, err = _train_cli(tmp_path, capsys, [stores[store]], "--resume", "latest", "--max-steps", "2")
+    assert status == 0, err
 
 
 @pytest.mark.parametrize("flags", [[], ["--stream", "fused"]])

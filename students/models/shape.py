@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from bytestream.stream_kind import StreamKind
+from bytestream.stream_kind import AUTO_STREAM, StreamKind
 from configs.ranges import COUNT, POSITIVE
 from students.models.architectures import ARCHITECTURES, DEFAULT
 from students.models.llama import PRESETS
@@ -17,7 +17,8 @@ from students.models.llama import PRESETS
 # Parameters of each preset (flat / patched), as `--help` prints them; tests/test_student_model.py
 # builds every preset and checks these figures, and the README lists their training FLOPs per byte.
 PRESET_HELP = (
-    "student size preset, parameters flat / patched: tiny 0.886M / 1.01M, small 5.18M / 5.67M, "
+    "student size preset, parameters flat / patched on the <eot> stream (a fused student's embeddings and head have 255 "
+    "more rows): tiny 0.886M / 1.01M, small 5.18M / 5.67M, "
     "base 27.4M / 29.3M, medium 116M / 120M, large 407M / 415M, xl 1.03B / 1.04B "
     "(training FLOPs per byte: README, 'Students and presets')"
 )
@@ -29,11 +30,12 @@ class StudentShape:
     override it."""
 
     stream: str = field(
-        default=StreamKind.EOT.value,
+        default=AUTO_STREAM,
         metadata={
             "help": "the stream the student reads, which its stores must hold: eot (bytes and an <eot> after "
-            "each teacher token) or fused (one symbol per byte that says whether the token ends with it)",
-            "choices": [kind.value for kind in StreamKind],
+            "each teacher token), fused (one symbol per byte that says whether the token ends with it) or "
+            "auto: the training stores' stream (dump's default is fused)",
+            "choices": [AUTO_STREAM, *(kind.value for kind in StreamKind)],
         },
     )
 
@@ -76,4 +78,8 @@ class StudentShape:
 
     @property
     def stream_kind(self) -> StreamKind:
+        """The stream, once ``auto`` is resolved (:func:`students.training.trainer.train` resolves it
+        from the training stores before anything reads it)."""
+        if self.stream == AUTO_STREAM:
+            raise ValueError("the student's stream is 'auto': resolve it from the training stores first")
         return StreamKind(self.stream)

@@ -106,15 +106,20 @@ def refuse_partial_stores(paths: list[str], allow_partial: bool) -> None:
             )
 
 
+def streams_of_stores(paths: list[str]) -> dict[str, StreamKind]:
+    """The stream each of ``paths`` that is a store holds, as its manifest names it."""
+    from logit_store.file_names import MANIFEST
+    from logit_store.manifest import manifest_stream, read_manifest
+
+    return {p: manifest_stream(read_manifest(Path(p))) for p in paths if (Path(p) / MANIFEST).is_file()}
+
+
 def refuse_other_streams(paths: list[str], stream: StreamKind = StreamKind.EOT, *, training: bool = False) -> None:
     """Refuse stores of two streams together (naming one of each), then a store of another stream
     than the student's, ``stream`` (when ``training``, naming the ``--stream`` that trains on it):
     neither stream's store can be derived from the other's (docs/DESIGN.md, "The fused stream").
     Paths that are not stores are left to the reading to refuse."""
-    from logit_store.file_names import MANIFEST
-    from logit_store.manifest import manifest_stream, read_manifest
-
-    streams = {p: manifest_stream(read_manifest(Path(p))) for p in paths if (Path(p) / MANIFEST).is_file()}
+    streams = streams_of_stores(paths)
     first = next(iter(streams), None)
     for path, held in streams.items():
         if held is not streams[first]:

@@ -223,9 +223,14 @@ def require_architecture(checkpoint: Path, architecture: str) -> None:
         )
 
 
+def stream_of_checkpoint(checkpoint: Path) -> StreamKind:
+    """The stream the student saved in ``checkpoint`` reads."""
+    return StreamKind.of_config(read_json(Path(checkpoint) / MODEL_CONFIG))
+
+
 def require_stream(checkpoint: Path, stream: StreamKind) -> None:
     """Refuse to resume ``checkpoint`` as a student of another stream than the one it was trained on."""
-    saved = StreamKind.of_config(read_json(Path(checkpoint) / MODEL_CONFIG))
+    saved = stream_of_checkpoint(checkpoint)
     if saved is not stream:
         raise UserError(
             f"cannot resume {checkpoint}: it is a student of the {saved.shown} stream, and this run is "

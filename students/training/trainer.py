@@ -47,11 +47,19 @@ import torch
 
 from bytestream.errors import UserError
 from bytestream.files import append_text
+from bytestream.stream_kind import AUTO_STREAM, StreamKind
 from configs.fields import flat_values
 from students.models.architectures import architecture_named, student_cost
 from students.models.cost import StreamRates, summary_line
 from students.models.llama import count_parameters
-from students.training.batch_source import STORE_SOURCE, BatchStream, DataSource, to_device, utf8_bytes
+from students.training.batch_source import (
+    STORE_SOURCE,
+    BatchStream,
+    DataSource,
+    streams_of_stores,
+    to_device,
+    utf8_bytes,
+)
 from students.training.checkpoints import (
     METRICS,
     RUN_INFO,
@@ -65,6 +73,7 @@ from students.training.checkpoints import (
     require_stream,
     resolve_resume,
     save_checkpoint,
+    stream_of_checkpoint,
     write_json,
 )
 from students.training.evaluation import EvalMetrics, evaluate
@@ -126,6 +135,9 @@ class TrainResult:
 
 def train(config: TrainConfig, source: DataSource = STORE_SOURCE) -> TrainResult:
     """Train (or resume) a student as ``config`` says; returns where it ended."""
+    config = dataclasses.replace(
+        config, student=dataclasses.replace(config.student, stream=resolved_stream(config).value)
+    )
     source.check(
         [*config.train_stores, *([config.eval_store] if config.eval_store else [])],
         config.allow_partial,
@@ -142,6 +154,20 @@ def train(config: TrainConfig, source: DataSource = STORE_SOURCE) -> TrainResult
             run_id = claim(output_dir, resume_from, overwrite=config.overwrite, resuming=config.resume is not None)
         accelerator.wait_for_everyone()  # the other ranks read the directory once it is claimed
         return train_session(config, source, accelerator, run_id)
+
+
+def resolved_stream(config: TrainConfig) -> StreamKind:
+    """The student's stream: ``--stream`` when given; for ``auto``, the training stores' stream (the
+    first store's: stores of two streams are refused after), else the resumed checkpoint's, else ``<eot>``."""
+    if config.student.stream != AUTO_STREAM:
+        return StreamKind(config.student.stream)
+    stores = streams_of_stores(list(config.train_stores))
+    if stores:
+        return next(iter(stores.values()))
+    checkpoint = resolve_resume(config.resume, Path(config.output_dir))
+    if checkpoint is not None:
+        return stream_of_checkpoint(checkpoint)
+    return StreamKind.EOT
 
 
 def train_session(config: TrainConfig, source: DataSource, accelerator: Any, run_id: str | None) -> TrainResult:
