@@ -78,7 +78,7 @@ def test_the_help_states_every_presets_parameters(preset):
     counts = []
     for architecture in ("flat", "patched"):
         with torch.device("meta"):
-            shape = StudentShape(architecture=architecture, preset=preset, stream="eot")
+            shape = StudentShape(architecture=architecture, preset=preset, stream="fused")
             model = architecture_named(architecture).build(shape, seq_len=256, seed=0)
         counts.append(_rounded(count_parameters(model)))
     assert f"{preset} {counts[0]} / {counts[1]}" in PRESET_HELP

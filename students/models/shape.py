@@ -17,9 +17,9 @@ from students.models.llama import PRESETS
 # Parameters of each preset (flat / patched), as `--help` prints them; tests/test_student_model.py
 # builds every preset and checks these figures, and the README lists their training FLOPs per byte.
 PRESET_HELP = (
-    "student size preset, parameters flat / patched on the <eot> stream (a fused student's embeddings and head have 255 "
-    "more rows): tiny 0.886M / 1.01M, small 5.18M / 5.67M, "
-    "base 27.4M / 29.3M, medium 116M / 120M, large 407M / 415M, xl 1.03B / 1.04B "
+    "student size preset, parameters flat / patched on the fused stream (the default; an <eot> student's "
+    "embeddings and head have 255 fewer rows): tiny 0.919M / 1.04M, small 5.25M / 5.74M, "
+    "base 27.5M / 29.4M, medium 116M / 120M, large 407M / 415M, xl 1.03B / 1.04B "
     "(training FLOPs per byte: README, 'Students and presets')"
 )
 
