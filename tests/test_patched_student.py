@@ -234,7 +234,7 @@ def test_train_prints_parameters_and_flops(exported):
     root = exported[0]
     line = (root / "train.out").read_text().splitlines()[0]
     assert re.fullmatch(
-        r"student: patched, [\d,]+ parameters \(global [\d,]+, local [\d,]+\); training FLOPs per stream symbol "
+        r"student: patched on the <eot> stream, [\d,]+ parameters \(global [\d,]+, local [\d,]+\); training FLOPs per stream symbol "
         r"[\d.e+]+ \([\d.]+ patches per symbol, [\d.]+ symbols per byte\)",
         line,
     ), line

@@ -107,11 +107,13 @@ def split_parameters(model, global_parts: tuple[str, ...]) -> tuple[int, int]:
     return counts[0], counts[1]
 
 
-def summary_line(cost: StudentCost, rates: StreamRates | None, seq_len: int) -> str:
-    """One line for ``train``: the architecture, its parameters and its training FLOPs per symbol."""
+def summary_line(cost: StudentCost, rates: StreamRates | None, seq_len: int, stream: str | None = None) -> str:
+    """One line for ``train``: the architecture (on ``stream``, as shown: the stream ``--stream auto``
+    resolved to), its parameters and its training FLOPs per symbol."""
     patched = cost.per_patch  # a student whose large model runs per symbol has no local layers, reads no patches
     split = f" (global {cost.global_parameters:,}, local {cost.local_parameters:,})" if patched else ""
-    parts = [f"student: {cost.architecture}, {cost.parameters:,} parameters{split}"]
+    on = f" on the {stream} stream" if stream else ""
+    parts = [f"student: {cost.architecture}{on}, {cost.parameters:,} parameters{split}"]
     if rates is None and patched:
         parts.append("training FLOPs per stream symbol unknown (the data gives no patch rate)")
     else:

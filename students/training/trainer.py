@@ -256,7 +256,8 @@ def start_run(config: TrainConfig, source: DataSource, accelerator: Any) -> tupl
             keep_metrics_until(output_dir / METRICS, state.step)
     accelerator.init_trackers(TRACKER, config=_hparams(config))
     data = source.describe(config.train_stores)
-    accelerator.print(summary_line(student_cost(accelerator.unwrap_model(model)), _rates(data), config.batches.seq_len))
+    cost = student_cost(accelerator.unwrap_model(model))
+    accelerator.print(summary_line(cost, _rates(data), config.batches.seq_len, config.student.stream_kind.shown))
     schedule_warning = check_schedule(config.optim, config.max_steps)
     if schedule_warning:
         accelerator.print(schedule_warning)
