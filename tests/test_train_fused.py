@@ -163,7 +163,7 @@ def test_a_resume_with_the_other_stream_is_refused(tmp_path, stores, capsys):
     train(_run(tmp_path / "run", stores, "fused", "flat", max_steps=2, checkpoint_every=1, eval_store=None))
     status, err = _train_cli(tmp_path, capsys, [stores["eot"]], "--resume", "latest", "--max-steps", "4")
     assert status == 2 and len(err.strip().splitlines()) == 1, err
-    assert "it is a student of the fused stream, and this run is --stream eot" in err
+    assert "it is a student of the fused stream, and this run reads the <eot> stream" in err
 
 
 # ------------------------------------------------------------------------------ the models

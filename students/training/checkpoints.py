@@ -233,8 +233,9 @@ def require_stream(checkpoint: Path, stream: StreamKind) -> None:
     saved = stream_of_checkpoint(checkpoint)
     if saved is not stream:
         raise UserError(
-            f"cannot resume {checkpoint}: it is a student of the {saved.shown} stream, and this run is "
-            f"--stream {stream.value}"
+            f"cannot resume {checkpoint}: it is a student of the {saved.shown} stream, and this run reads the "
+            f"{stream.shown} stream (--stream {stream.value}, or its training stores'): resume it on stores of "
+            f"its stream"
         )
 
 
