@@ -326,7 +326,12 @@ def report(rows: list[Row], lrs: dict[str, float], stores: dict[str, Stores], ar
             f"patched/flat at equal parameters {', '.join(f'{v:.2f} ({n})' for n, v in ratios)} "
             f"({'met' if max(v for _, v in ratios) <= 1 / 3 else 'MISSED'}, goal <= 0.33)"
         )
-    summary = "summary: " + "; ".join(parts) + f"; runtime {seconds / 60:.0f} min"
+    trained = sum(kept_seconds(args.workdir).values())  # the sweep's runs and these, as first trained
+    summary = (
+        "summary: "
+        + "; ".join(parts)
+        + f"; runtime {seconds / 60:.0f} min (training {trained / 60:.0f} min in all, reused runs included)"
+    )
     lines += [table, *frontier_lines, summary]
     return lines
 
