@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +21,8 @@ RESULTS = Path(__file__).resolve().parents[1] / "docs" / "RESULTS.md"
 def provenance() -> str:
     """``python -m benchmarks.X ARGS`` at commit C (load L on N CPUs): what a reader reruns."""
     spec = getattr(sys.modules["__main__"], "__spec__", None)
-    command = " ".join([f"python -m {spec.name}" if spec else f"python {sys.argv[0]}", *sys.argv[1:]])
+    program = f"python -m {spec.name}" if spec else f"python {shlex.quote(sys.argv[0])}"
+    command = " ".join([program, *map(shlex.quote, sys.argv[1:])])  # quoted: a reader pastes it into a shell
     try:
         commit = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True, cwd=RESULTS.parent

@@ -128,7 +128,7 @@ CASES: dict[str, tuple[str, str]] = {
     "all train": (
         "train",
         (
-            "--train-stores a b --output-dir o --eval-store e --stream fused --architecture patched --preset tiny "
+            "--train-stores a b --output-dir o --eval-store e --stream fused --architecture patched --preset base "
             "--hidden-size 48 --num-layers 3 --num-heads 3 --num-kv-heads 1 --intermediate-size 96 --max-positions 64 "
             "--rope-theta 500000 --local-hidden-size 32 --local-layers 2 --local-window 16 --seq-len 32 "
             "--batch-size 4 --grad-accum 2 --num-workers 1 --lr 3e-4 --min-lr 3e-5 --warmup-steps 7 "

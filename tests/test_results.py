@@ -5,11 +5,13 @@ figure as written; every section a benchmark writes (``--markdown``) is marked i
 from __future__ import annotations
 
 import re
+import shlex
+import sys
 from pathlib import Path
 
 import pytest
 
-from benchmarks.results import write_section
+from benchmarks.results import provenance, write_section
 
 ROOT = Path(__file__).resolve().parents[1]
 QUOTE = re.compile(r"\[([^\]]+)\]\(docs/RESULTS\.md#([\w-]+)\)")
@@ -79,3 +81,10 @@ def test_a_rerun_replaces_its_section_and_leaves_the_rest(tmp_path, existing):
     text = path.read_text()
     assert text.count("<!-- results:a -->") == 1 and "| 2 |" in text and "| 1 |" not in text and "old" not in text
     assert "after" in text and text.startswith("# r")
+
+
+def test_the_command_a_section_records_pastes_into_a_shell(monkeypatch):
+    """An argument with a space (a KJV book: '1 Samuel') is quoted, so the recorded command reruns as it ran."""
+    monkeypatch.setattr(sys, "argv", ["benchmarks/budget.py", "--train-books", "Ruth", "1 Samuel"])
+    command = re.match(r"`(.*)` at commit", provenance()).group(1)
+    assert shlex.split(command)[-3:] == ["--train-books", "Ruth", "1 Samuel"]
