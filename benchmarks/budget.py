@@ -326,7 +326,7 @@ def report(rows: list[Row], lrs: dict[str, float], stores: dict[str, Stores], ar
             f"patched/flat at equal parameters {', '.join(f'{v:.2f} ({n})' for n, v in ratios)} "
             f"({'met' if max(v for _, v in ratios) <= 1 / 3 else 'MISSED'}, goal <= 0.33)"
         )
-    trained = sum(kept_seconds(args.workdir).values())  # the sweep's runs and these, as first trained
+    trained = sum(kept_seconds(args.workdir).values())  # every run of this workdir (sweep included), as first trained
     summary = (
         "summary: "
         + "; ".join(parts)

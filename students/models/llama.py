@@ -35,10 +35,12 @@ PRESETS: dict[str, SizePreset] = {
     "large": SizePreset(hidden_size=1280, num_layers=20, num_heads=20, intermediate_size=3584),  # ~400M
     "xl": SizePreset(hidden_size=2048, num_layers=20, num_heads=16, intermediate_size=5632),  # ~1B
 }
+# the best size at every budget of benchmarks/budget.py for a CPU-sized run (README, "Students and presets")
+DEFAULT_PRESET = "tiny"
 
 
 def student_config(
-    preset: str = "small",
+    preset: str = DEFAULT_PRESET,
     *,
     hidden_size: int | None = None,
     num_layers: int | None = None,

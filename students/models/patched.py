@@ -17,7 +17,7 @@ from bytestream.errors import UserError
 from bytestream.stream_kind import StreamKind
 from students.models.architecture import Architecture, load_weights
 from students.models.cost import StreamRates, StudentCost, block_weights, split_parameters
-from students.models.llama import PRESETS
+from students.models.llama import DEFAULT_PRESET, PRESETS
 
 if TYPE_CHECKING:  # torch is imported where it runs: `bytedistill train --help` loads none
     from students.models.patched_model import PatchedStudentConfig
@@ -46,7 +46,7 @@ LOCAL_PRESETS: dict[str, LocalPreset] = {
 
 
 def patched_config(
-    preset: str = "small",
+    preset: str = DEFAULT_PRESET,
     *,
     hidden_size: int | None = None,
     num_layers: int | None = None,

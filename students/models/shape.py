@@ -12,12 +12,13 @@ from dataclasses import dataclass, field
 from bytestream.stream_kind import AUTO_STREAM, StreamKind
 from configs.ranges import COUNT, POSITIVE
 from students.models.architectures import ARCHITECTURES, DEFAULT
-from students.models.llama import PRESETS
+from students.models.llama import DEFAULT_PRESET, PRESETS
 
 # Parameters of each preset (flat / patched), as `--help` prints them; tests/test_student_model.py
 # builds every preset and checks these figures, and the README lists their training FLOPs per byte.
 PRESET_HELP = (
-    "student size preset (default tiny: the best size at every budget of the budget benchmark), parameters flat / patched on the fused stream (the default; an <eot> student's "
+    f"student size preset (default {DEFAULT_PRESET}: the best size at every budget of the budget benchmark), "
+    "parameters flat / patched on the fused stream (the default; an <eot> student's "
     "embeddings and head have 255 fewer rows): tiny 0.919M / 1.04M, small 5.25M / 5.74M, "
     "base 27.5M / 29.4M, medium 116M / 120M, large 407M / 415M, xl 1.03B / 1.04B "
     "(training FLOPs per byte: README, 'Students and presets')"
@@ -46,8 +47,7 @@ class StudentShape:
             "choices": list(ARCHITECTURES),
         },
     )
-    # tiny: the size the budget benchmark finds best for a CPU-sized run (README, "Students and presets")
-    preset: str = field(default="tiny", metadata={"help": PRESET_HELP, "choices": list(PRESETS)})
+    preset: str = field(default=DEFAULT_PRESET, metadata={"help": PRESET_HELP, "choices": list(PRESETS)})
     hidden_size: int | None = field(
         default=None, metadata={"help": "override the preset's hidden size", "range": COUNT}
     )
