@@ -28,6 +28,7 @@ class SizePreset:
 
 # Rough parameter counts are for the default 2048 positions and tied embeddings.
 PRESETS: dict[str, SizePreset] = {
+    "micro": SizePreset(hidden_size=64, num_layers=4, num_heads=2, intermediate_size=192),  # ~0.25M
     "tiny": SizePreset(hidden_size=128, num_layers=4, num_heads=4, intermediate_size=384),  # ~0.8M
     "small": SizePreset(hidden_size=256, num_layers=6, num_heads=8, intermediate_size=768),  # ~4.8M
     "base": SizePreset(hidden_size=512, num_layers=8, num_heads=8, intermediate_size=1536),  # ~25M
@@ -36,7 +37,7 @@ PRESETS: dict[str, SizePreset] = {
     "xl": SizePreset(hidden_size=2048, num_layers=20, num_heads=16, intermediate_size=5632),  # ~1B
 }
 # the best size at every budget of benchmarks/budget.py for a CPU-sized run (README, "Students and presets")
-DEFAULT_PRESET = "tiny"
+DEFAULT_PRESET = "micro"
 
 
 def student_config(

@@ -36,6 +36,7 @@ class LocalPreset:
 
 # The global model of each preset is the flat preset of the same name; the local model is small.
 LOCAL_PRESETS: dict[str, LocalPreset] = {
+    "micro": LocalPreset(hidden_size=32, num_heads=1, intermediate_size=96, layers=1, window=64),
     "tiny": LocalPreset(hidden_size=64, num_heads=2, intermediate_size=192, layers=1, window=64),
     "small": LocalPreset(hidden_size=128, num_heads=4, intermediate_size=384, layers=1, window=64),
     "base": LocalPreset(hidden_size=192, num_heads=4, intermediate_size=512, layers=2, window=64),

@@ -19,7 +19,7 @@ from students.models.llama import DEFAULT_PRESET, PRESETS
 PRESET_HELP = (
     f"student size preset (default {DEFAULT_PRESET}: the best size at every budget of the budget benchmark), "
     "parameters flat / patched on the fused stream (the default; an <eot> student's "
-    "embeddings and head have 255 fewer rows): tiny 0.919M / 1.04M, small 5.25M / 5.74M, "
+    "embeddings and head have 255 fewer rows): micro 0.247M / 0.278M, tiny 0.919M / 1.04M, small 5.25M / 5.74M, "
     "base 27.5M / 29.4M, medium 116M / 120M, large 407M / 415M, xl 1.03B / 1.04B "
     "(training FLOPs per byte: README, 'Students and presets')"
 )
