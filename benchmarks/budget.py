@@ -17,7 +17,7 @@ the training time. Then each family's frontier (its best BPB at each budget), an
 cross), and the patched student's training FLOPs per byte over the flat one's at equal parameters.
 
     python -m benchmarks.budget [--workdir runs/budget] [--markdown]        # hours on 2 CPUs
-    python -m benchmarks.budget --streams fused      # the default stream only: about 1.5 hours on 2 CPUs
+    python -m benchmarks.budget --streams fused      # fused only: about 2 hours on 2 CPUs (dump 73 min, training 35)
     python -m benchmarks.budget --train-books Genesis Exodus --budgets 5.2e11 1.6e12 4.7e12 \\
         --min-steps 100      # a reduced run: two books, budgets a third as large
     python -m benchmarks.budget --device cuda --workdir runs/budget-gpu --budgets 5e14 1.5e15 4.5e15 \\
