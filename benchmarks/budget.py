@@ -45,15 +45,15 @@ from benchmarks.patched import Size, dump_store, interpolate, prompts, train
 from benchmarks.results import markdown_table, write_section
 
 HELDOUT_BOOKS = ["Ruth", "Jonah"]
-# training FLOPs per run: at the largest, the student cheapest per byte (patched-128x4, about 2.3e6 FLOPs
-# a byte) reads the KJV's 4.3 MB about 1.4 times (the issue's "at most about twice"), and the costliest
-# run (flat-64x4, whose small products run slowest) takes about 10 minutes on 2 cores
+# training FLOPs per run: at the largest, the student cheapest per byte (flat-64x4, about 1.9e6 FLOPs a
+# byte) reads the KJV's 4.1 MB of training text 1.8 times (the issue's "at most about twice"), and a run
+# takes at most about 5 minutes on 2 cores (docs/RESULTS.md, "Training budget": 160-316 s)
 BUDGETS = (1.6e12, 4.7e12, 1.4e13)
 LRS = (1e-3, 3e-3, 1e-2)
 # two reduced runs found the smaller size of each family ahead at every budget (docs/RESULTS.md, "Training
 # budget"), so each family reaches one size below its winner there: flat-64x4, and patched-128x4 (the patched
-# `tiny` preset, the flat winner's parameter count); flat-256x4 stays so that every patched size has flat
-# sizes on both sides of its parameter count (FLOPs per byte at equal parameters)
+# `tiny` preset, the flat winner's parameter count); flat-256x4 stays so that every patched size has a flat
+# size near its parameter count (FLOPs per byte at equal parameters: interpolated, or extrapolated a little)
 SIZES = [
     Size("flat-64x4", "flat", 64, 4, 2),
     Size("flat-128x4", "flat", 128, 4, 4),
