@@ -17,7 +17,7 @@ the training time. Then each family's frontier (its best BPB at each budget), an
 cross), and the patched student's training FLOPs per byte over the flat one's at equal parameters.
 
     python -m benchmarks.budget [--workdir runs/budget] [--markdown]        # hours on 2 CPUs
-    python -m benchmarks.budget --streams fused      # fused only: about 2 hours on 2 CPUs (dump 73 min, training 35)
+    python -m benchmarks.budget --streams fused      # fused only: about 2 hours on 2 CPUs
     python -m benchmarks.budget --train-books Genesis Exodus --budgets 5.2e11 1.6e12 4.7e12 \\
         --min-steps 100      # a reduced run: two books, budgets a third as large
     python -m benchmarks.budget --device cuda --workdir runs/budget-gpu --budgets 5e14 1.5e15 4.5e15 \\
@@ -45,15 +45,13 @@ from benchmarks.patched import Size, dump_store, interpolate, prompts, train
 from benchmarks.results import markdown_table, write_section
 
 HELDOUT_BOOKS = ["Ruth", "Jonah"]
-# training FLOPs per run: at the largest, the student cheapest per byte (flat-64x4, about 1.9e6 FLOPs a
-# byte) reads the KJV's 4.1 MB of training text 1.8 times (the issue's "at most about twice"), and a run
-# takes at most about 5 minutes on 2 cores (docs/RESULTS.md, "Training budget": 160-316 s)
+# training FLOPs per run: at the largest, the student cheapest per byte reads the training text at most
+# about twice (its passes and the runs' times: docs/RESULTS.md, "Training budget")
 BUDGETS = (1.6e12, 4.7e12, 1.4e13)
 LRS = (1e-3, 3e-3, 1e-2)
-# two reduced runs found the smaller size of each family ahead at every budget (docs/RESULTS.md, "Training
-# budget"), so each family reaches one size below its winner there: flat-64x4, and patched-128x4 (the patched
-# `tiny` preset, the flat winner's parameter count); flat-256x4 stays so that every patched size has a flat
-# size near its parameter count (FLOPs per byte at equal parameters: interpolated, or extrapolated a little)
+# each family's sizes, smallest first (patched-128x4 is the patched `tiny` preset); flat-256x4 gives every
+# patched size a flat size near its parameter count (FLOPs per byte at equal parameters: interpolated, or
+# extrapolated a little); why these sizes: docs/RESULTS.md, "Training budget"
 SIZES = [
     Size("flat-64x4", "flat", 64, 4, 2),
     Size("flat-128x4", "flat", 128, 4, 4),

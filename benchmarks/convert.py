@@ -23,9 +23,9 @@ import torch
 from benchmarks.common import kjv_chapters, llama3_tokenizer_json
 from bytestream.trie import build_trie
 from bytestream.vocab import load_teacher_tokenizer, vocab_from_tokenizer
-from distill.column_order import ColumnOrder
-from distill.convert import Converter
-from distill.encode import DocumentEncoder
+from distill.conversion.converter import Converter
+from distill.conversion.rows import ColumnOrder
+from distill.teacher.encode import DocumentEncoder
 
 
 def best_of(fn, repeats: int) -> float:

@@ -19,9 +19,9 @@ import time
 from pathlib import Path
 
 from benchmarks.common import kjv_chapters
-from distill.corpus import CorpusSpec, corpus_fingerprint
-from distill.corpus_shares import share_fingerprints, writer_documents
-from distill.sharding import writers_of
+from distill.corpus.shares import share_fingerprints, writer_documents
+from distill.corpus.spec import CorpusSpec, corpus_fingerprint
+from distill.dump.sharding import writers_of
 
 WRITERS = 8
 SMOKE_BYTES = 300_000

@@ -20,8 +20,8 @@ from pathlib import Path
 import torch
 
 from benchmarks.common import kjv_chapters, smollm2_gguf
-from distill.corpus import CorpusSpec
-from distill.dump import DumpConfig, run_dump
+from distill.corpus.spec import CorpusSpec
+from distill.dump.run import DumpConfig, run_dump
 from logit_store.encodings import DEFAULT_ENCODING
 
 

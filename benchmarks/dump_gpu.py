@@ -1,10 +1,10 @@
 """``dump`` on a GPU: a randomly initialised Llama-3-8B-shaped teacher (bfloat16 trunk, float32
 head) over the real Llama-3 vocabulary distils KJV text with the batch settings of
-``examples/llama3_8b_gpu/dump.yaml``, through the dump itself (:func:`distill.dump.dump_with_teacher`).
+``examples/llama3_8b_gpu/dump.yaml``, through the dump itself (:func:`distill.dump.run.dump_with_teacher`).
 
 Prints tokens/s, the share of the pass outside the teacher forward (the device conversion, the
 host copies and whatever the writing thread did not overlap; goal ≤ 5%), the peak GPU memory
-against the formula of :mod:`distill.dump_memory` (its device terms; on a CPU its whole sum
+against the formula of :mod:`distill.dump.memory` (its device terms; on a CPU its whole sum
 against peak RSS), and the largest difference between the torch
 (device) and Numba (host) conversions of the same device logits, plus whether two device
 conversions of them are bit-identical. One prepared script, a few minutes on one H200:
@@ -34,10 +34,11 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from benchmarks.common import kjv_chapters, llama3_tokenizer_json
 from bytestream.vocab import load_teacher_tokenizer, vocab_from_tokenizer
-from distill.corpus import CorpusSpec
-from distill.dump import DumpConfig, dump_with_teacher, memory_terms
-from distill.encode import DocumentEncoder
-from distill.teacher import Teacher
+from distill.corpus.spec import CorpusSpec
+from distill.dump.run import DumpConfig, dump_with_teacher, memory_terms
+from distill.dump.settle import settle
+from distill.teacher.encode import DocumentEncoder
+from distill.teacher.model import Teacher
 
 SHAPES = {
     "8b": {
@@ -94,7 +95,7 @@ def write_corpus(path: Path, text_bytes: int, books: set[str] | None = None) -> 
 def conversion_difference(teacher: Teacher, text: bytes, max_length: int) -> tuple[float, bool]:
     """Max |torch − Numba| over the support values of one window's device logits, and whether
     two device conversions of them are bit-identical."""
-    from distill.convert import Converter
+    from distill.conversion.converter import Converter
 
     converter = Converter(teacher.vocab)
     teacher = teacher.with_sorted_head(converter.sorted_columns)  # as the dump runs it
@@ -159,7 +160,7 @@ def main() -> None:
         wall = time.perf_counter() - start
         peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
     host_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    terms = memory_terms(config, teacher, device.type == "cuda" or config.conversion == "torch", writers=1)
+    terms = memory_terms(settle(config, teacher.device), teacher)
     on_device = [t for t in terms if t.on_device or device.type != "cuda"]
     formula = sum(t.bytes for t in on_device)
     host_formula = sum(t.bytes for t in terms if not t.on_device)

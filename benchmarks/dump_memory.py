@@ -1,4 +1,4 @@
-"""``dump`` peak memory against its formula (:mod:`distill.dump_memory`), on the CPU.
+"""``dump`` peak memory against its formula (:mod:`distill.dump.memory`), on the CPU.
 
 A random Llama (hidden size 64, 2 layers) over the real Llama-3 vocabulary (V = 128,256) dumps
 KJV text with the default encoding (``pow8-ans``); each run is its own process, which reports its
@@ -45,10 +45,11 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from benchmarks.common import kjv_chapters, llama3_tokenizer_json, smollm2_gguf
 from benchmarks.results import markdown_table, write_section
-from distill.corpus import CorpusSpec
-from distill.dump import DumpConfig, memory_terms, run_dump
-from distill.encode import DocumentEncoder
-from distill.teacher import load_teacher
+from distill.corpus.spec import CorpusSpec
+from distill.dump.run import DumpConfig, memory_terms, run_dump
+from distill.dump.settle import settle
+from distill.teacher.encode import DocumentEncoder
+from distill.teacher.model import load_teacher
 
 MAX_SCALE = 8
 DEFAULTS = {f: DumpConfig.__dataclass_fields__[f].default for f in ("max_length", "stride", "batch_tokens")}
@@ -120,7 +121,7 @@ def child(args) -> None:
     encoder = DocumentEncoder(teacher.tokenizer, teacher.vocab)
     texts = [json.loads(line)["text"].encode() for line in Path(args.corpus).read_text().splitlines()]
     longest = len(encoder.encode(max(texts, key=len)))
-    estimate = sum(t.bytes for t in memory_terms(config, teacher, False, args.writers, longest))
+    estimate = sum(t.bytes for t in memory_terms(settle(config, teacher.device), teacher, longest))
     print(json.dumps({"peak": peak, "estimate": estimate, "tokens": s.tokens, "seconds": s.seconds}))
 
 

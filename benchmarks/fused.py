@@ -9,7 +9,7 @@ sequential steps per text byte (the whole model's for flat, the local model's an
 model's for patched), training FLOPs per text byte, held-out BPB at the end (equal steps) and at
 the ``<eot>`` student's total training FLOPs (interpolated on the fused student's curve), and
 generation bytes/s at batch 1 and 8 (greedy, caches on). A line starting ``summary`` gives the
-ratios against the issue's goals, met or missed.
+ratios against its goals (``GOAL_*``), met or missed.
 
     OMP_NUM_THREADS=1 python -m benchmarks.fused [--workdir runs/fused] [--steps 400] [--batch-size 8]
     python -m benchmarks.fused --device cuda --workdir runs/fused-gpu --steps 4000 --batch-size 32 \\

@@ -14,7 +14,7 @@ fused rows under two other codings:
   without ``<eot>``, ``pow8``) and, where both exist, the share that ends (8 bits, square-root
   companding), each under symbol × depth.
 
-A line starting ``summary`` gives fused/``<eot>`` as stored against issue 29's goal (≤ 1.1) and
+A line starting ``summary`` gives fused/``<eot>`` as stored against its goal (≤ 1.1) and
 the same ratio of entropies under each coding: how far a better coder of these values could go.
 
     python -m benchmarks.fused_store_coding [--workdir runs/fused-coding] [--chapters 12] [--markdown]

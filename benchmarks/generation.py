@@ -14,7 +14,7 @@ a measured matrix-product rate) and the share of it reached. Each model decodes 
 compiled path (``students/models/decode.py``: static caches, ``torch.compile``; compiling is
 timed apart, by a first run of the same shapes, with dynamo reset before each model and batch so
 each row runs the static graph a fresh process would). Then a line starting ``summary`` with the
-goals of issue 30 on the compiled rows (the eager figures beside them), each met or missed.
+goals (``GOAL_*``) on the compiled rows (the eager figures beside them), each met or missed.
 ``--smoke`` runs toy sizes in seconds (a test).
 
     python -m benchmarks.generation [--threads 1 0] [--batches 1 8 32] [--new-bytes 512] [--decode eager compiled] [--markdown]
@@ -34,8 +34,8 @@ from transformers import LlamaConfig, LlamaForCausalLM, LogitsProcessor, LogitsP
 
 from benchmarks.results import write_section
 from bytestream.alphabet import NUM_BYTES, PAD
-from bytestream.errors import first_line
 from bytestream.stream_tokenizer import ByteStreamTokenizer
+from common.errors import first_line
 from students.models.architectures import student_cost
 from students.models.cost import StreamRates
 from students.models.decode import compiled_decoding

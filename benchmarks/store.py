@@ -90,8 +90,8 @@ def kjv_documents(kilobytes: int) -> list[bytes]:
 def teacher_distributions(kilobytes: int, teacher: TeacherFiles):
     """(vocab, list of (token_ids, values float64, dropped float64, text_bytes)), cached."""
     from bytestream.vocab import vocab_from_tokenizer
-    from distill.convert import Converter
-    from distill.encode import DocumentEncoder
+    from distill.conversion.converter import Converter
+    from distill.teacher.encode import DocumentEncoder
 
     tokenizer = teacher.tokenizer()
     vocab = vocab_from_tokenizer(tokenizer, name=teacher.name)
@@ -156,7 +156,7 @@ def topk_reference(kilobytes: int, teacher: TeacherFiles, sample_kb: int = 20, k
     import zstandard
 
     from bytestream.vocab import vocab_from_tokenizer
-    from distill.encode import DocumentEncoder
+    from distill.teacher.encode import DocumentEncoder
 
     cache = CACHE / f"top{k}-kjv-{sample_kb}kb.json"
     if teacher.cache and cache.exists():
@@ -192,7 +192,7 @@ def dense_reference(vocab, docs, sample_kb: int = 20) -> float:
 
     from bytestream.stream import stream_layout
     from bytestream.trie import build_trie
-    from distill.convert import DocumentDistributions
+    from distill.conversion.converter import DocumentDistributions
 
     trie = build_trie(vocab)
     compressor = zstandard.ZstdCompressor(level=9)
@@ -221,14 +221,15 @@ def _read_seconds(directory: Path, trie) -> float:
 
 def measure(vocab, docs, encoding: str, params: dict | None, workdir: Path, teacher: str) -> dict:
     from bytestream.trie import build_trie
-    from logit_store import LogitStore, StoreWriter, kl_bits_per_position
+    from logit_store import LogitStore, StoreIdentity, StoreWriter, kl_bits_per_position
 
     trie = build_trie(vocab)
     directory = workdir / encoding
     shutil.rmtree(directory, ignore_errors=True)
     positions = 0
     start = time.process_time()  # CPU seconds of this single-threaded process: per core, even on a busy machine
-    with StoreWriter(directory, vocab, encoding=encoding, encoding_params=params, teacher=teacher, trie=trie) as writer:
+    identity = StoreIdentity(vocab, encoding=encoding, encoding_params=params, teacher=teacher)
+    with StoreWriter(directory, identity, trie=trie) as writer:
         for ids, values, dropped, nbytes in docs:
             writer.add(ids, values, dropped, nbytes)
     write_s = time.process_time() - start

@@ -2,7 +2,7 @@
 store (benchmarks/train_data.py) trained with α = 0.9 (KL to the teacher + CE: teacher rows read,
 densified, moved and scored) and with α = 0 (CE only: no teacher values read).
 
-Both runs are started with the trainer's own ``start_run`` and advanced by its ``train_step``,
+Both runs are started with the trainer's own ``settle`` and ``start_run`` and advanced by its ``train_step``,
 one step of each in turn, so that a shared machine's changing load falls on both alike; the
 figures are medians of the per-step times after a warm-up. With ``--num-workers 0`` (default)
 the data path runs inside the step and is counted in full. Runs on the device accelerate picks
@@ -48,7 +48,7 @@ def main() -> None:
     from students.models.shape import StudentShape
     from students.training.batch_source import STORE_SOURCE, BatchConfig
     from students.training.loss import LossConfig
-    from students.training.trainer import LogConfig, TrainConfig, start_run, train_step
+    from students.training.trainer import LogConfig, TrainConfig, settle, start_run, train_step
 
     store = benchmark_store(args.kilobytes)
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
@@ -66,7 +66,8 @@ def main() -> None:
                 logging=LogConfig(progress=False),
                 mixed_precision=args.mixed_precision,
             )
-            runs[alpha] = start_run(config, STORE_SOURCE, Accelerator(mixed_precision=args.mixed_precision))[0]
+            accelerator = Accelerator(mixed_precision=args.mixed_precision)
+            runs[alpha] = start_run(settle(config), STORE_SOURCE, accelerator)[0]
         for step in range(args.warmup + args.steps):
             for alpha, run in runs.items():
                 start = time.perf_counter()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bytestream.errors import UserError
+from common.errors import UserError
 from distill import check_teacher as checks
 
 

@@ -18,9 +18,9 @@ from collections.abc import Callable
 
 from jsonargparse import ArgumentParser
 
-from bytedistill import check_teacher, dump, export, generate, push, score, store, threads, train
+from bytedistill import chat, check_teacher, dump, export, generate, push, score, serve, store, threads, train
 from bytedistill.config import check_config_files, config_files_first, config_from_namespace, config_parser, error_line
-from bytestream.errors import UserError
+from common.errors import UserError
 from configs.fields import leaves
 from configs.ranges import range_problem
 
@@ -33,8 +33,10 @@ COMMANDS: dict[str, Callable[[typing.Any], int]] = {
     "train": train.train,
     "export": export.export,
     "generate": generate.generate,
+    "chat": chat.chat,
     "score": score.score,
     "push": push.push,
+    "serve": serve.serve,
 }
 
 

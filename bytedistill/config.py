@@ -13,7 +13,10 @@ Flags are the settings' flat names with dashes (``max_length`` -> ``--max-length
 paths into the groups, and :func:`config_from_namespace` builds the nested config back; a file has
 the same flat keys, may spell them either way, and may give a list field one value without
 brackets (``train_stores: a`` is ``[a]``).
-A ``--config`` file that is not UTF-8 or not valid YAML/JSON is refused in one line naming it.
+A ``--config`` file that is not UTF-8 or not valid YAML/JSON, or whose aliases expand past a bound,
+is refused in one line naming it. A text setting's plain values stay the text they are written as
+(``prompt: [yes, 1e3]`` is two strings), and ``--print-config`` quotes what would read back as
+another type, so that its output reads back to the same run (:mod:`bytedistill.config_yaml`).
 """
 
 from __future__ import annotations
@@ -27,9 +30,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
-from jsonargparse import ActionConfigFile, ArgumentParser, Namespace, get_loader, set_loader
+from jsonargparse import ActionConfigFile, ArgumentParser, Namespace, set_dumper, set_loader
 
-from bytestream.errors import UserError
+from bytedistill.config_yaml import ConfigTextError, dump_config, load_config, load_value
+from common.errors import UserError
 from configs.fields import Leaf, from_flat, leaves
 from configs.ranges import flag_name, range_problem
 
@@ -56,9 +60,11 @@ def check_config_files(argv: Sequence[str]) -> None:
         if not path.is_file():
             continue  # jsonargparse says it is not found
         try:
-            get_loader("yaml")(path.read_bytes().decode("utf-8"))
+            load_config(path.read_bytes().decode("utf-8"))
         except UnicodeDecodeError as exc:
             raise UserError(f"--config {path}: not UTF-8 text (byte {exc.start})") from None
+        except ConfigTextError as exc:
+            raise UserError(f"--config {path}: refused: {exc}") from None
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
@@ -120,12 +126,27 @@ def _scalars_as_lists(loaded: Any, list_keys: frozenset[str]) -> Any:
     }
 
 
+def _is_text(leaf: Leaf) -> bool:
+    """Whether a setting holds text: a ``str`` (or None), a list of them, or one of its choices."""
+    annotation = _list_item_type(leaf.annotation) or leaf.annotation
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        annotation = next((a for a in typing.get_args(annotation) if a is not type(None)), None)
+    return annotation is str or "choices" in leaf.field.metadata
+
+
 def _yaml_mode(config_cls: type) -> str:
-    """A ``jsonargparse`` parser mode: its YAML loader, but a lone value for a list field is a one-item list."""
+    """A ``jsonargparse`` parser mode: YAML read and written by :mod:`bytedistill.config_yaml` (a
+    text setting's plain values stay the text they are written as; strings printed so that they read
+    back), and a lone value for a list field is a one-item list."""
     mode = f"yaml:{config_cls.__module__}.{config_cls.__qualname__}"
     list_keys = frozenset(leaf.name for leaf in leaves(config_cls) if _list_item_type(leaf.annotation))
-    yaml_load = get_loader("yaml")
-    set_loader(mode, lambda text: _scalars_as_lists(yaml_load(text), list_keys))
+    text_keys = frozenset(leaf.name for leaf in leaves(config_cls) if _is_text(leaf))
+    set_loader(
+        mode,
+        lambda text, path=None: _scalars_as_lists(load_value(text, text_keys, path), list_keys),
+        exceptions=(yaml.YAMLError, ConfigTextError),
+    )
+    set_dumper(mode, dump_config)
     return mode
 
 

@@ -1,8 +1,8 @@
-"""``bytedistill dump``: the command line over :func:`distill.dump.run_dump` (imported when it runs: ``--help`` loads no torch)."""
+"""``bytedistill dump``: the command line over :func:`distill.dump.run.run_dump` (imported when it runs: ``--help`` loads no torch)."""
 
 from __future__ import annotations
 
-from distill.dump_config import DumpConfig
+from distill.dump.config import DumpConfig
 
 
 def dump(config: DumpConfig) -> int:
@@ -11,7 +11,7 @@ def dump(config: DumpConfig) -> int:
     Writes the teacher's exact next-byte distributions into a logit store. Rerun the same command
     to resume a killed run; use `accelerate launch` or --num-shards/--shard-index to split the work.
     """
-    from distill.dump import run_dump
+    from distill.dump.run import run_dump
 
     summary = run_dump(config)
     print("\n".join(summary.lines()))

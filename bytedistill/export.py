@@ -6,7 +6,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from students.release.card_defaults import LICENSE
+from students.release.card import LICENSE
 
 
 @dataclass

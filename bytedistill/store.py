@@ -63,9 +63,14 @@ def inspect(config: InspectConfig) -> int:
         f"tokens:          {stats['tokens']:,}",
         f"skipped:         {stats['skipped_documents']:,} documents the teacher could not encode ({SKIP_LIST.shown})",
         f"shards/chunks:   {stats['shards']} / {stats['chunks']}",
-        f"size on disk:    {_human(stats['size_on_disk'])} ({stats['size_on_disk']:,} bytes)",
-        f"bytes/text byte: {bpb:.2f} "
-        f"({stats['shard_bytes_per_text_byte']:.2f} in shards, without the one-off vocabulary file)"
+        (
+            f"size on disk:    {_human(stats['size_on_disk'])} ({stats['size_on_disk']:,} bytes: the shards, "
+            "the manifest and the one-off vocabulary file)"
+        ),
+        (
+            f"bytes/text byte: {bpb:.2f} on disk; {stats['shard_bytes_per_text_byte']:.2f} in the shards alone "
+            "(what dump reports)"
+        )
         if bpb is not None
         else "bytes/text byte: n/a",
     ]

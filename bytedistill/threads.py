@@ -17,8 +17,8 @@ import time
 
 ENVIRONMENT = ("TORCH_NUM_THREADS", "OMP_NUM_THREADS")
 HELP = (
-    "torch CPU threads: OMP_NUM_THREADS=N in the environment; by default the CPUs this process may use "
-    "less those other running tasks keep busy (at least 1)"
+    "torch CPU threads: OMP_NUM_THREADS=N in the environment; by default the CPUs this process may use, "
+    "less one for each other task running at the start (at least 1)"
 )
 
 

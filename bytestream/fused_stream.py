@@ -13,7 +13,8 @@ position after a token's last byte are at the root and use the next token's row.
 
 A position's support follows from its node alone, in ascending symbol order: the child bytes b
 with longer tokens below them ("goes on"), then ``FUSED_ENDS + b`` for the children that are tokens
-("ends"), then ``<eos>`` at the root.
+("ends"), then ``<eos>`` at the root, then the reserved symbols (kept specials, 515 + r) of a chat
+store's vocabulary; a kept special in the document is that one symbol, between two root positions.
 
 With SentencePiece's dummy prefix the ``<bos>`` position sits at the space's node, known to go on,
 unless the first token is that space alone: then the whole first token is context and the
@@ -25,8 +26,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from bytestream.alphabet import FUSED_BOS, FUSED_ENDS, FUSED_EOS
-from bytestream.stream import StreamLayout, checked_token_ids, layout_refusal, path_to_node
+from bytestream.alphabet import FUSED_ALPHABET_SIZE, FUSED_BOS, FUSED_ENDS, FUSED_EOS
+from bytestream.stream import StreamLayout, checked_token_ids, layout_refusal, path_to_node, token_extent
 from bytestream.trie import VocabTrie
 
 
@@ -36,6 +37,8 @@ def _fused_layout(
     start_node,
     max_depth,
     token_node,
+    token_reserved,
+    num_reserved,
     node_lo,
     node_hi,
     node_n_exact,
@@ -46,18 +49,12 @@ def _fused_layout(
 ):
     m = len(token_ids)
     path = np.empty(max_depth + 1, np.int64)
-    total_bytes = 0
-    for j in range(m):
-        node = token_node[token_ids[j]]
-        if node < 0:
-            return None
-        total_bytes += path_to_node(node, node_parent, path)
-    start_depth = 0
-    if m > 0 and start_node > 0:
-        start_depth = path_to_node(start_node, node_parent, path)
-        if path_to_node(token_node[token_ids[0]], node_parent, path) < start_depth or path[start_depth] != start_node:
-            return None
-    positions = 1 + total_bytes - start_depth
+    text_bytes, specials, start_depth = token_extent(
+        token_ids, start_node, token_node, token_reserved, node_parent, path
+    )
+    if text_bytes < 0:
+        return None
+    positions = 1 + text_bytes + specials - start_depth  # a position per text byte and kept special
     symbols = np.empty(positions + 1, np.int16)
     position_node = np.empty(positions, np.int64)
     position_row = np.empty(positions, np.int64)
@@ -65,6 +62,13 @@ def _fused_layout(
     position_node[0], position_row[0] = 0, 0
     pos = 0  # the position whose symbol comes next
     for j in range(m):
+        reserved = token_reserved[token_ids[j]]
+        if reserved >= 0:  # a kept special: one symbol, then the next token starts at the root
+            symbols[pos + 1] = FUSED_ALPHABET_SIZE + reserved
+            pos += 1
+            if pos < positions:
+                position_node[pos], position_row[pos] = 0, j + 1
+            continue
         length = path_to_node(token_node[token_ids[j]], node_parent, path)
         first = start_depth if j == 0 else 0
         if j == 0 and start_depth > 0:
@@ -85,11 +89,16 @@ def _fused_layout(
         offsets[i + 1] = offsets[i] + _support_size(
             position_node[i], node_lo, node_hi, node_n_exact, child_offsets, child_nodes
         )
+        if position_node[i] == 0:
+            offsets[i + 1] += num_reserved
     support = np.empty(offsets[positions], np.int16)
     for i in range(positions):
         _write_support(
             position_node[i], node_lo, node_hi, node_n_exact, node_byte, child_offsets, child_nodes, support, offsets[i]
         )
+        if position_node[i] == 0:
+            for r in range(num_reserved):
+                support[offsets[i + 1] - num_reserved + r] = FUSED_ALPHABET_SIZE + r
     return symbols, position_node, position_row, offsets, support
 
 
@@ -132,6 +141,8 @@ def fused_stream_layout(trie: VocabTrie, token_ids: np.ndarray) -> StreamLayout:
         trie.start_node,
         trie.max_depth,
         trie.token_node,
+        trie.token_reserved,
+        trie.num_reserved,
         trie.node_lo,
         trie.node_hi,
         trie.node_n_exact,
@@ -142,4 +153,4 @@ def fused_stream_layout(trie: VocabTrie, token_ids: np.ndarray) -> StreamLayout:
     )
     if result is None:
         raise ValueError(layout_refusal(trie, token_ids))
-    return StreamLayout(*result, fused=True)
+    return StreamLayout(*result, fused=True, reserved=trie.num_reserved)

@@ -10,6 +10,11 @@ trie node x[:k]; the ``<bos>``/``<eot>`` positions are at the root (k = 0). A po
 follows from its node alone, in ascending symbol order: the node's child bytes, then ``<eot>``
 if the prefix is a token (k ≥ 1), or ``<eos>`` at the root. Only the values need storing.
 
+A vocabulary that keeps specials as reserved symbols (a chat store's, docs/DESIGN.md,
+"Conversations") adds them after the alphabet (symbol 260 + r) and to every root support, after
+``<eos>``; a kept special in the document is that one symbol, predicted at a root position, and the
+position after it is the root position of the next teacher row (no ``<eot>`` follows it).
+
 For a teacher that adds SentencePiece's dummy prefix, t_1's bytes start with that space, which is
 context, not text: the ``<bos>`` position sits at the space's trie node (``VocabTrie.start_node``)
 instead of the root, so it predicts the document's first byte given the space, and the stream
@@ -36,6 +41,7 @@ class StreamLayout:
     offsets: np.ndarray  # (L,) int64: support of position i is support[offsets[i]:offsets[i+1]]
     support: np.ndarray  # (S,) int16: symbols of all supports, concatenated
     fused: bool = False  # symbols of the fused alphabet (bytes with their token-end flag), no <eot>
+    reserved: int = 0  # reserved symbols (kept teacher specials) after the stream's alphabet
 
     @property
     def num_positions(self) -> int:
@@ -57,7 +63,12 @@ class StreamLayout:
 
     @property
     def alphabet_size(self) -> int:
-        """The symbols its stream and supports are drawn from."""
+        """The symbols its stream and supports are drawn from (the reserved ones included)."""
+        return self.base_alphabet_size + self.reserved
+
+    @property
+    def base_alphabet_size(self) -> int:
+        """The stream's own alphabet (260 or 515): reserved symbol r is ``base_alphabet_size + r``."""
         return FUSED_ALPHABET_SIZE if self.fused else ALPHABET_SIZE
 
     def _byte_symbols(self) -> np.ndarray:
@@ -74,49 +85,56 @@ class StreamLayout:
 
 @numba.njit(cache=True, nogil=True)
 def _layout(
-    token_ids, start_node, max_depth, token_node, node_parent, node_byte, node_n_exact, child_offsets, child_bytes
+    token_ids,
+    start_node,
+    max_depth,
+    token_node,
+    token_reserved,
+    num_reserved,
+    node_parent,
+    node_byte,
+    node_n_exact,
+    child_offsets,
+    child_bytes,
 ):
     m = len(token_ids)
     path = np.empty(max_depth + 1, np.int64)
-    total_bytes = 0
-    for j in range(m):
-        node = token_node[token_ids[j]]
-        if node < 0:
-            return None
-        total_bytes += _depth(node, node_parent)
-    start_depth = 0
-    if m > 0 and start_node > 0:
-        start_depth = _depth(start_node, node_parent)
-        if path_to_node(token_node[token_ids[0]], node_parent, path) < start_depth or path[start_depth] != start_node:
-            return None
-    positions = 1 + total_bytes - start_depth + m
+    text_bytes, _, start_depth = token_extent(token_ids, start_node, token_node, token_reserved, node_parent, path)
+    if text_bytes < 0:
+        return None
+    positions = 1 + text_bytes - start_depth + m  # a root position per token, kept specials included
     symbols = np.empty(positions + 1, np.int16)
     position_node = np.empty(positions, np.int64)
     position_row = np.empty(positions, np.int64)
     offsets = np.zeros(positions + 1, np.int64)
-    pos = 0
+    symbols[0] = BOS
+    pos = 0  # the position whose next symbol is written
     for j in range(m + 1):
-        symbols[pos] = BOS if j == 0 else EOT
-        position_node[pos], position_row[pos] = 0, j
+        position_node[pos], position_row[pos] = 0, j  # a root position: token j starts
         if j == m:
-            pos += 1
             break
+        reserved = token_reserved[token_ids[j]]
+        if reserved >= 0:  # a kept special: one symbol, and the next token starts at the root
+            symbols[pos + 1] = ALPHABET_SIZE + reserved
+            pos += 1
+            continue
         length = path_to_node(token_node[token_ids[j]], node_parent, path)
         first = start_depth if j == 0 else 0
         position_node[pos] = path[first]
-        pos += 1
         for k in range(first + 1, length + 1):
-            symbols[pos] = node_byte[path[k]]
-            position_node[pos], position_row[pos] = path[k], j
+            symbols[pos + 1] = node_byte[path[k]]
             pos += 1
-    symbols[pos] = EOS
+            position_node[pos], position_row[pos] = path[k], j
+        symbols[pos + 1] = EOT
+        pos += 1
+    symbols[pos + 1] = EOS
     for i in range(positions):
         node = position_node[i]
         offsets[i + 1] = (
             offsets[i]
             + child_offsets[node + 1]
             - child_offsets[node]
-            + (1 if node == 0 or node_n_exact[node] > 0 else 0)
+            + (1 + num_reserved if node == 0 else (1 if node_n_exact[node] > 0 else 0))
         )
     support = np.empty(offsets[positions], np.int16)
     for i in range(positions):
@@ -127,6 +145,8 @@ def _layout(
         at += count
         if node == 0:
             support[at] = EOS
+            for r in range(num_reserved):
+                support[at + 1 + r] = ALPHABET_SIZE + r
         elif node_n_exact[node] > 0:
             support[at] = EOT
     return symbols, position_node, position_row, offsets, support
@@ -139,6 +159,29 @@ def _depth(node, node_parent):
         node = node_parent[node]
         d += 1
     return d
+
+
+@numba.njit(cache=True)
+def token_extent(token_ids, start_node, token_node, token_reserved, node_parent, path):
+    """What a document's teacher tokens hold, as both streams lay them out: (their text bytes, their
+    kept specials, the depth of the node the first token's positions start at: the dummy prefix
+    space's, or 0), or (-1, 0, 0) when no stream has these ids (a dropped special, or a first token
+    without the space the teacher adds). ``path`` is scratch of the trie's depth + 1."""
+    text_bytes, specials = 0, 0
+    for j in range(len(token_ids)):
+        node = token_node[token_ids[j]]
+        if node < 0:
+            if token_reserved[token_ids[j]] < 0:
+                return -1, 0, 0
+            specials += 1
+            continue
+        text_bytes += _depth(node, node_parent)
+    start_depth = 0
+    if len(token_ids) > 0 and start_node > 0 and token_reserved[token_ids[0]] < 0:
+        start_depth = _depth(start_node, node_parent)
+        if path_to_node(token_node[token_ids[0]], node_parent, path) < start_depth or path[start_depth] != start_node:
+            return -1, 0, 0
+    return text_bytes, specials, start_depth
 
 
 @numba.njit(cache=True)
@@ -161,6 +204,8 @@ def stream_layout(trie: VocabTrie, token_ids: np.ndarray) -> StreamLayout:
         trie.start_node,
         trie.max_depth,
         trie.token_node,
+        trie.token_reserved,
+        trie.num_reserved,
         trie.node_parent,
         trie.node_byte,
         trie.node_n_exact,
@@ -169,7 +214,7 @@ def stream_layout(trie: VocabTrie, token_ids: np.ndarray) -> StreamLayout:
     )
     if result is None:
         raise ValueError(layout_refusal(trie, token_ids))
-    return StreamLayout(*result)
+    return StreamLayout(*result, reserved=trie.num_reserved)
 
 
 def checked_token_ids(trie: VocabTrie, token_ids) -> np.ndarray:
@@ -182,9 +227,10 @@ def checked_token_ids(trie: VocabTrie, token_ids) -> np.ndarray:
 
 def layout_refusal(trie: VocabTrie, token_ids: np.ndarray) -> str:
     """Why no stream has these ids: a special token, or a first token without the dummy prefix space."""
-    special = [int(t) for t in token_ids if trie.token_node[t] < 0]
+    special = [int(t) for t in token_ids if trie.token_node[t] < 0 and trie.token_reserved[t] < 0]
     if special:
-        return f"token id {special[0]} is a special token; documents hold regular tokens only"
+        kept = " and the kept ones" if trie.num_reserved else ""
+        return f"token id {special[0]} is a special token; documents hold regular tokens{kept} only"
     return f"token id {int(token_ids[0])} does not start with the dummy prefix space the teacher adds"
 
 

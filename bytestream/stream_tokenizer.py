@@ -50,10 +50,15 @@ from transformers import (
 )
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
-# bytestream/alphabet.py's values, copied (this file runs without the package): tests/test_alphabet_copies.py
+# This file runs without the package (an export ships it), so it copies what it needs; each copy
+# names its source, and tests/test_shipped_copies.py holds it to that source.
+# Copied from bytestream.alphabet: NUM_BYTES, EOT, BOS, EOS, PAD
 NUM_BYTES, EOT, BOS, EOS, PAD = 256, 256, 257, 258, 259
+# Copied from bytestream.alphabet: SPECIAL_NAMES
 SPECIAL_NAMES = {EOT: "<eot>", BOS: "<bos>", EOS: "<eos>", PAD: "<pad>"}
+# Copied from bytestream.alphabet: FUSED_ENDS, FUSED_BOS, FUSED_EOS, FUSED_PAD, FUSED_ALPHABET_SIZE
 FUSED_ENDS, FUSED_BOS, FUSED_EOS, FUSED_PAD, FUSED_ALPHABET_SIZE = 256, 512, 513, 514, 515
+# Copied from bytestream.alphabet: FUSED_SPECIAL_NAMES
 FUSED_SPECIAL_NAMES = {FUSED_BOS: "<bos>", FUSED_EOS: "<eos>", FUSED_PAD: "<pad>"}
 TEACHER_TOKENIZER_FILE = "teacher_tokenizer.json"
 BYTE_LEVEL, BYTE_FALLBACK = "byte-level", "sentencepiece-byte-fallback"
@@ -176,21 +181,41 @@ class TeacherTokens:
 
     ``tokenizer_json`` is the teacher's ``tokenizer.json``; literal special text is always text
     (``encode_special_tokens``), so the ids a document may hold are the non-special ones (``export``
-    ships the spec with every id the dump treats as special marked special).
+    ships the spec with every id the dump treats as special marked special) — except the
+    ``reserved`` specials (texts, in order: a chat template's, such as ``<|im_end|>``), which are
+    the stream's reserved symbols: the data is cut at each of their occurrences (the longest at a
+    place first), each occurrence is that one special token (a word of its own) and each piece
+    between is encoded alone, as the teacher's tokenizer splits its specials out before anything
+    else; only a first piece at the start of the data is read after the dummy prefix.
     """
 
-    def __init__(self, tokenizer_json: str):
+    def __init__(self, tokenizer_json: str, reserved: tuple[str, ...] | list[str] = ()):
         self.tokenizer_json = tokenizer_json  # as given, for saving
         self.family, self.dummy_prefix, self._tokenizer, self._added = _parsed_teacher(tokenizer_json)
+        self.reserved = tuple(reserved)
+        self.reserved_ids = [self._tokenizer.token_to_id(text) for text in self.reserved]
+        missing = [text for text, token_id in zip(self.reserved, self.reserved_ids) if token_id is None]
+        if missing:
+            raise ValueError(f"the teacher tokenizer has no token {missing[0]!r} (a reserved symbol)")
+        self._reserved_index = {token_id: i for i, token_id in enumerate(self.reserved_ids)}
+        longest_first = sorted({text.encode("utf-8") for text in self.reserved}, key=len, reverse=True)
+        self._reserved_pattern = re.compile(b"|".join(map(re.escape, longest_first))) if longest_first else None
 
     @classmethod
-    def from_file(cls, path: str | os.PathLike) -> TeacherTokens:
+    def from_file(cls, path: str | os.PathLike, reserved: tuple[str, ...] | list[str] = ()) -> TeacherTokens:
         with open(path, encoding="utf-8") as f:
-            return cls(f.read())
+            return cls(f.read(), reserved)
+
+    def reads_prefix(self, data: bytes) -> bool:
+        """Whether the teacher reads the dummy prefix space before ``data``: it adds one, and ``data``
+        starts with text (not with a reserved special)."""
+        if not (self.dummy_prefix and data):
+            return False
+        return self._reserved_pattern is None or self._reserved_pattern.match(data) is None
 
     def stream_bytes(self, data: bytes) -> bytes:
         """What the teacher reads: the document, after the dummy prefix space if it adds one."""
-        return b" " + data if self.dummy_prefix and data else data
+        return b" " + data if self.reads_prefix(data) else data
 
     def token_bytes(self, token_id: int, token: str) -> bytes:
         """The bytes of one token (its id and its string in the tokenizer)."""
@@ -230,10 +255,38 @@ class TeacherTokens:
     def encode_unchecked(self, data: bytes) -> list[tuple[int, bytes, int]]:
         """``(id, bytes, word)`` of each token the teacher reads for ``data``: valid UTF-8 runs
         through the tokenizer, each invalid byte its single-byte token; ``word`` numbers the
-        pre-tokens (each invalid byte is a word of its own)."""
+        pre-tokens (each invalid byte, and each reserved special, is a word of its own)."""
+        if self._reserved_pattern is None:
+            return self._encode_piece(self.stream_bytes(data), 0)[0]
         out: list[tuple[int, bytes, int]] = []
-        word = 0
-        for valid, run in utf8_runs(self.stream_bytes(data)):
+        word = at = 0
+        for match in self._reserved_pattern.finditer(data):
+            if match.start() > at:
+                piece = data[at : match.start()]
+                tokens, word = self._encode_piece(self.stream_bytes(piece) if at == 0 else piece, word)
+                out += tokens
+            text = match.group()
+            out.append((self.reserved_ids[self.reserved.index(text.decode("utf-8"))], text, word))
+            word, at = word + 1, match.end()
+        if at < len(data):
+            tokens, word = self._encode_piece(self.stream_bytes(data[at:]) if at == 0 else data[at:], word)
+            out += tokens
+        return out
+
+    def encode_text(self, data: bytes) -> list[tuple[int, bytes, int]]:
+        """``(id, bytes, word)`` of each token of text read alone, with no dummy prefix and no
+        reserved special cut out: a piece of a chat rendering between two of the template's specials."""
+        return self._encode_piece(data, 0)[0]
+
+    def reserved_of(self, token_id: int) -> int | None:
+        """The index of the reserved special a token id is, or None."""
+        return self._reserved_index.get(int(token_id))
+
+    def _encode_piece(self, data: bytes, word: int) -> tuple[list[tuple[int, bytes, int]], int]:
+        """The tokens of text with no reserved special in it (as the teacher reads it), their words
+        numbered from ``word``; and the next word's number."""
+        out: list[tuple[int, bytes, int]] = []
+        for valid, run in utf8_runs(data):
             if not valid:
                 for value in run:
                     out.append((self.single_byte_id(value), bytes([value]), word))
@@ -243,24 +296,32 @@ class TeacherTokens:
             for token_id, token, in_run in zip(encoding.ids, encoding.tokens, encoding.word_ids):
                 out.append((token_id, self.token_bytes(token_id, token), word + (in_run or 0)))
             word += max((w or 0 for w in encoding.word_ids), default=-1) + 1
-        return out
+        return out, word
 
     def ids(self, data: bytes) -> list[int]:
         """The teacher's token ids of ``data`` (the dummy prefix space included)."""
         return [token_id for token_id, _, _ in self.encode(data)]
 
-    def streamed_tokens(self, data: bytes) -> list[bytes]:
+    def streamed_tokens(self, data: bytes) -> list[bytes | int]:
         """The bytes of each teacher token of ``data`` as the stream holds them (the dummy prefix
-        space, which is context, not text, left out); their concatenation is ``data``."""
-        return _as_streamed([spelling for _, spelling, _ in self.encode(data)], self.dummy_prefix and bool(data))
+        space, which is context, not text, left out), a reserved special as its index (an int):
+        joined with the reserved texts, they are ``data``."""
+        return self._pieces(self.encode(data), self.reads_prefix(data))
 
-    def split_prompt(self, data: bytes) -> tuple[list[bytes], bytes]:
+    def _pieces(self, tokens: list[tuple[int, bytes, int]], after_prefix: bool) -> list[bytes | int]:
+        spelled = [spelling if self.reserved_of(token_id) is None else None for token_id, spelling, _ in tokens]
+        streamed = _as_streamed(spelled, after_prefix)
+        return [self.reserved_of(t[0]) if piece is None else piece for t, piece in zip(tokens, streamed)]
+
+    def split_prompt(self, data: bytes, max_open: int | None = None) -> tuple[list[bytes | int], bytes]:
         """A prompt as ``(committed token bytes, open bytes)``: the teacher's tokens before the prompt's
         last word, and that word's bytes, which the student segments itself.
 
         The last word starts at the first token of the last pre-token, or later at its last token
         that begins with a space (SentencePiece without a pre-tokenizer reads the whole text as one
-        pre-token; a space starts its words); it always holds the last token.
+        pre-token; a space starts its words); it always holds the last token. A word longer than
+        ``max_open`` bytes is committed up to its last tokens within them (at least its last token
+        stays open): healing a byte takes a step, and a student reads no more than its context.
         """
         tokens = self.encode(data)
         if not tokens:
@@ -270,7 +331,14 @@ class TeacherTokens:
             start -= 1
         spaced = [j for j in range(start, len(tokens)) if tokens[j][1][:1] == b" "]
         start = max(spaced, default=start)
-        spelled = _as_streamed([spelling for _, spelling, _ in tokens], self.dummy_prefix)
+        if self.reserved_of(tokens[-1][0]) is not None:  # a special is never healed: all is committed
+            start = len(tokens)
+        spelled = self._pieces(tokens, self.reads_prefix(data))
+        if max_open is not None:
+            open_length = sum(len(piece) for piece in spelled[start:] if isinstance(piece, bytes))
+            while start < len(tokens) - 1 and open_length > max_open:
+                open_length -= len(spelled[start]) if isinstance(spelled[start], bytes) else 0
+                start += 1
         return spelled[:start], b"".join(spelled[start:])
 
 
@@ -281,10 +349,10 @@ def _as_streamed(spelled: list[bytes], after_prefix: bool) -> list[bytes]:
     return spelled
 
 
+# Copied from bytestream.stream_kind: StreamKind as Stream
 @dataclass(frozen=True)
 class Stream:
-    """One stream's symbols, as ``bytestream/stream_kind.py``'s ``StreamKind`` names them (copied: this
-    file runs without the package). ``eot``: bytes, ``<eot>`` after each teacher token; ``fused``: one
+    """One stream's symbols, as ``bytestream/stream_kind.py``'s ``StreamKind`` names them. ``eot``: bytes, ``<eot>`` after each teacher token; ``fused``: one
     symbol per text byte, its token's last byte flagged (``FUSED_ENDS + b``), no ``<eot>``."""
 
     name: str
@@ -293,6 +361,7 @@ class Stream:
     pad: int
     eot: int | None
     text_symbols: int  # symbols below this are text bytes (flagged ones included)
+    alphabet_size: int  # reserved symbols (a teacher's chat specials) follow: alphabet_size + i
 
     @property
     def special_names(self) -> dict[int, str]:
@@ -307,7 +376,10 @@ class Stream:
         return bytes(b for b in map(self.byte_value, symbols) if b is not None)
 
     def closes_token(self, symbol: int) -> bool:
-        """Whether the teacher's token ends at this symbol: ``<eot>``, or a byte flagged "ends"."""
+        """Whether the teacher's token ends at this symbol: ``<eot>``, a byte flagged "ends", or a
+        reserved symbol (one teacher token)."""
+        if symbol >= self.alphabet_size:
+            return True
         return symbol == self.eot if self.eot is not None else FUSED_ENDS <= symbol < self.text_symbols
 
     def choices(self, byte: int) -> list[int]:
@@ -316,19 +388,24 @@ class Stream:
 
 
 STREAMS = {
-    "eot": Stream("eot", BOS, EOS, PAD, EOT, NUM_BYTES),
-    "fused": Stream("fused", FUSED_BOS, FUSED_EOS, FUSED_PAD, None, 2 * NUM_BYTES),
+    "eot": Stream("eot", BOS, EOS, PAD, EOT, NUM_BYTES, PAD + 1),
+    "fused": Stream("fused", FUSED_BOS, FUSED_EOS, FUSED_PAD, None, 2 * NUM_BYTES, FUSED_ALPHABET_SIZE),
 }
 
 
-def stream_symbols(spelled: list[bytes], *, bos: bool = True, eos: bool = False, byte_stream: str = "eot") -> list[int]:
+def stream_symbols(
+    spelled: list[bytes | int], *, bos: bool = True, eos: bool = False, byte_stream: str = "eot"
+) -> list[int]:
     """The training stream of the tokens' bytes: ``[<bos>] bytes(t_1) <eot> … bytes(t_m) <eot> [<eos>]``,
     or in the fused stream each token's bytes with its last one flagged (a token with no bytes, the
-    dummy prefix space alone, is context and holds no symbol)."""
+    dummy prefix space alone, is context and holds no symbol); a reserved special (an int ``i``,
+    as :meth:`TeacherTokens.streamed_tokens` gives it) is the one symbol ``alphabet_size + i``."""
     stream = STREAMS[byte_stream]
     symbols = [stream.bos] if bos else []
     for spelling in spelled:
-        if stream.eot is not None:
+        if isinstance(spelling, int):
+            symbols.append(stream.alphabet_size + spelling)
+        elif stream.eot is not None:
             symbols.extend(spelling)
             symbols.append(stream.eot)
         elif spelling:
@@ -339,6 +416,15 @@ def stream_symbols(spelled: list[bytes], *, bos: bool = True, eos: bool = False,
     return symbols
 
 
+def _per_row(items: list, rows: int) -> list:
+    """``items`` (one per prompt) for each of ``rows`` rows, as ``generate`` expands prompts: each
+    prompt's ``rows // len(items)`` copies next to each other."""
+    if not items or rows % len(items):
+        raise ValueError(f"a batch of {rows} rows does not expand {len(items)} prompts")
+    copies = rows // len(items)
+    return [items[row // copies] for row in range(rows)]
+
+
 class HealingProcessor(LogitsProcessor):
     """Feeds each row's open bytes (its prompt's last word) to ``generate``, for any model.
 
@@ -347,7 +433,9 @@ class HealingProcessor(LogitsProcessor):
     ``<eot>`` stream the byte and ``<eot>``; in the fused stream the byte flagged "goes on" and
     "ends", one step per byte), so the model's own choice places the token ends inside the word;
     then generation goes on freely. In the ``<eot>`` stream ``<eot>`` never follows ``<bos>`` or
-    ``<eot>`` (a token has a byte).
+    ``<eot>`` (a token has a byte). ``generate`` expands each prompt's row into consecutive rows
+    (``num_return_sequences``, ``num_beams``): row ``r`` of a batch of ``k`` times the prompts is
+    prompt ``r // k``'s (:func:`_per_row`).
     """
 
     def __init__(self, forced: list[bytes], prompt_length: int, byte_stream: str = "eot"):
@@ -356,10 +444,11 @@ class HealingProcessor(LogitsProcessor):
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         stream = self.stream
         if stream.eot is not None:
-            empty = (input_ids[:, -1] == stream.eot) | (input_ids[:, -1] == stream.bos)
+            last = input_ids[:, -1]
+            empty = (last == stream.eot) | (last == stream.bos) | (last >= stream.alphabet_size)
             scores[empty, stream.eot] = float("-inf")
         produced = (input_ids[:, self.prompt_length :] < stream.text_symbols).sum(-1).tolist()
-        for row, (tail, done) in enumerate(zip(self.forced, produced)):
+        for row, (tail, done) in enumerate(zip(_per_row(self.forced, len(produced)), produced)):
             if done < len(tail):
                 choices = stream.choices(tail[done])
                 kept = scores[row, choices].clone()
@@ -367,6 +456,10 @@ class HealingProcessor(LogitsProcessor):
                 scores[row, choices] = kept
         return scores
 
+
+# the specials that end a turn in the chat templates of the common families (besides the template's
+# end-of-text token): ChatML (SmolLM2, Qwen), Llama-3, Gemma, Phi-3
+END_OF_TURN_TEXTS = ("<|im_end|>", "<|eot_id|>", "<|end_of_turn|>", "<end_of_turn>", "<|end|>", "<|eom_id|>")
 
 FLAG_MARK = "\u23d0"  # the fused stream's "ends" byte: its GPT-2 character followed by this mark
 
@@ -388,17 +481,33 @@ class ByteStreamTokenizer(PreTrainedTokenizer):
     vocab_files_names = {"teacher_tokenizer_file": TEACHER_TOKENIZER_FILE}  # noqa: RUF012
     model_input_names = ["input_ids", "attention_mask"]  # noqa: RUF012
 
-    def __init__(self, teacher_tokenizer_file: str | None = None, byte_stream: str = "eot", **kwargs):
+    def __init__(
+        self,
+        teacher_tokenizer_file: str | None = None,
+        byte_stream: str = "eot",
+        reserved_symbols: list[str] | None = None,
+        chat_template_tokens: dict[str, str] | None = None,
+        chat_prefix: str | None = None,
+        **kwargs,
+    ):
         if teacher_tokenizer_file is None:
             raise ValueError(f"ByteStreamTokenizer needs the teacher's tokenizer ({TEACHER_TOKENIZER_FILE})")
         if byte_stream not in STREAMS:
             raise ValueError(f"byte_stream must be one of {', '.join(STREAMS)}, got {byte_stream!r}")
-        self.teacher = TeacherTokens.from_file(teacher_tokenizer_file)
+        self.reserved_symbols = list(reserved_symbols or [])
+        self.chat_template_tokens = dict(chat_template_tokens or {})
+        self.chat_prefix = chat_prefix or ""
+        self.teacher = TeacherTokens.from_file(teacher_tokenizer_file, self.reserved_symbols)
         self.byte_stream, self.stream = byte_stream, STREAMS[byte_stream]
         self._vocab = {char: value for value, char in BYTE_CHARS.items()}
         if self.stream.eot is None:
             self._vocab.update({char + FLAG_MARK: FUSED_ENDS + value for value, char in BYTE_CHARS.items()})
         self._vocab.update({name: symbol for symbol, name in self.stream.special_names.items()})
+        reserved_ids = {text: self.stream.alphabet_size + i for i, text in enumerate(self.reserved_symbols)}
+        clashes = sorted(set(reserved_ids) & set(self._vocab))
+        if clashes:
+            raise ValueError(f"the reserved symbol {clashes[0]!r} is already one of the stream's tokens")
+        self._vocab.update(reserved_ids)
         self._tokens = {symbol: token for token, symbol in self._vocab.items()}
         self._token_bytes = {
             token: symbol % NUM_BYTES for token, symbol in self._vocab.items() if symbol < self.stream.text_symbols
@@ -411,7 +520,11 @@ class ByteStreamTokenizer(PreTrainedTokenizer):
         kwargs.pop("additional_special_tokens", None)
         kwargs.pop("extra_special_tokens", None)
         kwargs["clean_up_tokenization_spaces"] = False
-        extra = [] if self.stream.eot is None else [names[self.stream.eot]]
+        extra = ([] if self.stream.eot is None else [names[self.stream.eot]]) + self.reserved_symbols
+        if self.reserved_symbols:  # saved in tokenizer_config.json only for a chat student
+            kwargs["reserved_symbols"] = self.reserved_symbols
+            kwargs["chat_template_tokens"] = self.chat_template_tokens
+            kwargs["chat_prefix"] = self.chat_prefix
         super().__init__(additional_special_tokens=extra, byte_stream=byte_stream, **kwargs)
 
     @property
@@ -425,15 +538,104 @@ class ByteStreamTokenizer(PreTrainedTokenizer):
         """The stream of raw document bytes (any bytes, not only valid UTF-8)."""
         return stream_symbols(self.teacher.streamed_tokens(data), bos=bos, eos=eos, byte_stream=self.byte_stream)
 
-    def encode_prompt(self, data: bytes) -> tuple[list[int], bytes]:
-        """A prompt's stream up to its last word (``<bos>`` first), and that word's bytes, to be
-        fed with :class:`HealingProcessor` (see :meth:`TeacherTokens.split_prompt`)."""
-        committed, open_bytes = self.teacher.split_prompt(data)
+    def encode_prompt(self, data: bytes, max_open: int | None = None) -> tuple[list[int], bytes]:
+        """A prompt's stream up to its last word (``<bos>`` first), and that word's bytes (at most
+        ``max_open`` of them, where the word is longer), to be fed with :class:`HealingProcessor`
+        (see :meth:`TeacherTokens.split_prompt`)."""
+        committed, open_bytes = self.teacher.split_prompt(data, max_open)
         return stream_symbols(committed, byte_stream=self.byte_stream), open_bytes
 
     def text_bytes(self, ids) -> bytes:
         """The exact bytes of a symbol sequence (flags and specials dropped; any bytes, not only UTF-8)."""
         return self.stream.text_bytes(int(i) for i in ids)
+
+    def stream_text(self, ids) -> bytes:
+        """The bytes a symbol sequence encodes: its text bytes and each reserved symbol's text
+        (flags, ``<eot>``, ``<bos>``, ``<eos>`` and ``<pad>`` dropped)."""
+        out = bytearray()
+        for symbol in map(int, ids):
+            reserved = symbol - self.stream.alphabet_size
+            if 0 <= reserved < len(self.reserved_symbols):
+                out += self.reserved_symbols[reserved].encode("utf-8")
+            elif (value := self.stream.byte_value(symbol)) is not None:
+                out.append(value)
+        return bytes(out)
+
+    @property
+    def end_of_turn_ids(self) -> list[int]:
+        """The reserved symbols that end a turn: those of the teacher's end-of-text or end-of-turn
+        specials the chat template emits (where ``generate`` stops)."""
+        ends = {self.chat_template_tokens.get("eos_token"), *END_OF_TURN_TEXTS}
+        return [self.stream.alphabet_size + i for i, text in enumerate(self.reserved_symbols) if text in ends]
+
+    def encode_chat(self, text: str) -> list[int]:
+        """A conversation rendered by the teacher's chat template as the student's stream: ``<bos>``
+        (in place of the text of the token the teacher reads before every document, ``chat_prefix``,
+        where the template writes it first), then the text with each reserved special as its symbol
+        and the teacher's token ends placed throughout (a rendered conversation ends where the
+        teacher's template ends a token). A final end-of-text text that is no reserved symbol (a
+        template that closes a whole conversation with the teacher's end of text) is the stream's
+        ``<eos>``."""
+        data = text.encode("utf-8")
+        begin = self.chat_prefix.encode("utf-8")
+        if begin and data.startswith(begin):
+            data = data[len(begin) :]
+        end = self.chat_template_tokens.get("eos_token") or ""
+        if end and end not in self.reserved_symbols and data.endswith(end.encode("utf-8")):
+            return self.encode_bytes(data[: -len(end.encode("utf-8"))], eos=True)  # the template's end of text
+        return self.encode_bytes(data)
+
+    def apply_chat_template(
+        self,
+        conversation,
+        tools=None,
+        documents=None,
+        chat_template=None,
+        add_generation_prompt: bool = False,
+        continue_final_message: bool = False,
+        tokenize: bool = True,
+        padding: bool | str = False,
+        truncation: bool = False,
+        max_length: int | None = None,
+        return_tensors=None,
+        return_dict: bool = True,
+        return_assistant_tokens_mask: bool = False,
+        tokenizer_kwargs=None,
+        **kwargs,
+    ):
+        """The teacher's chat template rendered as the teacher renders it (its own special-token texts,
+        ``chat_template_tokens``), then :meth:`encode_chat`: the stream the student was trained on.
+        Takes ``transformers``' arguments; a batch of conversations is padded on the left."""
+        if return_assistant_tokens_mask:
+            raise ValueError("return_assistant_tokens_mask is not supported by the byte stream tokenizer")
+        rendered = super().apply_chat_template(
+            conversation,
+            tools=tools,
+            documents=documents,
+            chat_template=chat_template,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
+            tokenize=False,
+            **{**self.chat_template_tokens, **kwargs},
+        )
+        if not tokenize:
+            return rendered
+        batched = not isinstance(rendered, str)
+        streams = [self.encode_chat(text) for text in (rendered if batched else [rendered])]
+        if truncation and max_length is not None:
+            streams = [stream[-max_length:] for stream in streams]
+        if not (return_dict or return_tensors):
+            return streams if batched else streams[0]
+        if return_tensors is not None or padding not in (False, "do_not_pad"):
+            input_ids, attention_mask = _left_padded(streams, None, self.stream.pad)
+            if return_tensors is None:
+                input_ids, attention_mask = input_ids.tolist(), attention_mask.tolist()
+        else:
+            input_ids, attention_mask = streams, [[1] * len(stream) for stream in streams]
+        if not batched and return_tensors is None:
+            input_ids, attention_mask = input_ids[0], attention_mask[0]
+        encoding = BatchEncoding({"input_ids": input_ids, "attention_mask": attention_mask})
+        return encoding if return_dict else encoding["input_ids"]
 
     def healing(self, forced: list[bytes], prompt_length: int) -> HealingProcessor:
         """The processor that feeds ``forced`` after ``prompt_length`` symbols, in this tokenizer's stream."""
@@ -484,7 +686,7 @@ class ByteStreamTokenizer(PreTrainedTokenizer):
             sampling["generation_config"] = _without_length(config)
         first, first_mask = _left_padded([committed for committed, _ in split], input_ids.device, pad)
         forced = [open_bytes for _, open_bytes in split]
-        fed = stock(
+        fed = stock(  # a row per prompt and return sequence (num_return_sequences), each healed on its own
             model,
             input_ids=first,
             attention_mask=first_mask,
@@ -495,13 +697,15 @@ class ByteStreamTokenizer(PreTrainedTokenizer):
             **{**sampling, "pad_token_id": pad},
         )
         healed = [
-            c + _until_fed(fed[r, first.shape[1] :].tolist(), len(forced[r]), text_symbols)
-            for r, (c, _) in enumerate(split)
+            c + _until_fed(fed[r, first.shape[1] :].tolist(), len(open_bytes), text_symbols)
+            for r, (c, open_bytes) in enumerate(_per_row(split, fed.shape[0]))
         ]
+        callers = input_ids.repeat_interleave(len(healed) // len(split), dim=0)  # the caller's rows, expanded
         second, second_mask = _left_padded(healed, input_ids.device, pad)
         start = second.shape[1]
+        kwargs["num_return_sequences"] = 1  # each healed row is one of the sequences asked for
         kwargs["stopping_criteria"] = StoppingCriteriaList(
-            [_InCallersFrame(c, input_ids, start) for c in kwargs.get("stopping_criteria") or []]
+            [_InCallersFrame(c, callers, start) for c in kwargs.get("stopping_criteria") or []]
         )
         length = kwargs.get("max_length")
         if length is None and config is not None and kwargs.get("max_new_tokens") is None:
@@ -510,9 +714,9 @@ class ByteStreamTokenizer(PreTrainedTokenizer):
             kwargs["max_length"] = length - input_ids.shape[1] + start
         if kwargs.get("streamer") is not None:
             kwargs["streamer"] = _CallersPrompt(kwargs["streamer"], input_ids)
-        kwargs["logits_processor"] = LogitsProcessorList([*processors, self.healing([b""] * len(rows), start)])
+        kwargs["logits_processor"] = LogitsProcessorList([*processors, self.healing([b""] * len(healed), start)])
         output = stock(model, input_ids=second, attention_mask=second_mask, **kwargs)
-        return torch.cat([input_ids, output[:, start:]], dim=1)
+        return torch.cat([callers, output[:, start:]], dim=1)
 
     def _split_stream(self, row: list[int]) -> tuple[list[int], bytes]:
         """A row as (committed stream, open bytes): healed when it is this tokenizer's stream of its
@@ -522,7 +726,7 @@ class ByteStreamTokenizer(PreTrainedTokenizer):
         ends = [i for i, symbol in enumerate(row) if stream.closes_token(symbol)][:1]
         start = 0 if row[:1] == [stream.bos] else ends[0] + 1 if ends else len(row)
         tail = row[start:]
-        data = stream.text_bytes(tail)
+        data = self.stream_text(tail)
         own = stream_symbols(self.teacher.streamed_tokens(data), bos=start == 0, byte_stream=self.byte_stream)
         if not data or tail != own:
             return row, b""
@@ -530,7 +734,11 @@ class ByteStreamTokenizer(PreTrainedTokenizer):
         return row[:start] + stream_symbols(committed, bos=start == 0, byte_stream=self.byte_stream), open_bytes
 
     def tokenize(self, text: str, **kwargs) -> list[str]:
-        symbols = self.encode_bytes(text.encode("utf-8"), bos=False)
+        data = text.encode("utf-8")
+        begin = self.chat_prefix.encode("utf-8")
+        if begin and data.startswith(begin):  # a rendered conversation's first token is the stream's <bos>
+            data = data[len(begin) :]
+        symbols = self.encode_bytes(data, bos=False)
         return [self._tokens[s] for s in symbols]
 
     def _convert_token_to_id(self, token: str) -> int:
@@ -634,12 +842,13 @@ class _Fed(StoppingCriteria):
     """A row is done once its forced bytes are all fed."""
 
     def __init__(self, forced: list[bytes], prompt_length: int, text_symbols: int):
-        self.counts = torch.tensor([len(f) for f in forced])
+        self.counts = [len(f) for f in forced]
         self.prompt_length, self.text_symbols = prompt_length, text_symbols
 
     def __call__(self, input_ids: torch.LongTensor, scores, **kwargs) -> torch.BoolTensor:
         produced = (input_ids[:, self.prompt_length :] < self.text_symbols).sum(-1)
-        return produced >= self.counts.to(produced.device)
+        counts = torch.tensor(_per_row(self.counts, len(produced)), device=produced.device)
+        return produced >= counts
 
 
 class _InCallersFrame(StoppingCriteria):
@@ -649,7 +858,8 @@ class _InCallersFrame(StoppingCriteria):
         self.inner, self.caller_ids, self.start = inner, caller_ids, start
 
     def __call__(self, input_ids: torch.LongTensor, scores, **kwargs):
-        return self.inner(torch.cat([self.caller_ids, input_ids[:, self.start :]], dim=1), scores, **kwargs)
+        callers = self.caller_ids.repeat_interleave(len(input_ids) // len(self.caller_ids), dim=0)  # beams
+        return self.inner(torch.cat([callers, input_ids[:, self.start :]], dim=1), scores, **kwargs)
 
 
 def auto_map() -> dict[str, list[str | None]]:

@@ -7,6 +7,7 @@ the children ``s·b`` tile the rest in byte order. Node 0 is the root (the empty
 
 ``start_node`` is where a document's first token starts: the root, or for a teacher that adds
 SentencePiece's dummy prefix, the node of the space it adds (the space is context, not text).
+``kept_ids`` are the specials a chat store keeps as reserved symbols (``token_reserved`` numbers them).
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from functools import cached_property
 import numba
 import numpy as np
 
-from bytestream.errors import UserError
 from bytestream.vocab import TeacherVocab
+from common.errors import UserError
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,19 @@ class VocabTrie:
     token_node: np.ndarray  # (V,) int64: node of each id's byte string, -1 for specials
     vocab_size: int
     start_node: int = 0  # node of the dummy prefix space, if the teacher adds one
+    kept_ids: tuple[int, ...] = ()  # specials kept as reserved stream symbols, in symbol order
+
+    @property
+    def num_reserved(self) -> int:
+        """How many reserved symbols follow the stream's alphabet (the kept specials)."""
+        return len(self.kept_ids)
+
+    @cached_property
+    def token_reserved(self) -> np.ndarray:
+        """(V,) int64: the reserved symbol number of each kept special id, -1 for every other id."""
+        table = np.full(self.vocab_size, -1, dtype=np.int64)
+        table[list(self.kept_ids)] = np.arange(len(self.kept_ids), dtype=np.int64)
+        return table
 
     @property
     def max_depth(self) -> int:
@@ -135,6 +149,7 @@ def build_trie(vocab: TeacherVocab) -> VocabTrie:
         child_nodes=by_parent.astype(np.int64),
         token_node=token_node,
         vocab_size=vocab.size,
+        kept_ids=tuple(vocab.kept_ids),
     )
     if not vocab.adds_prefix_space:
         return trie

@@ -26,7 +26,6 @@ from pathlib import Path
 import numpy as np
 from tokenizers.pre_tokenizers import ByteLevel
 
-from bytestream.errors import UserError
 from bytestream.stream_tokenizer import (  # self-contained (shipped with exports): the one copy of the rules
     BYTE_FALLBACK,
     BYTE_LEVEL,
@@ -34,6 +33,7 @@ from bytestream.stream_tokenizer import (  # self-contained (shipped with export
     sentencepiece_piece_bytes,
     tokenizer_family,
 )
+from common.errors import UserError
 
 # Names of end-of-text tokens; their mass becomes the student's <eos>.
 # The tag of the dummy-prefix rules a vocabulary's conversion follows (its space is context, not
@@ -68,6 +68,7 @@ class TeacherVocab:
     name: str = ""
     adds_prefix_space: bool = False  # SentencePiece's dummy prefix: the first token starts with b" "
     output_padding: int = 0  # ids past the tokenizer's (a padded output layer): special, mass dropped
+    kept_ids: tuple[int, ...] = ()  # specials kept as reserved stream symbols, in symbol order (chat stores)
 
     @property
     def size(self) -> int:
@@ -81,8 +82,8 @@ class TeacherVocab:
 
     @cached_property
     def dropped_ids(self) -> np.ndarray:
-        """Special ids whose mass is renormalised away (all specials but end-of-text)."""
-        keep = set(self.end_of_text_ids)
+        """Special ids whose mass is renormalised away (all specials but end-of-text and the kept ones)."""
+        keep = set(self.end_of_text_ids) | set(self.kept_ids)
         return np.array([i for i in self.special_ids if i not in keep], dtype=np.int64)
 
     @cached_property
@@ -103,6 +104,8 @@ class TeacherVocab:
         h.update(f"{self.prefix_ids}|{self.adds_prefix_space}|".encode())
         if self.adds_prefix_space:
             h.update(DUMMY_PREFIX_RULES)
+        if self.kept_ids:  # a vocabulary without kept specials hashes as it always did
+            h.update(f"kept|{self.kept_ids}|".encode())
         for b in self.token_bytes:
             h.update(len(b).to_bytes(4, "little"))
             h.update(b)
@@ -110,6 +113,22 @@ class TeacherVocab:
 
     def bytes_of(self, ids) -> bytes:
         return b"".join(self.token_bytes[int(i)] for i in ids)
+
+    def with_kept(self, kept_ids) -> TeacherVocab:
+        """This vocabulary with the special ids ``kept_ids`` kept as reserved stream symbols, in
+        that order (docs/DESIGN.md, "Conversations"): their mass is neither dropped nor end of
+        text. A kept end-of-text id stops being end of text, unless it is the last one: a teacher
+        whose only end-of-text token also closes its turns (Mistral's ``</s>``) keeps it as
+        ``<eos>``, so it is not among the kept ids."""
+        kept = [int(i) for i in kept_ids]
+        special = set(self.special_ids)
+        if any(i not in special for i in kept) or len(set(kept)) != len(kept):
+            raise ValueError(f"kept ids {kept} must be distinct special ids")
+        end_of_text = tuple(i for i in self.end_of_text_ids if i not in kept)
+        if not end_of_text:
+            end_of_text = self.end_of_text_ids
+            kept = [i for i in kept if i not in end_of_text]
+        return dataclasses.replace(self, kept_ids=tuple(kept), end_of_text_ids=end_of_text)
 
     def padded_to(self, rows: int) -> TeacherVocab:
         """This vocabulary extended to an output layer of ``rows`` rows (Qwen2.5 pads its layer
@@ -177,7 +196,7 @@ def vocab_from_tokenizer(tokenizer, *, name: str = "", end_of_text: list[str] | 
         special_ids=view.special_ids,
         end_of_text_ids=tuple(eot_ids),
         family=view.family,
-        prefix_ids=tuple(_prefix_ids(tokenizer, backend, view.special_by_name)),
+        prefix_ids=tuple(_prefix_ids(tokenizer, backend, view.special_by_name, view.templated)),
         name=name,
         adds_prefix_space=view.adds_prefix_space,
     )
@@ -193,6 +212,7 @@ class _ByteView:
     special_ids: tuple[int, ...]
     special_by_name: dict[str, int]
     adds_prefix_space: bool
+    templated: bool = False  # its post-processor has a template (it says what goes before a document)
 
 
 @functools.lru_cache(maxsize=4)
@@ -241,13 +261,16 @@ def _byte_view(spec_text: str, backend_size: int) -> _ByteView:
         special_ids=tuple(sorted(special_set)),
         special_by_name=by_name,
         adds_prefix_space=adds_dummy_prefix(spec),
+        templated=_has_template(spec.get("post_processor")),
     )
 
 
-def _prefix_ids(tokenizer, backend, special_by_name: dict[str, int]) -> list[int]:
+def _prefix_ids(tokenizer, backend, special_by_name: dict[str, int], templated: bool = False) -> list[int]:
     """Ids the teacher expects before a document: what the post-processor puts before a single
     sequence, else the BOS a ``transformers`` tokenizer adds, else Llama-3's ``<|begin_of_text|>``
-    for a bare ``tokenizer.json`` (whose BOS ``transformers`` adds from its config)."""
+    for a bare ``tokenizer.json`` (whose BOS ``transformers`` adds from its config) unless its
+    post-processor has a template (``templated``: the file says what goes before a document, as
+    the teacher tokenizer an export ships does, :func:`with_prefix_template`)."""
     with_special = backend.encode("a", add_special_tokens=True).ids
     without = backend.encode("a", add_special_tokens=False).ids
     for start in range(len(with_special) - len(without) + 1):
@@ -257,7 +280,42 @@ def _prefix_ids(tokenizer, backend, special_by_name: dict[str, int]) -> list[int
         bos = getattr(tokenizer, "bos_token_id", None)
         return [bos] if getattr(tokenizer, "add_bos_token", False) and bos is not None else []
     bos = special_by_name.get("<|begin_of_text|>")
-    return [bos] if bos is not None else []
+    return [bos] if bos is not None and not templated else []
+
+
+def _has_template(processor) -> bool:
+    """Whether a ``tokenizer.json`` post-processor (or one of a sequence of them) is a template."""
+    if not isinstance(processor, dict):
+        return False
+    if processor.get("type") == "Sequence":
+        return any(_has_template(p) for p in processor.get("processors") or [])
+    return processor.get("type") in ("TemplateProcessing", "BertProcessing", "RobertaProcessing")
+
+
+def with_prefix_template(spec: dict, prefix_ids: tuple[int, ...] | list[int]) -> dict | None:
+    """``spec`` (a ``tokenizer.json``) whose post-processor puts exactly ``prefix_ids`` before a
+    document (none: nothing), so that the file read alone names the prefix a teacher read; its
+    byte-level post-processor, if any, is kept. None if a prefix id has no name in the file."""
+    names = {i: piece for piece, i in _model_vocab(spec).items()} | {
+        token["id"]: token["content"] for token in spec.get("added_tokens", [])
+    }
+    if any(i not in names for i in prefix_ids):
+        return None
+    tokens = [names[i] for i in prefix_ids]
+    single = [{"SpecialToken": {"id": name, "type_id": 0}} for name in tokens]
+    single.append({"Sequence": {"id": "A", "type_id": 0}})
+    template = {
+        "type": "TemplateProcessing",
+        "single": single,
+        "pair": [*single, {"Sequence": {"id": "B", "type_id": 1}}],
+        "special_tokens": {name: {"id": name, "ids": [i], "tokens": [name]} for name, i in zip(tokens, prefix_ids)},
+    }
+    existing = spec.get("post_processor")
+    sequence = isinstance(existing, dict) and existing.get("type") == "Sequence"
+    members = (existing.get("processors") or []) if sequence else [existing]
+    byte_level = [p for p in members if isinstance(p, dict) and p.get("type") == "ByteLevel"]
+    processor = {"type": "Sequence", "processors": [*byte_level, template]} if byte_level else template
+    return {**spec, "post_processor": processor}
 
 
 def split_gguf_path(source: str | Path, gguf_file: str | None) -> tuple[str, str | None]:

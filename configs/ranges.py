@@ -32,10 +32,15 @@ class Range:
     def __str__(self) -> str:
         parts = []
         if self.low is not None:
-            parts.append(f"{'greater than' if self.low_open else 'at least'} {self.low:g}")
+            parts.append(f"{'greater than' if self.low_open else 'at least'} {_number(self.low)}")
         if self.high is not None:
-            parts.append(f"{'less than' if self.high_open else 'at most'} {self.high:g}")
+            parts.append(f"{'less than' if self.high_open else 'at most'} {_number(self.high)}")
         return " and ".join(parts)
+
+
+def _number(bound: float) -> str:
+    """A bound as written: an integer in full (4294967295, not 4.29497e+09), a fraction short."""
+    return str(int(bound)) if float(bound).is_integer() and abs(bound) < 1e18 else f"{bound:g}"
 
 
 def at_least(low: float) -> Range:
@@ -51,6 +56,7 @@ COUNT = at_least(1)  # a size or a count of something that must exist
 NON_NEGATIVE = at_least(0)  # 0 usually means "off" or "all" (the field's help says which)
 FRACTION = Range(0.0, 1.0)
 SEED = Range(0, 2**32 - 1)  # what numpy's seeding accepts
+LARGEST_INT = 2**63 - 1  # what an integer setting may be at most, whatever its range: a C long holds it
 
 
 def flag_name(field_name: str) -> str:
@@ -62,13 +68,16 @@ def range_problem(config_cls: type, values: dict[str, Any]) -> str | None:
     """The first numeric value outside its setting's ``range``, as a one-line message naming the
     flag (None if there is none); ``values`` by flat name. NaN and infinities are out of every
     range: a flag cannot give them, and a YAML file's ``.nan`` compares false with every bound
-    (``grad_clip: .nan`` would turn clipping off)."""
+    (``grad_clip: .nan`` would turn clipping off). So is an integer past 64 bits, which torch,
+    numpy and the standard library's C code cannot take (``num_layers: 1180591620717411303424``)."""
     for leaf in leaves(config_cls):
         allowed, value = leaf.field.metadata.get("range"), values.get(leaf.name)
         if allowed is None or value is None or isinstance(value, bool):
             continue
         if isinstance(value, float) and not math.isfinite(value):
             return f"{flag_name(leaf.name)} must be a finite number ({allowed}), got {value}"
+        if isinstance(value, int) and abs(value) > LARGEST_INT:
+            return f"{flag_name(leaf.name)} must be at most {LARGEST_INT} (a 64-bit integer), got {value}"
         if value not in allowed:
             return f"{flag_name(leaf.name)} must be {allowed}, got {value}"
     return None

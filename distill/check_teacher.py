@@ -2,7 +2,7 @@
 
 Loads the vocabulary, describes it (family, size, specials, end-of-text ids, prefix handling,
 output layer), checks that a model folder or GGUF file holds every weight of its model
-(:mod:`distill.teacher_weights`), encodes a built-in sample (multilingual text, code, literal special-token text,
+(:mod:`distill.teacher.weights`), encodes a built-in sample (multilingual text, code, literal special-token text,
 bytes that are not UTF-8) and checks that the token bytes give the sample back exactly, then
 converts random logits for the sample on both conversion paths and compares them with a brute
 force over the whole vocabulary (prefix tests on every id's bytes, independent of the trie) and
@@ -20,14 +20,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from bytestream.alphabet import ALPHABET_SIZE, EOS, EOT
-from bytestream.errors import UserError
+from common.errors import UserError
 from configs.ranges import SEED
-from distill.teacher_weights import describe_names, missing_weights
+from distill.teacher.weights import describe_names, missing_weights
 from logit_store.file_names import SKIP_LIST
 
 if TYPE_CHECKING:  # the tokenizer and the conversion are imported where they run: `--help` loads no torch
     from bytestream.vocab import TeacherVocab
-    from distill.convert import Converter
+    from distill.conversion.converter import Converter
 
 SAMPLE: dict[str, bytes] = {
     "english": b"The quick brown fox jumps over the lazy dog. It's 3.14, isn't it?",
@@ -123,8 +123,8 @@ class TeacherCheck:
 
 def check_teacher(config: CheckTeacherConfig) -> TeacherCheck:
     from bytestream.vocab import load_teacher_tokenizer, split_gguf_path, vocab_from_tokenizer
-    from distill.convert import Converter
-    from distill.encode import DocumentEncoder
+    from distill.conversion.converter import Converter
+    from distill.teacher.encode import DocumentEncoder
 
     tokenizer = load_teacher_tokenizer(config.teacher, config.gguf_file)
     vocab = vocab_from_tokenizer(tokenizer, name=config.teacher, end_of_text=config.end_of_text)

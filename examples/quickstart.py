@@ -120,7 +120,10 @@ def closing_table(work: Path, timings: dict[str, float]) -> str:
     rows = [
         (
             "store (train)",
-            f"{stats['size_on_disk']:,} bytes; shards {stats['shard_bytes_per_text_byte']:.1f} bytes per text byte",
+            (
+                f"{stats['size_on_disk']:,} bytes on disk; shards alone {stats['shard_bytes_per_text_byte']:.1f} "
+                "bytes per text byte"
+            ),
         ),
         ("teacher BPB (held-out)", f"{final['teacher_bpb']:.3f}"),
         ("student BPB (held-out)", f"{final['student_bpb']:.3f} (step 0: {evals[0]['student_bpb']:.3f})"),

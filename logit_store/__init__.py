@@ -3,7 +3,7 @@
 See ``logit_store/FORMAT.md`` for the on-disk format and ``docs/DESIGN.md``, "Store", for the motivation.
 
 The names below are imported from their modules when first used (``logit_store.LogitStore``), so
-that importing one light module of the package (``logit_store.encoding_names``, which a config's
+that importing one module of the package (``logit_store.encodings``, whose encoding names a config's
 choices read) loads no Numba and no reader.
 """
 
@@ -12,8 +12,8 @@ from __future__ import annotations
 import importlib
 
 _HOMES = {
-    "DEFAULT_ENCODING": "logit_store.encoding_names",
-    "ENCODINGS": "logit_store.encoding_names",
+    "DEFAULT_ENCODING": "logit_store.encodings",
+    "ENCODINGS": "logit_store.encodings",
     "get_encoding": "logit_store.encodings",
     "kl_bits_per_position": "logit_store.encodings",
     "FORMAT_VERSION": "logit_store.manifest",
@@ -21,6 +21,7 @@ _HOMES = {
     "MultiStore": "logit_store.multi",
     "StoredDocument": "logit_store.reader",
     "StoreWriter": "logit_store.writer",
+    "StoreIdentity": "logit_store.identity",
     "open_stores": "logit_store.multi",
     "store_content_hash": "logit_store.content_hash",
 }
@@ -31,6 +32,7 @@ __all__ = [  # each imported from its module on first use (__getattr__)
     "FORMAT_VERSION",
     "LogitStore",
     "MultiStore",
+    "StoreIdentity",
     "StoreWriter",
     "StoredDocument",
     "get_encoding",

@@ -14,8 +14,8 @@ from functools import cached_property
 
 import numpy as np
 
-from bytestream.errors import UserError
 from bytestream.stream import StreamLayout
+from common.errors import UserError
 from logit_store.encodings import Encoding
 
 
@@ -56,6 +56,7 @@ class EncodedDocument:
     text_bytes: int
     key: str | None
     layout: StreamLayout | None = None  # its stream layout, when decoding its values needed it (not stored)
+    roles: np.ndarray | None = None  # (P,) uint8: each target's role (version 4, a chat store)
 
     @property
     def num_positions(self) -> int:
@@ -68,6 +69,7 @@ class EncodedDocument:
             + self.position_bytes.size
             + 4 * len(self.dropped_mass)
             + len((self.key or "").encode())
+            + (0 if self.roles is None else len(self.roles))
         )
 
 
@@ -93,6 +95,8 @@ def build_chunk(
         dropped_planes,
         b"".join((d.key or "").encode("utf-8") for d in docs),
     ]
+    if version >= 4:  # a chat store: each target's role
+        parts.append(b"".join(np.asarray(d.roles, np.uint8).tobytes() for d in docs))
     return b"".join(parts)
 
 
@@ -106,6 +110,7 @@ class ChunkData:
     position_bytes: np.ndarray  # (P, j)
     dropped_mass: np.ndarray  # (T + n,) float32
     keys: bytes
+    roles: np.ndarray | None  # (P,) uint8 (version 4), else None
     token_start: np.ndarray  # (n+1,) cumulative counts per document in the chunk
     value_start: np.ndarray
     position_start: np.ndarray
@@ -123,6 +128,10 @@ class ChunkData:
     def tokens(self, d: int) -> np.ndarray:
         return self.token_ids[self.token_start[d] : self.token_start[d + 1]]
 
+    def document_roles(self, d: int) -> np.ndarray | None:
+        """Document ``d``'s role per target (a chat store's; None in any other), no value decoded."""
+        return None if self.roles is None else self.roles[self.position_start[d] : self.position_start[d + 1]]
+
     def document(self, d: int, text_bytes: int) -> EncodedDocument:
         t0, t1 = self.token_start[d], self.token_start[d + 1]
         key = None
@@ -136,6 +145,7 @@ class ChunkData:
             dropped_mass=self.dropped_mass[t0 + d : t1 + d + 1],
             text_bytes=int(text_bytes),
             key=key,
+            roles=None if self.roles is None else self.roles[self.position_start[d] : self.position_start[d + 1]],
         )
 
 
@@ -189,6 +199,9 @@ def parse_chunk(
         halves = unshuffle_planes(take(2 * (t + n), "dropped mass"), t + n, 2).view("<u2").reshape(-1)
         dropped = from_bfloat16(halves)
     keys = bytes(take(int(key_start[-1]), "keys"))
+    roles = np.frombuffer(take(p, "roles"), np.uint8) if version >= 4 else None
+    if roles is not None and len(roles) and int(roles.max()) > 3:
+        raise UserError(f"{where}: corrupt (a role above 3)")
     if at != len(raw):
         raise UserError(f"{where}: corrupt (its size does not match its documents)")
     return ChunkData(
@@ -197,6 +210,7 @@ def parse_chunk(
         position_bytes=positions,
         dropped_mass=dropped,
         keys=keys,
+        roles=roles,
         token_start=counts["tokens"],
         value_start=counts["values"],
         position_start=counts["positions"],

@@ -37,4 +37,6 @@ def store_content_hash(directory_or_store) -> str:
         for part in (d.token_ids.astype("<u4"), d.value_bytes, d.position_bytes, d.dropped_mass.astype("<f4")):
             h.update(np.ascontiguousarray(part).tobytes())
         h.update(key or b"")
+        if d.roles is not None:  # a chat store's roles (a store of plain text hashes as before)
+            h.update(np.ascontiguousarray(d.roles, np.uint8).tobytes())
     return h.hexdigest()

@@ -37,17 +37,23 @@ figures" keeps the table.
 
 from __future__ import annotations
 
+import functools
 import math
 import struct
+import threading
+from collections.abc import Callable
 from functools import cached_property
 
-import numba
 import numpy as np
 
 from bytestream.alphabet import FUSED_ALPHABET_SIZE
-from bytestream.errors import UserError
-from logit_store import rans
-from logit_store.encoding_names import DEFAULT_ENCODING, ENCODINGS  # noqa: F401 (re-exported)
+from common.errors import UserError
+
+# The encodings' names and the default: what a config's choices (``dump --encoding``) read. This
+# module loads Numba only when a kernel first runs (:func:`_kernel`), so importing it for these
+# names stays light.
+ENCODINGS = ("float16", "log8", "pow8", "pow8-ans", "pow12", "pow16")
+DEFAULT_ENCODING = "pow8-ans"
 
 _F16_ZERO = 2.0**-27  # a float16 that rounded to zero: somewhere in [0, 2**-25)
 _TAIL_STEP = 4.0  # tail mean code: round(-log2(mean) * 4), 1..255; 0 = no positive tail
@@ -216,12 +222,14 @@ class ContextCodedEncoding(PowerEncoding):
         size = len(layout.support)
         groups = np.empty(size, np.int16) if out is None else out[:size]  # < 2 × 3 × 515
         _context_groups(
-            layout.position_node, layout.offsets, layout.support, self.DEPTHS - 1, layout.alphabet_size, groups
+            layout.position_node, layout.offsets, layout.support, self.DEPTHS - 1, layout.base_alphabet_size, groups
         )
         return groups
 
     def pack_values(self, value_bytes, contexts):
         """``contexts`` (int16, :meth:`contexts`) are chained in place: the chunk's one such array."""
+        from logit_store import rans
+
         codes = value_bytes.reshape(-1)
         full, counts = rans.chained_contexts(contexts, 5, self.PREVIOUS, codes, self.num_contexts, out=contexts)
         used = np.flatnonzero(counts.sum(axis=1))
@@ -240,9 +248,12 @@ class ContextCodedEncoding(PowerEncoding):
             raise UserError(f"{where}: corrupt values ({exc})") from None
 
     def _unpack(self, packed: bytes, count: int, layouts: list) -> np.ndarray:
+        from logit_store import rans
+
         if sum(layout.num_values for layout in layouts) != count:
             raise ValueError(f"the documents' supports hold other than {count} values")
-        contexts = max((layout.alphabet_size for layout in layouts), default=0) * self.DEPTHS * 5  # its stream's
+        # numbered over its stream's own alphabet: a reserved symbol (at the root only) shares a number
+        contexts = max((layout.base_alphabet_size for layout in layouts), default=0) * self.DEPTHS * 5
         (num_used,) = struct.unpack_from("<I", packed, 0)
         at = 4 + 2 * num_used
         if num_used > contexts or at + 512 * num_used + 8 > len(packed):
@@ -267,7 +278,39 @@ class ContextCodedEncoding(PowerEncoding):
         return codes
 
 
-@numba.njit(cache=True, nogil=True)
+_KERNELS: dict[str, tuple[Callable, dict]] = {}  # name -> (Python function, numba.njit options)
+_COMPILING = threading.Lock()
+
+
+def _kernel(**options) -> Callable[[Callable], Callable]:
+    """Registers a module function as a Numba kernel (``numba.njit(**options)``). Until a kernel
+    first runs, its module name holds a stand-in; that first call imports Numba and puts every
+    registered kernel's dispatcher in its place (:func:`_compile_kernels`), so kernels calling
+    kernels find dispatchers."""
+
+    def register(func: Callable) -> Callable:
+        _KERNELS[func.__name__] = (func, options)
+
+        @functools.wraps(func)
+        def first_call(*args):
+            _compile_kernels()
+            return globals()[func.__name__](*args)
+
+        return first_call
+
+    return register
+
+
+def _compile_kernels() -> None:
+    with _COMPILING:
+        import numba
+
+        for name, (func, options) in _KERNELS.items():
+            if not isinstance(globals()[name], numba.core.dispatcher.Dispatcher):
+                globals()[name] = numba.njit(**options)(func)
+
+
+@_kernel(cache=True, nogil=True)
 def _context_groups(position_node, offsets, support, max_depth, alphabet_size, groups):
     start = 0  # the last token-start position (node 0); position 0 counts as one
     for p in range(len(offsets) - 1):
@@ -285,7 +328,7 @@ def _renormalise(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     return (values / np.repeat(sums, np.diff(offsets))).astype(np.float32)
 
 
-@numba.njit(cache=True, inline="always")
+@_kernel(cache=True, inline="always")
 def _tail_code(total, count):
     if count == 0 or total <= 0.0:
         return 0
@@ -293,7 +336,7 @@ def _tail_code(total, count):
     return min(max(code, 1), 255)
 
 
-@numba.njit(cache=True, nogil=True)
+@_kernel(cache=True, nogil=True)
 def _encode_log(values, offsets, step, codes, tails):
     for i in range(len(offsets) - 1):
         total, count = 0.0, 0
@@ -310,7 +353,7 @@ def _encode_log(values, offsets, step, codes, tails):
         tails[i] = _tail_code(total, count)
 
 
-@numba.njit(cache=True, nogil=True)
+@_kernel(cache=True, nogil=True)
 def _encode_pow(values, offsets, gamma, levels, codes, tails):
     # Below this, p**gamma * levels < 0.5 by a margin far beyond rounding error: code 0 without
     # the (costly) power, which most values of a byte distribution need.
@@ -329,7 +372,7 @@ def _encode_pow(values, offsets, gamma, levels, codes, tails):
         tails[i] = _tail_code(total, count)
 
 
-@numba.njit(cache=True, nogil=True)
+@_kernel(cache=True, nogil=True)
 def _decode_codes(codes, tails, offsets, table, out):
     """q = table[code] (code 0: the position's tail mean), renormalised per position."""
     lookup = table.copy()  # entry 0 is each position's tail in turn: no branch per value
@@ -349,7 +392,8 @@ def _decode_codes(codes, tails, offsets, table, out):
 
 
 def get_encoding(name: str, params: dict | None = None) -> Encoding:
-    """The encoding called ``name`` (``float16``, ``log8``, ``pow8``, ``pow12``, ``pow16``)."""
+    """The encoding called ``name``: one of :data:`ENCODINGS` (``float16``, ``log8``, ``pow8``, ``pow8-ans``,
+    the default, ``pow12``, ``pow16``)."""
     params = dict(params or {})
     try:
         if name == "float16":

@@ -9,7 +9,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from bytestream.errors import UserError
+from common.errors import UserError
+from common.files import read_regular
 from logit_store.file_names import COMPLETION_RECORD, SHARD
 from logit_store.manifest import write_atomic
 from logit_store.shard import ShardReader
@@ -40,7 +41,7 @@ def read_completion(directory: Path, writer_id: int) -> Completion | None:
     if not path.exists():
         return None
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(read_regular(path).decode("utf-8"))
         completion = Completion(int(data["writer_id"]), int(data["shards"]), int(data["documents"]))
     except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
         raise UserError(f"{path} is corrupt ({exc})") from None

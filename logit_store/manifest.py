@@ -7,14 +7,15 @@ import json
 import os
 from pathlib import Path
 
-from bytestream.errors import UserError
 from bytestream.stream_kind import StreamKind
+from common.errors import UserError
 from logit_store.file_names import MANIFEST, partial_name
 
 FORMAT_NAME = "bytedistill-logit-store"
 FORMAT_VERSION = 2  # what writers write for an <eot> store: the stream goes unnamed, as before
 STREAM_VERSION = 3  # what writers write for another stream: the manifest names it
-READABLE_VERSIONS = (1, 2, 3)
+CHAT_VERSION = 4  # a store with reserved symbols (conversations): roles per position in every chunk
+READABLE_VERSIONS = (1, 2, 3, 4)
 # manifest fields that must agree for a writer to append to an existing store; in format 2 every
 # shard records a hash of them, so an edited manifest is caught (``identity_hash``)
 IDENTITY_FIELDS = (
@@ -27,23 +28,36 @@ IDENTITY_FIELDS = (
     "settings",
     "encoding",
     "stream",
+    "reserved_symbols",
 )
 # identity fields that stores written before them lack: left out of the identity hash when absent,
-# so that those stores' shards still match their manifest (an <eot> store names no stream)
-LATER_FIELDS = ("teacher_hash", "stream")
+# so that those stores' shards still match their manifest (an <eot> store names no stream, a store
+# of plain text no reserved symbols)
+LATER_FIELDS = ("teacher_hash", "stream", "reserved_symbols")
 
 
-def format_version_of(stream: StreamKind) -> int:
-    """The version a writer writes for a store of ``stream``: the lowest that holds it."""
+def format_version_of(stream: StreamKind, chat: bool = False) -> int:
+    """The version a writer writes for a store of ``stream`` (``chat``: with reserved symbols and
+    roles): the lowest that holds it."""
+    if chat:
+        return CHAT_VERSION
     return FORMAT_VERSION if stream is StreamKind.EOT else STREAM_VERSION
 
 
-def stream_fields(stream: StreamKind) -> dict:
-    """The manifest fields that say the stream: none for an <eot> store (every store before
-    version 3 is one), ``stream`` for another."""
-    return {"format_version": format_version_of(stream)} | (
-        {} if stream is StreamKind.EOT else {"stream": stream.value}
+def stream_fields(stream: StreamKind, reserved_symbols: list[dict] | None = None) -> dict:
+    """The manifest fields that say the stream: none for an <eot> store of plain text (every store
+    before version 3 is one), ``stream`` for another; a chat store's ``reserved_symbols`` (each
+    ``{"text", "teacher_id"}``, in symbol order)."""
+    return (
+        {"format_version": format_version_of(stream, bool(reserved_symbols))}
+        | ({} if stream is StreamKind.EOT else {"stream": stream.value})
+        | ({"reserved_symbols": list(reserved_symbols)} if reserved_symbols else {})
     )
+
+
+def manifest_reserved_symbols(manifest: dict) -> list[dict]:
+    """A (read) manifest's reserved symbols, ``[{"text", "teacher_id"}, ...]`` ([] for plain text)."""
+    return list(manifest.get("reserved_symbols") or [])
 
 
 def manifest_stream(manifest: dict) -> StreamKind:
@@ -85,8 +99,18 @@ def read_manifest(directory: Path) -> dict:
         raise UserError(f"{path}: unknown store format version {version!r} (this reader knows {known})")
     stream = manifest.get("stream")
     named = {kind.value for kind in StreamKind if kind is not StreamKind.EOT}  # the streams a manifest names
-    if not (stream is None if version < STREAM_VERSION else isinstance(stream, str) and stream in named):
+    stream_ok = stream is None or (isinstance(stream, str) and stream in named)
+    if not (
+        stream is None if version < STREAM_VERSION else stream_ok and (stream is not None or version >= CHAT_VERSION)
+    ):
         raise UserError(f"{path}: corrupt manifest (stream {stream!r} in a version {version} store)")
+    reserved = manifest.get("reserved_symbols")
+    well_formed = isinstance(reserved, list) and all(
+        isinstance(r, dict) and isinstance(r.get("text"), str) and isinstance(r.get("teacher_id"), int)
+        for r in reserved
+    )
+    if (reserved is not None or version >= CHAT_VERSION) and not (version >= CHAT_VERSION and well_formed and reserved):
+        raise UserError(f"{path}: corrupt manifest (reserved_symbols {reserved!r} in a version {version} store)")
     if not isinstance(manifest.get("vocab_hash"), str):
         raise UserError(f"{path}: corrupt manifest (vocab_hash missing or not a string)")
     encoding = manifest.get("encoding")

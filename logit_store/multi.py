@@ -6,12 +6,13 @@ from pathlib import Path
 
 import numpy as np
 
-from bytestream.errors import UserError
 from bytestream.trie import VocabTrie
 from bytestream.vocab import TeacherVocab
+from common.errors import UserError
 from logit_store.chunk import EncodedDocument
 from logit_store.manifest import read_manifest
 from logit_store.reader import LogitStore, StoreBase, StoredDocument
+from logit_store.teachers import refuse_other_teachers
 
 
 class MultiStore(StoreBase):
@@ -32,6 +33,7 @@ class MultiStore(StoreBase):
                     f"stores {first.directory} and {other.directory} hold different streams "
                     f"({first.stream.shown} vs {other.stream.shown}); they cannot be read together"
                 )
+        refuse_other_teachers([(s.directory, s.manifest) for s in stores])
         self.stores = list(stores)
         self.vocab_hash = first.vocab_hash
         self.stream = first.stream
@@ -64,6 +66,14 @@ class MultiStore(StoreBase):
     def encoded_document(self, i: int) -> EncodedDocument:
         store, j = self._locate(i)
         return store.encoded_document(j)
+
+    def document_roles(self, i: int) -> np.ndarray | None:
+        store, j = self._locate(i)
+        return store.document_roles(j)
+
+    @property
+    def reserved_symbols(self) -> list[dict]:
+        return self.stores[0].reserved_symbols
 
     def chunk_spans(self) -> list[tuple[int, int]]:
         """(first document, number of documents) of every chunk of every store, in document order."""

@@ -15,7 +15,8 @@ import json
 import stat
 from pathlib import Path
 
-from bytestream.errors import UserError
+from common.errors import UserError
+from common.files import open_regular, read_regular
 from logit_store.file_names import MANIFEST, store_file_kind
 from logit_store.manifest import FORMAT_NAME
 from logit_store.shard import SHARD_MAGIC
@@ -56,7 +57,7 @@ def check_store_files(directory: Path) -> None:
 
 def _content_problem(path: Path, kind: str) -> str | None:
     """Why a file with a store's name does not hold what a writer writes there (None if it does)."""
-    with path.open("rb") as f:
+    with open_regular(path) as f:
         head = f.read(4096)
     if kind == "partial shard" and head and not head.startswith(SHARD_MAGIC[: len(head)]):
         return "does not begin as a shard"
@@ -86,8 +87,8 @@ def _json_object_with(text: bytes, key: str) -> bool:
 
 def _is_manifest(path: Path) -> bool:
     try:
-        value = json.loads(path.read_bytes())
-    except (OSError, ValueError, RecursionError):
+        value = json.loads(read_regular(path))
+    except (OSError, ValueError, RecursionError, UserError):
         return False
     return isinstance(value, dict) and value.get("format") == FORMAT_NAME
 

@@ -11,11 +11,12 @@ from pathlib import Path
 import numba
 import numpy as np
 
-from bytestream.errors import UserError
 from bytestream.stream import StreamLayout, target_values
 from bytestream.stream_kind import StreamKind
 from bytestream.trie import VocabTrie, build_trie
 from bytestream.vocab import TeacherVocab
+from common.errors import UserError
+from common.files import read_regular
 from logit_store.chunk import ChunkData, EncodedDocument
 from logit_store.encodings import get_encoding
 from logit_store.file_names import MANIFEST, SHARD, VOCAB_FILE
@@ -27,7 +28,7 @@ from logit_store.integrity import (
     shard_sequences,
     writer_states,
 )
-from logit_store.manifest import identity_hash, manifest_stream, read_manifest
+from logit_store.manifest import identity_hash, manifest_reserved_symbols, manifest_stream, read_manifest
 from logit_store.shard import ShardReader
 from logit_store.vocab_file import vocab_from_bytes
 
@@ -40,6 +41,7 @@ class StoredDocument:
     dropped_mass: np.ndarray  # (m+1,) float32
     text_bytes: int
     key: str | None
+    roles: np.ndarray | None = None  # (L−1,) uint8 per target: 0 template, 1 system, 2 user, 3 assistant (chat stores)
 
     @property
     def num_positions(self) -> int:
@@ -93,6 +95,10 @@ class StoreBase:
         raise NotImplementedError
 
     def document_tokens(self, i: int) -> np.ndarray:
+        raise NotImplementedError
+
+    def document_roles(self, i: int) -> np.ndarray | None:
+        """Document ``i``'s role per target (a chat store's), None for a store of plain text."""
         raise NotImplementedError
 
 
@@ -172,7 +178,7 @@ class LogitStore(StoreBase):
         path = self.directory / VOCAB_FILE
         if not path.is_file():
             raise UserError(f"{self.directory}: {VOCAB_FILE} is missing")
-        vocab = vocab_from_bytes(path.read_bytes(), str(path))
+        vocab = vocab_from_bytes(read_regular(path), str(path))
         if vocab.hash != self.vocab_hash:
             raise UserError(f"{path} does not match the manifest's vocab_hash (corrupt or replaced)")
         return vocab
@@ -229,6 +235,16 @@ class LogitStore(StoreBase):
         c = int(self.shards[s].docs[d]["chunk"])
         return self._chunk(s, c).tokens(d - int(self.shards[s].chunks[c]["first_doc"])).astype(np.int64)
 
+    def document_roles(self, i: int) -> np.ndarray | None:
+        s, d = self._locate(i)
+        c = int(self.shards[s].docs[d]["chunk"])
+        return self._chunk(s, c).document_roles(d - int(self.shards[s].chunks[c]["first_doc"]))
+
+    @property
+    def reserved_symbols(self) -> list[dict]:
+        """The manifest's reserved symbols, ``[{"text", "teacher_id"}, ...]`` ([] for plain text)."""
+        return manifest_reserved_symbols(self.manifest)
+
     def document(self, i: int) -> StoredDocument:
         enc = self.encoded_document(i)
         token_ids = enc.token_ids.astype(np.int64)
@@ -248,7 +264,7 @@ class LogitStore(StoreBase):
             values = self.encoding.decode(enc.value_bytes, enc.position_bytes, layout.offsets)
         except ValueError as exc:
             raise UserError(f"{where}: corrupt values ({exc})") from None
-        return StoredDocument(token_ids, layout, values, enc.dropped_mass.copy(), enc.text_bytes, enc.key)
+        return StoredDocument(token_ids, layout, values, enc.dropped_mass.copy(), enc.text_bytes, enc.key, enc.roles)
 
     def chunk_spans(self) -> list[tuple[int, int]]:
         """(first store document, number of documents) of every chunk, in document order."""

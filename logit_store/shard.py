@@ -25,7 +25,8 @@ from pathlib import Path
 import numpy as np
 import zstandard
 
-from bytestream.errors import UserError
+from common.errors import UserError
+from common.files import open_regular
 from logit_store.chunk import (
     ChunkData,
     EncodedDocument,
@@ -163,7 +164,7 @@ class ShardReader:
         self.encoding = encoding
         try:
             size = self.path.stat().st_size
-            with open(self.path, "rb") as handle:
+            with open_regular(self.path) as handle:
                 header = handle.read(HEADER_SIZE)
                 if size < HEADER_SIZE + TRAILER_SIZE:
                     raise UserError(f"shard {self.name} is truncated ({size} bytes, no room for its footer)")
@@ -237,7 +238,7 @@ class ShardReader:
         chunk = self.chunks[c]
         where = f"shard {self.name} chunk {c}"
         try:
-            with open(self.path, "rb") as handle:
+            with open_regular(self.path) as handle:
                 handle.seek(int(chunk["offset"]))
                 frame = handle.read(int(chunk["length"]))
         except OSError as exc:

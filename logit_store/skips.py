@@ -17,7 +17,8 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from bytestream.errors import UserError
+from common.errors import UserError
+from common.files import read_regular
 from logit_store.file_names import SKIP_LIST
 
 
@@ -73,7 +74,7 @@ def _read(path: Path, keep_partial: bool) -> list[Skip]:
     """The skips in ``path``; without ``keep_partial`` a last line cut by a crash is cut off the file."""
     if not path.exists():
         return []
-    data = path.read_bytes()
+    data = read_regular(path)
     complete = data[: data.rfind(b"\n") + 1]
     if not keep_partial and len(complete) < len(data):
         with path.open("r+b") as f:

@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bytestream.errors import UserError
+from common.errors import UserError
+from common.files import read_regular
 from logit_store.file_names import SOURCE_RECORD
 from logit_store.manifest import write_atomic
 
@@ -31,7 +32,7 @@ def read_source_record(directory: Path, writer_id: int) -> dict[str, str] | None
     if path.stat().st_size > MAX_RECORD_BYTES:
         raise UserError(f"{path} is corrupt ({path.stat().st_size:,} bytes, at most {MAX_RECORD_BYTES:,})")
     try:
-        data = json.loads(path.read_bytes())
+        data = json.loads(read_regular(path))
         pieces = data["pieces"]
         valid = data["writer_id"] == writer_id and all(isinstance(v, str) for v in pieces.values())
     except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:

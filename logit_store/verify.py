@@ -7,7 +7,7 @@ import time
 
 import numpy as np
 
-from bytestream.errors import UserError
+from common.errors import UserError
 from logit_store.reader import LogitStore
 
 

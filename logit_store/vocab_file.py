@@ -13,8 +13,8 @@ import struct
 import numpy as np
 import zstandard
 
-from bytestream.errors import UserError
 from bytestream.vocab import TeacherVocab
+from common.errors import UserError
 
 VOCAB_MAGIC = b"BDVOCAB\0"
 MAX_VOCAB_BODY = 64 << 20  # decompressed vocabulary bytes (Llama-3's is 1.6 MB)
@@ -34,7 +34,8 @@ def vocab_to_bytes(vocab: TeacherVocab) -> bytes:
             "end_of_text_ids": list(vocab.end_of_text_ids),
             "prefix_ids": list(vocab.prefix_ids),
             "adds_prefix_space": vocab.adds_prefix_space,
-        },
+        }
+        | ({"kept_ids": list(vocab.kept_ids)} if vocab.kept_ids else {}),
         sort_keys=True,
     ).encode()
     lengths = np.array([len(b) for b in vocab.token_bytes], dtype="<u4").tobytes()
@@ -91,6 +92,9 @@ def _parse_body(body: bytes) -> TeacherVocab:
     ids = [int(i) for key in ("special_ids", "end_of_text_ids", "prefix_ids") for i in header[key]]
     if any(not 0 <= i < size for i in ids):
         raise ValueError("a special id outside the vocabulary")
+    kept = tuple(int(i) for i in header.get("kept_ids", ()))
+    if any(i not in set(header["special_ids"]) for i in kept):
+        raise ValueError("a kept id that is not special")
     return TeacherVocab(
         token_bytes=token_bytes,
         special_ids=tuple(header["special_ids"]),
@@ -99,4 +103,5 @@ def _parse_body(body: bytes) -> TeacherVocab:
         prefix_ids=tuple(header["prefix_ids"]),
         name=str(header["name"]),
         adds_prefix_space=bool(header["adds_prefix_space"]),
+        kept_ids=kept,
     )

@@ -11,14 +11,14 @@ from typing import Self
 import numpy as np
 
 from bytestream.alphabet import EOT
-from bytestream.errors import UserError
 from bytestream.stream import StreamLayout, log_likelihood, target_values
 from bytestream.stream_kind import StreamKind
 from bytestream.trie import VocabTrie, build_trie
-from bytestream.vocab import TeacherVocab
+from common.errors import UserError
 from logit_store.chunk import EncodedDocument
-from logit_store.encodings import DEFAULT_ENCODING, Encoding, get_encoding
+from logit_store.encodings import Encoding, get_encoding
 from logit_store.file_names import MANIFEST, PARTIAL_SHARD, SHARD, VOCAB_FILE
+from logit_store.identity import StoreIdentity
 from logit_store.integrity import (
     Completion,
     check_sequence,
@@ -69,7 +69,7 @@ class DifferentStore(UserError):
 class StoreWriter:
     """Writes documents into ``directory`` as shards ``shard-<writer_id>-<seq>.bds``.
 
-    If the directory already holds a store with the same identity (vocabulary, teacher,
+    If the directory already holds a store with the same :class:`StoreIdentity` (vocabulary, teacher,
     tokenizer/corpus hashes, settings, encoding, stream), the writer resumes: complete shards of this
     ``writer_id`` are kept, its partial ``.tmp`` files are deleted, and
     :attr:`num_existing_documents` says how many of its documents are stored, so the caller
@@ -82,37 +82,32 @@ class StoreWriter:
     2 MiB, or 16 MiB for ``pow8-ans`` whose tables are per chunk). Both depend only on
     the documents, so an interrupted and resumed write gives the same shards.
 
-    ``stream`` is the stream its documents' values are over (every document's layout is of it);
-    an ``<eot>`` store is written as format version 2, another as version 3, which names it.
+    The identity's ``stream`` is the stream its documents' values are over (every document's layout
+    is of it); an ``<eot>`` store is written as format version 2, another as version 3, which names
+    it. Its ``reserved_symbols`` (``[{"text", "teacher_id"}, ...]``, the vocabulary's kept specials
+    in order) make a chat store, version 4: every document then comes with the role of each target.
     """
 
     def __init__(
         self,
         directory: str | Path,
-        vocab: TeacherVocab,
+        identity: StoreIdentity,
         *,
-        encoding: str | Encoding = DEFAULT_ENCODING,
-        encoding_params: dict | None = None,
-        teacher: str = "",
-        teacher_hash: str | None = None,
-        tokenizer_source: str | None = None,
-        settings: dict | None = None,
-        corpus_hash: str | None = None,
         source_pieces: dict[str, str] | None = None,
-        tokenizer_hash: str | None = None,
         writer_id: int = 0,
         docs_per_shard: int | None = None,
         shard_bytes: int = 1 << 30,
         chunk_bytes: int | None = None,
         compression_level: int = 9,
         trie: VocabTrie | None = None,
-        stream: StreamKind = StreamKind.EOT,
     ):
+        vocab, encoding, stream = identity.vocab, identity.encoding, identity.stream
+        reserved_symbols, settings = identity.reserved_symbols, identity.settings
         if not 0 <= writer_id <= 99999:
             raise UserError(f"writer id must be in 0..99999, got {writer_id}")
         self.directory = Path(directory)
         self.vocab = vocab
-        self.encoding = encoding if isinstance(encoding, Encoding) else get_encoding(encoding, encoding_params)
+        self.encoding = encoding if isinstance(encoding, Encoding) else get_encoding(encoding, identity.encoding_params)
         self.writer_id = int(writer_id)
         self.docs_per_shard = docs_per_shard
         self.shard_bytes = int(shard_bytes)
@@ -121,6 +116,9 @@ class StoreWriter:
         self._trie = trie
         self.stream = stream
         self.source_pieces = source_pieces
+        self.chat = bool(reserved_symbols)
+        if [r["teacher_id"] for r in reserved_symbols or []] != list(vocab.kept_ids):
+            raise ValueError("reserved_symbols must name the vocabulary's kept ids, in order")
         settings = dict(settings or {})
         try:
             json.dumps(settings, sort_keys=True)
@@ -128,14 +126,14 @@ class StoreWriter:
             raise UserError(f"store settings must be JSON-serialisable: {exc}") from None
         self.manifest = {
             "format": FORMAT_NAME,
-            **stream_fields(stream),
-            "teacher": teacher or vocab.name,
-            "teacher_hash": teacher_hash,
-            "tokenizer_source": _relative_to(tokenizer_source, self.directory),
+            **stream_fields(stream, reserved_symbols),
+            "teacher": identity.teacher or vocab.name,
+            "teacher_hash": identity.teacher_hash,
+            "tokenizer_source": _relative_to(identity.tokenizer_source, self.directory),
             "vocab_hash": vocab.hash,
             "vocab_size": vocab.size,
-            "tokenizer_hash": tokenizer_hash,
-            "corpus_hash": corpus_hash,
+            "tokenizer_hash": identity.tokenizer_hash,
+            "corpus_hash": identity.corpus_hash,
             "settings": json.loads(json.dumps(settings, sort_keys=True)),
             "settings_hash": settings_hash(settings),
             "encoding": self.encoding.describe(),
@@ -158,7 +156,7 @@ class StoreWriter:
         if manifest_path.exists():
             existing = read_manifest(self.directory)
             differ = [k for k in IDENTITY_FIELDS if existing.get(k) != self.manifest.get(k)]
-            if "stream" in differ and "format_version" in differ:  # the version follows the stream
+            if {"stream", "reserved_symbols"} & set(differ) and "format_version" in differ:  # the version follows
                 differ.remove("format_version")
             if differ:
                 detail = "; ".join(self._difference(k, existing) for k in differ)
@@ -204,9 +202,9 @@ class StoreWriter:
 
     # -- adding documents
     def add_distributions(
-        self, distributions, key: str | None = None, text_bytes: int | None = None, token_ids=None
+        self, distributions, key: str | None = None, text_bytes: int | None = None, token_ids=None, roles=None
     ) -> float:
-        """Add a :class:`distill.convert.DocumentDistributions`. Give ``token_ids`` when the
+        """Add a :class:`distill.conversion.converter.DocumentDistributions`. Give ``token_ids`` when the
         vocabulary has several ids with one byte string (else the lowest such id is stored).
         Returns the log-likelihood of the document under its values as a reader decodes them
         (what ``train`` and ``score`` read)."""
@@ -221,19 +219,22 @@ class StoreWriter:
                 raise ValueError("a fused-stream document needs its token_ids")
             token_ids = _token_ids_of_layout(layout, self.trie)
         token_ids = np.asarray(token_ids, dtype=np.int64)
-        return self._add(token_ids, distributions.values, distributions.dropped_mass, text_bytes, key, layout)
+        return self._add(token_ids, distributions.values, distributions.dropped_mass, text_bytes, key, layout, roles)
 
-    def add(self, token_ids, values, dropped_mass, text_bytes: int | None = None, key: str | None = None) -> None:
+    def add(
+        self, token_ids, values, dropped_mass, text_bytes: int | None = None, key: str | None = None, roles=None
+    ) -> None:
         """Add one document: teacher token ids (m,), exact values (S,) in support order, dropped
-        special mass (m+1,), its number of text bytes and an optional key."""
+        special mass (m+1,), its number of text bytes and an optional key; in a chat store the
+        role of each target (P,) (0 template, 1 system, 2 user, 3 assistant)."""
         token_ids = np.asarray(token_ids, dtype=np.int64)
         try:
             layout = self.stream.layout(self.trie, token_ids)
         except ValueError as exc:
             raise UserError(f"document {self.num_written} ({key or 'no key'}): {exc}") from None
-        self._add(token_ids, values, dropped_mass, text_bytes, key, layout)
+        self._add(token_ids, values, dropped_mass, text_bytes, key, layout, roles)
 
-    def _add(self, token_ids, values, dropped_mass, text_bytes, key, layout: StreamLayout) -> float:
+    def _add(self, token_ids, values, dropped_mass, text_bytes, key, layout: StreamLayout, roles=None) -> float:
         if self._closed:
             raise RuntimeError("StoreWriter is closed")
         if self._pending_bytes >= self.chunk_bytes:  # flushed now, when the caller's float64 values are gone
@@ -256,6 +257,15 @@ class StoreWriter:
             raise UserError(f"{where}: values must be finite probabilities")
         if not np.all(np.isfinite(dropped_mass)) or (len(dropped_mass) and dropped_mass.min() < 0):
             raise UserError(f"{where}: dropped mass must be finite and non-negative")
+        if self.chat != (roles is not None):
+            raise UserError(f"{where}: {'a chat store needs' if self.chat else 'a store of plain text takes no'} roles")
+        if roles is not None:
+            roles = np.asarray(roles)
+            if len(roles) != layout.num_positions or (
+                len(roles) and not 0 <= int(roles.min()) <= int(roles.max()) <= 3
+            ):
+                raise UserError(f"{where}: roles must be one of 0..3 per target ({layout.num_positions})")
+            roles = roles.astype(np.uint8)
         value_bytes, position_bytes = self.encoding.encode(values, offsets)
         stored_log_likelihood = self._stored_log_likelihood(value_bytes, position_bytes, layout)
         doc = EncodedDocument(
@@ -265,6 +275,7 @@ class StoreWriter:
             dropped_mass=dropped_mass.astype(np.float32),
             text_bytes=int(text_bytes),
             key=key,
+            roles=roles,
         )
         self._pending.append(doc)
         size = doc.raw_size()

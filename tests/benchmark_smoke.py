@@ -23,6 +23,9 @@ SMOKED_TRAINING = {
     "loading_paths": "summary: documented path",
     "patched": "summary: large-model steps per byte patched/flat",
     "fused": "summary: flat steps per text byte on the quickstart",
+    "serve": "per-step overhead at batch 1",
+    "on_policy": "summary: best on-policy run",
+    "chat": "summary: chat student (loss on assistant)",
 }
 SMOKED_DUMPING = {
     "convert": "ratio numba(sorted columns)/floor",

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import TypeVar
 
 from bytedistill.config import check_config_files, config_files_first, config_from_namespace, config_parser, error_line
-from bytestream.errors import UserError
+from common.errors import UserError
 
 T = TypeVar("T")
 

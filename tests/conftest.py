@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from bytestream.vocab import load_teacher_tokenizer, vocab_from_tokenizer
-from distill.convert import Converter
-from distill.encode import DocumentEncoder
+from distill.conversion.converter import Converter
+from distill.teacher.encode import DocumentEncoder
 
 # The inner loop, ``pytest -m "not slow"``, leaves out these tests too: each took 9 s or more
 # (``--durations=30`` of the not-slow set on the 2 shared cores). They stay in the full suite and in

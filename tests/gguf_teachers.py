@@ -35,8 +35,9 @@ def tensor_shapes(vocab_size: int) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def write_tiny_gguf(path: Path, keep=lambda name: True, seed: int = 0) -> Path:
-    """A tiny random Llama GGUF with SmolLM2's tokenizer, holding the tensors ``keep`` accepts."""
+def write_tiny_gguf(path: Path, keep=lambda name: True, seed: int = 0, chat_template: bool = False) -> Path:
+    """A tiny random Llama GGUF with SmolLM2's tokenizer, holding the tensors ``keep`` accepts
+    (with ``chat_template``, the bundled GGUF's chat template too)."""
     import gguf
 
     source = _smollm2_tokenizer()
@@ -62,6 +63,8 @@ def write_tiny_gguf(path: Path, keep=lambda name: True, seed: int = 0) -> Path:
     writer.add_eos_token_id(source["eos_token_id"])
     writer.add_unk_token_id(source["unknown_token_id"])
     writer.add_pad_token_id(source["padding_token_id"])
+    if chat_template:
+        writer.add_chat_template(smollm2_chat_template())
     rng = np.random.default_rng(seed)
     for name, shape in tensor_shapes(len(tokens)).items():
         if keep(name):
@@ -91,10 +94,16 @@ def _smollm2_tokenizer() -> dict:
 
     fields = gguf.GGUFReader(smollm2_gguf()).fields
     prefix = "tokenizer.ggml."
-    return {name[len(prefix) :]: field.contents() for name, field in fields.items() if name.startswith(prefix)}
+    out = {name[len(prefix) :]: field.contents() for name, field in fields.items() if name.startswith(prefix)}
+    return out | {"chat_template": fields["tokenizer.chat_template"].contents()}
 
 
 def _merged(merge: str) -> set[str]:
     """A merge's two parts and its result."""
     left, right = merge.split(" ", 1)
     return {left, right, left + right}
+
+
+def smollm2_chat_template() -> str:
+    """The bundled SmolLM2 GGUF's own chat template (its ``tokenizer.chat_template``)."""
+    return _smollm2_tokenizer()["chat_template"]

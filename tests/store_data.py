@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from bytestream.vocab import TeacherVocab
-from distill.convert import Converter
+from distill.conversion.converter import Converter
 
 MERGES = (b"th", b"the", b" the", b"in", b"ing", b" and", b"nd", b"e ", b"\xe2\x82\xac")
 TEXTS = (b"in the beginning", b"and the earth \xe2\x82\xac", b"x", b"thing and thing")

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from bytestream.stream_kind import StreamKind
-from logit_store import StoreWriter
+from logit_store import StoreIdentity, StoreWriter
 from tests.conftest import random_logits
 
 WORDS = [
@@ -41,12 +41,14 @@ def random_texts(count: int, seed: int, min_words: int = 4, max_words: int = 40)
 
 def write_random_store(directory: Path, vocab, converter, encoder, texts: list[bytes], seed: int = 0, **writer) -> Path:
     """A store of ``texts`` under random teacher logits (small chunks unless ``writer`` says otherwise),
-    of the stream ``writer`` names (``<eot>`` if it names none)."""
+    of the stream ``writer`` names (``<eot>`` if it names none); ``settings``, ``stream`` and
+    ``teacher_hash`` among ``writer`` are the store's identity, the rest the writer's own."""
     writer.setdefault("chunk_bytes", 3_000)
     writer.setdefault("docs_per_shard", 16)
-    fused = writer.get("stream") is StreamKind.FUSED
-    convert = converter.convert_fused_numba if fused else converter.convert_numba
-    with StoreWriter(directory, vocab, encoding="pow8", teacher="random-llama3", trie=converter.trie, **writer) as out:
+    named = {key: writer.pop(key) for key in ("settings", "stream", "teacher_hash") if key in writer}
+    identity = StoreIdentity(vocab, encoding="pow8", teacher="random-llama3", **named)
+    convert = converter.convert_fused_numba if identity.stream is StreamKind.FUSED else converter.convert_numba
+    with StoreWriter(directory, identity, trie=converter.trie, **writer) as out:
         for k, text in enumerate(texts):
             ids = encoder.encode(text)
             logits = random_logits(len(ids) + 1, vocab.size, seed=seed * 100_003 + k, peaked=k % 2 == 1)

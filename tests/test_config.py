@@ -13,9 +13,9 @@ import pytest
 
 from bytedistill.cli import COMMANDS, config_class
 from bytedistill.cli import main as cli_main
-from bytestream.errors import UserError
+from common.errors import UserError
 from configs.fields import leaves
-from distill.dump import DumpConfig
+from distill.dump.run import DumpConfig
 from students.training.trainer import TrainConfig
 from tests.configs import parse_config
 
@@ -58,7 +58,9 @@ def test_a_lone_value_for_a_list_field_is_a_one_item_list(tmp_path, capsys):
     assert "train_stores:\n- a\n" in capsys.readouterr().out
     path.write_text("teacher: t\ncorpus: c\noutput: o\nend-of-text: <|x|>\n")
     assert parse_config(DumpConfig, ["--config", str(path)]).end_of_text == ["<|x|>"]
-    path.write_text("train_stores: 5\noutput_dir: o\n")
+    path.write_text("train_stores: 5\noutput_dir: o\nmax_steps: 5\n")  # a text setting's value is its text
+    assert parse_config(TrainConfig, ["--config", str(path)]).train_stores == ["5"]
+    path.write_text("train_stores: {a: 1}\noutput_dir: o\n")
     with pytest.raises(UserError, match="train_stores"):
         parse_config(TrainConfig, ["--config", str(path)])
 

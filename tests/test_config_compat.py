@@ -63,6 +63,18 @@ CASES: dict[str, tuple[str, str]] = {
         "dump",
         f"--teacher {GGUF} --corpus corpus/kjv.jsonl --output stores/train --subset train --heldout-fraction 0.01",
     ),
+    "readme dump chat": ("dump", f"--teacher {GGUF} --corpus chats.jsonl --output stores/chat --chat"),
+    "readme dump chat respond": (
+        "dump",
+        (
+            f"--teacher {GGUF} --corpus questions.jsonl --output stores/chat-pairs --chat --prompt-field prompt "
+            "--respond --respond-tokens 256"
+        ),
+    ),
+    "readme dump chat template": (
+        "dump",
+        "--teacher path/to/llama3-instruct --corpus chats.jsonl --output stores/llama --chat --chat-template llama3.jinja",
+    ),
     "readme inspect": ("inspect", "stores/train"),
     "readme verify": ("verify", "stores/train"),
     "readme train": (
@@ -70,6 +82,14 @@ CASES: dict[str, tuple[str, str]] = {
         (
             "--train-stores stores/train --eval-store stores/heldout --output-dir runs/student --preset small "
             "--seq-len 256 --batch-size 16 --max-steps 500 --alpha 0.95 --eval-every 50 --resume latest"
+        ),
+    ),
+    "readme train on-policy": (
+        "train",
+        (
+            "--train-stores runs/quickstart/store/train --eval-store runs/quickstart/store/heldout "
+            "--output-dir runs/on-policy --seq-len 256 --max-steps 300 --alpha 0.9 --on-policy 0.5 --on-policy-beta 1 "
+            f"--teacher {GGUF}"
         ),
     ),
     "readme train patched": (
@@ -86,6 +106,11 @@ CASES: dict[str, tuple[str, str]] = {
     "readme generate": (
         "generate",
         "models/byte-student --prompt 'And God said, ' --max-new-bytes 200 --top-k 50",
+    ),
+    "readme chat": ("chat", "runs/chat/model --system 'You are a helpful assistant.' --greedy"),
+    "readme generate chat": (
+        "generate",
+        "runs/chat/model --chat --prompts-file questions.txt --max-new-bytes 400 --greedy",
     ),
     "readme score": ("score", "models/byte-student stores/heldout my_text.txt more.jsonl"),
     "readme score packed false": ("score", "models/byte-student stores/heldout --packed false"),
@@ -108,8 +133,10 @@ CASES: dict[str, tuple[str, str]] = {
     "defaults train": ("train", "--train-stores s --output-dir o --max-steps 5"),
     "defaults export": ("export", "c o"),
     "defaults generate": ("generate", "m"),
+    "defaults chat": ("chat", "m"),
     "defaults score": ("score", "m s"),
     "defaults push": ("push", "f r"),
+    "defaults serve": ("serve", "m"),
     # every flag set to a value other than its default
     "all check-teacher": ("check-teacher", "t --gguf-file g.gguf --end-of-text '<|a|>' '<|b|>' --seed 7"),
     "all dump": (
@@ -120,7 +147,9 @@ CASES: dict[str, tuple[str, str]] = {
             "--subset heldout --heldout-fraction 0.25 --max-docs 11 --max-bytes 12345 --max-length 128 --stride 32 "
             "--batch-tokens 1024 --group-tokens 2048 --head-rows 64 --stream fused --conversion torch --writers 3 --device cpu "
             "--dtype bfloat16 --encoding pow12 --chunk-bytes 4096 --docs-per-shard 5 --num-shards 4 --shard-index 2 "
-            "--threads 2 --progress false --strict --max-document-bytes 999 --verbose"
+            "--threads 2 --progress false --strict --max-document-bytes 999 --verbose --chat --messages-field conv "
+            "--prompt-field q --answer-field a --chat-template t.jinja --respond --respond-tokens 64 "
+            "--respond-temperature 0.7 --respond-seed 3"
         ),
     ),
     "all inspect": ("inspect", "s --json"),
@@ -135,7 +164,8 @@ CASES: dict[str, tuple[str, str]] = {
             "--weight-decay 0.01 --grad-clip 0.5 --max-steps 50 --max-train-bytes 100000 --stop-at-step 20 "
             "--alpha 0.5 --temperature 2 --eval-every 5 --eval-bytes 1000 --checkpoint-every 10 "
             "--keep-checkpoints 2 --log-every 2 --log-dir logs --wandb-project p --progress false --seed 9 "
-            "--mixed-precision bf16 --resume latest --allow-partial"
+            "--mixed-precision bf16 --resume latest --allow-partial --loss-on all --on-policy 0.5 --on-policy-beta 1 "
+            "--on-policy-temperature 0.7 --on-policy-bytes 8 --teacher t.gguf --teacher-device cpu"
         ),
     ),
     "all train overwrite": ("train", "--train-stores s --output-dir o --max-steps 5 --overwrite"),
@@ -147,9 +177,21 @@ CASES: dict[str, tuple[str, str]] = {
         "generate",
         (
             "m --prompt hi there --prompt again --prompts-file prompts.txt --max-new-bytes 10 --temperature 0.5 "
-            "--top-k 5 --top-p 0.9 --greedy --seed 3 --compile"
+            "--top-k 5 --top-p 0.9 --greedy --seed 3 --compile --chat --system 'Be brief.' --output-format jsonl"
         ),
     ),
+    "all chat": (
+        "chat",
+        "m --system 'Be brief.' --max-new-bytes 10 --temperature 0.5 --top-k 5 --top-p 0.9 --greedy --seed 3 --compile",
+    ),
+    "all serve": (
+        "serve",
+        (
+            "m --host 0.0.0.0 --port 9001 --api-key k --model-name tiny --slots 4 --max-queue 9 --max-prompt-bytes 100 "
+            "--max-tokens-limit 64 --default-max-tokens 32 --compile --device cuda"
+        ),
+    ),
+    "readme serve": ("serve", "runs/quickstart/model --port 8000 --slots 8"),
     "all score": (
         "score",
         (
@@ -171,6 +213,7 @@ ERRORS: dict[str, tuple[str, str]] = {
     "train lr not positive": ("train", "--train-stores s --output-dir o --max-steps 5 --lr -0.001"),
     "train seq_len below 2": ("train", "--train-stores s --output-dir o --max-steps 5 --seq-len 1"),
     "train alpha above 1": ("train", "--train-stores s --output-dir o --max-steps 5 --alpha 1.5"),
+    "train on_policy above 1": ("train", "--train-stores s --output-dir o --max-steps 5 --on-policy 1.5"),
     "train seed too large": ("train", "--train-stores s --output-dir o --max-steps 5 --seed 4294967296"),
     "train num_workers negative": ("train", "--train-stores s --output-dir o --max-steps 5 --num-workers -1"),
     "train local_window zero": ("train", "--train-stores s --output-dir o --max-steps 5 --local-window 0"),
@@ -193,6 +236,8 @@ ERRORS: dict[str, tuple[str, str]] = {
     "train unknown flag": ("train", "--train-stores s --output-dir o --max-steps 5 --learning-rate 1"),
     "train missing output": ("train", "--train-stores s --max-steps 5"),
     "dump heldout_fraction above 1": ("dump", "--teacher t --corpus c --output o --heldout-fraction 2"),
+    "serve slots zero": ("serve", "m --slots 0"),
+    "serve port out of range": ("serve", "m --port 70000"),
     "dump max_docs zero": ("dump", "--teacher t --corpus c --output o --max-docs 0"),
     "dump stride negative": ("dump", "--teacher t --corpus c --output o --stride -1"),
     "dump writers zero": ("dump", "--teacher t --corpus c --output o --writers 0"),

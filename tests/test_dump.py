@@ -16,7 +16,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from bytedistill.cli import main as cli_main
-from distill.windows import plan_windows
+from distill.teacher.windows import plan_windows
 from logit_store import LogitStore, store_content_hash
 from tests.gguf_teachers import save_small_teacher, write_tiny_gguf
 from tests.kill import kill_after_shards, start_bytedistill
@@ -152,7 +152,7 @@ def test_killed_dump_resumes_to_the_same_store(conversion, small_teacher, tmp_pa
     assert store_content_hash(killed) == store_content_hash(whole)
     # the resumed run's size figure covers the whole store, not only the documents it added
     stats = LogitStore(killed).stats()
-    assert f"({stats['shard_bytes_per_text_byte']:.2f} per text byte)" in resumed
+    assert f"({stats['shard_bytes_per_text_byte']:.2f} per text byte;" in resumed
 
 
 @pytest.mark.slow
@@ -284,7 +284,7 @@ def test_jsonl_and_parquet_corpora(small_teacher, tmp_path, capsys):
 
 
 def test_corpus_fingerprint_follows_content_not_location(corpus_dir, tmp_path, monkeypatch):
-    from distill.corpus import CorpusSpec, corpus_fingerprint
+    from distill.corpus.spec import CorpusSpec, corpus_fingerprint
 
     moved = tmp_path / "moved"
     moved.mkdir()
@@ -405,7 +405,7 @@ def test_writer_failure_ends_the_dump_in_one_line(small_teacher, tmp_path):
 
 
 def test_second_dump_on_the_same_writer_is_refused(small_teacher, corpus_dir, tmp_path, capsys):
-    from distill.sharding import WriterLock
+    from distill.dump.sharding import WriterLock
 
     out = tmp_path / "store"
     with WriterLock(out, 0):
@@ -469,7 +469,7 @@ def test_a_gguf_teacher_is_parsed_once_per_load_into_the_weights_transformers_lo
     own load of the file gives."""
     import gguf
 
-    from distill.teacher import load_teacher
+    from distill.teacher.model import load_teacher
 
     path = write_tiny_gguf(tmp_path / "tiny.gguf")
     parsed, original = [], gguf.GGUFReader
@@ -490,7 +490,7 @@ def test_a_gguf_teacher_is_parsed_once_per_load_into_the_weights_transformers_lo
 def test_a_hub_teacher_is_named_by_the_revision_it_loaded(tmp_path):
     """A Hub id's identity is the revision its files were read at (the cache's snapshot), so a
     resume after the id's revision moved is refused; a local teacher's is its files' hash."""
-    from distill.teacher_identity import hub_revision, weights_hash
+    from distill.teacher.identity import hub_revision, weights_hash
 
     sha = "0123456789abcdef0123456789abcdef01234567"
     repo = tmp_path / "hub" / "models--someone--teacher"

@@ -11,8 +11,8 @@ from transformers import AutoModelForCausalLM
 
 from bytedistill.cli import main as cli_main
 from bytestream.stream_kind import StreamKind
-from distill.convert import Converter
-from distill.windows import plan_windows
+from distill.conversion.converter import Converter
+from distill.teacher.windows import plan_windows
 from logit_store import LogitStore
 from logit_store.manifest import read_manifest
 from tests.teachers import dump_args

@@ -163,7 +163,7 @@ def test_a_skip_line_cut_by_a_crash_is_dropped(tmp_path):
 def test_linked_folders_are_read_and_a_link_loop_is_named(tmp_path):
     """A link to a folder is followed as a link to a file is (its files keyed through the link); a
     link back to a folder on its own path is a loop, named, not followed; neither is silent."""
-    from distill.corpus_files import list_corpus
+    from distill.corpus.files import list_corpus
 
     outside = tmp_path / "outside"
     (outside / "deeper").mkdir(parents=True)

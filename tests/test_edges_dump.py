@@ -15,7 +15,7 @@ import zstandard
 from safetensors.torch import load_file, save_file
 
 from bytestream.stream_kind import StreamKind
-from logit_store import StoreWriter
+from logit_store import StoreIdentity, StoreWriter
 from tests.edges import Edge, check_edge
 from tests.gguf_teachers import save_small_teacher, write_tiny_gguf
 from tests.store_data import tiny_vocab
@@ -31,6 +31,7 @@ def teachers(tmp_path_factory):
     holding only the embedding, a saved transformers folder and a copy of it without its MLPs."""
     root = tmp_path_factory.mktemp("edge-teachers")
     TEACHERS["gguf"] = write_tiny_gguf(root / "tiny.gguf")
+    TEACHERS["chat.gguf"] = write_tiny_gguf(root / "chat.gguf", chat_template=True)
     TEACHERS["embedding-only.gguf"] = write_tiny_gguf(root / "embedding-only.gguf", lambda n: n == "token_embd.weight")
     TEACHERS["small"] = save_small_teacher(root / "small", TEACHERS["gguf"])
     TEACHERS["no-mlp"] = _without_tensors(TEACHERS["small"], root / "no-mlp", "mlp")
@@ -71,7 +72,7 @@ def store_with_file(name: str, data: bytes):
 
     def setup(tmp: Path) -> None:
         corpus(tmp)
-        StoreWriter(tmp / "out", tiny_vocab()).close()
+        StoreWriter(tmp / "out", StoreIdentity(tiny_vocab())).close()
         (tmp / "out" / name).write_bytes(data)
 
     return setup
@@ -156,6 +157,12 @@ def dumped(*extra: str):
     return setup
 
 
+def dumped_then_corpus_grew(tmp: Path) -> None:
+    """A finished dump of the corpus, then a document added to the corpus (another corpus)."""
+    dumped()(tmp)
+    (tmp / "corpus" / "c.txt").write_bytes(b"And darkness was upon the face of the deep.")
+
+
 def dumped_then_weights_changed(kind: str):
     """Setup: a finished dump by a teacher copied into the folder (a saved folder, or a GGUF file),
     then that teacher's weights changed at the same path (same names, same sizes)."""
@@ -185,6 +192,27 @@ def dump(teacher: str, *extra: str, corpus_arg: str = "{tmp}/corpus", output: st
     return ["dump", "--teacher", f"{{teacher:{teacher}}}", "--corpus", corpus_arg, "--output", output, *SMALL, *extra]
 
 
+def chats(*messages_lists, template: str | None = None):
+    """Setup: ``chats.jsonl``, one conversation per line (and a chat template file ``t.jinja``)."""
+
+    def setup(tmp: Path) -> None:
+        lines = "".join(json.dumps({"messages": m}) + "\n" for m in messages_lists)
+        (tmp / "chats.jsonl").write_text(lines)
+        if template is not None:
+            (tmp / "t.jinja").write_text(template)
+
+    return setup
+
+
+CHATML = "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endfor %}"
+NO_SYSTEM = "{% if messages[0]['role'] == 'system' %}{{ raise_exception('no system messages') }}{% endif %}" + CHATML
+EXCHANGE = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+
+
+def chat(*extra: str) -> list[str]:
+    return dump("chat.gguf", "--chat", *extra, corpus_arg="{tmp}/chats.jsonl")
+
+
 DEEP = "[" * 100_000 + "]" * 100_000  # deeper than Python's recursion limit
 
 
@@ -193,14 +221,14 @@ def deep_jsonl(tmp: Path) -> None:
 
 
 def store_with_deep_manifest(tmp: Path) -> None:
-    StoreWriter(tmp / "out", tiny_vocab()).close()
+    StoreWriter(tmp / "out", StoreIdentity(tiny_vocab())).close()
     (tmp / "out" / "manifest.json").write_text(DEEP)
 
 
 def one_line_too_long(tmp: Path) -> None:
     """A .jsonl of one document whose values could not wait in this machine's memory (its size
     follows the machine: the dump's own estimate, 4.7 KB a token, is over the memory it has)."""
-    from distill import dump_memory
+    from distill.dump import memory as dump_memory
 
     per_token = dump_memory.TOKEN_COSTS[StreamKind.EOT].waiting_bytes
     size = int(dump_memory.capacity(torch.device("cpu")) / per_token * dump_memory.BYTES_PER_TOKEN * 1.2)
@@ -224,6 +252,58 @@ def cuda_row():
 
 
 EDGES = [
+    Edge(
+        "--chat, a teacher without a chat template",
+        dump("gguf", "--chat", corpus_arg="{tmp}/chats.jsonl"),
+        "the teacher's tokenizer has no chat template: give one with --chat-template FILE",
+        chats(EXCHANGE),
+    ),
+    Edge(
+        "--chat-template file missing",
+        chat("--chat-template", "{tmp}/none.jinja"),
+        "none.jinja: no such file",
+        chats(EXCHANGE),
+    ),
+    Edge(
+        "--respond without --chat",
+        dump("chat.gguf", "--respond"),
+        "--respond, --chat-template and --prompt-field read conversations: add --chat",
+        corpus,
+    ),
+    Edge(
+        "a chat template that renders no conversation",
+        chat("--chat-template", "{tmp}/t.jinja"),
+        "the chat template renders none of the probe conversations",
+        chats(EXCHANGE, template="{{ raise_exception('never') }}"),
+    ),
+    Edge(
+        "conversation without a role, --strict",
+        chat("--strict"),
+        "document chats.jsonl@0: message 1 has no role (without --strict it is skipped and listed)",
+        chats([{"content": "hi"}]),
+        creates_ok=True,
+    ),
+    Edge(
+        "conversation content not text, --strict",
+        chat("--strict"),
+        "document chats.jsonl@0: message 2's content is dict, not text",
+        chats([EXCHANGE[0], {"role": "assistant", "content": {"text": "hello"}}]),
+        creates_ok=True,
+    ),
+    Edge(
+        "a chat template that raises on a conversation, --strict",
+        chat("--strict", "--chat-template", "{tmp}/t.jinja"),
+        "document chats.jsonl@0: the chat template refuses it: no system messages",
+        chats([{"role": "system", "content": "be brief"}, *EXCHANGE], template=NO_SYSTEM),
+        creates_ok=True,
+    ),
+    Edge(
+        "records without the messages field",
+        dump("chat.gguf", "--chat", corpus_arg="{tmp}/text.jsonl"),
+        "text.jsonl:1: no field 'messages' (fields: text); use --messages-field, or --prompt-field for prompt/answer pairs",
+        lambda tmp: (tmp / "text.jsonl").write_text('{"text": "hi"}\n'),
+        creates_ok=True,
+    ),
     # its lock files are never reached through a link
     Edge("writer lock symlinked outside", dump("small"), ".writer-00000.lock is a symbolic link", lock_linked_outside),
     Edge(
@@ -260,6 +340,13 @@ EDGES = [
         dump("small"),
         "writer 0 stored documents of another corpus (it kept no record of it)",
         dumped_without_source_record,
+    ),
+    # a store of another corpus holding finished documents: refused before the teacher loads (here: none to load)
+    Edge(
+        "store of another corpus, before the teacher loads",
+        ["dump", "--teacher", "{tmp}/no-teacher", "--corpus", "{tmp}/corpus", "--output", "{tmp}/out", *SMALL],
+        "(corpus_hash differ): corpus_hash: store has ",
+        dumped_then_corpus_grew,
     ),
     # a store holds one stream: its rows of the other cannot be derived from them
     Edge(
@@ -417,7 +504,7 @@ def _teacher_path(arg: str) -> str:
 def test_missing_weights_are_found_before_the_model_is_allocated():
     """The check reads the folder on ``meta`` (no memory for weights); a failing meta load would
     hide the gap until the full load (transformers' hub kernels refused ``meta``)."""
-    from distill.teacher_weights import missing_weights
+    from distill.teacher.weights import missing_weights
 
     assert missing_weights(str(TEACHERS["small"])) == []
     missing = missing_weights(str(TEACHERS["no-mlp"]))

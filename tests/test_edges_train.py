@@ -55,11 +55,18 @@ def built(tmp_path_factory, llama3_vocab, llama3_converter, llama3_encoder, llam
     half = write_random_store(
         root / "half", llama3_vocab, llama3_converter, llama3_encoder, random_texts(4, 2), settings={"writers": 2}
     )
-    # a store of the fused stream, which no student reads yet
+    # a store of the fused stream: refused by an <eot> student, mixed with the <eot> store refused by any
     fused = write_random_store(
         root / "fused", llama3_vocab, llama3_converter, llama3_encoder, random_texts(4, 3), stream=StreamKind.FUSED
     )
-    BUILT.update(store=store, run=root / "run", model=root / "model", half=half, fused=fused)
+    # two small stores of one vocabulary dumped from two teachers (their weights hashes differ)
+    teachers = {
+        name: write_random_store(
+            root / name, llama3_vocab, llama3_converter, llama3_encoder, random_texts(4, 4), teacher_hash=digest
+        )
+        for name, digest in [("teacher_a", "sha256:" + "a" * 64), ("teacher_b", "sha256:" + "b" * 64)]
+    }
+    BUILT.update(store=store, run=root / "run", model=root / "model", half=half, fused=fused, **teachers)
     yield BUILT
     BUILT.clear()
 
@@ -91,6 +98,29 @@ def half_store(tmp: Path) -> None:
 
 def fused_store(tmp: Path) -> None:
     shutil.copytree(BUILT["fused"], tmp / "train")
+
+
+def two_teachers(tmp: Path) -> None:
+    """The stores of teacher A as ``a``, of teacher B (same vocabulary, other weights) as ``b``."""
+    shutil.copytree(BUILT["teacher_a"], tmp / "a")
+    shutil.copytree(BUILT["teacher_b"], tmp / "b")
+
+
+def truncated_store(tmp: Path) -> None:
+    """The store with its shard cut short: refused once the run has claimed its folder."""
+    with_store(tmp)
+    shard = next((tmp / "train").glob("shard-*.bds"))
+    shard.write_bytes(shard.read_bytes()[:100])
+
+
+def fifo_in_store(name: str) -> typing.Callable[[Path], None]:
+    """The store with a FIFO at ``name`` (a shard's or a record's name): opening it would wait for a writer."""
+
+    def setup(tmp: Path) -> None:
+        with_store(tmp)
+        os.mkfifo(tmp / "train" / name)
+
+    return setup
 
 
 def both_streams(tmp: Path) -> None:
@@ -226,7 +256,22 @@ BAD_CONFIGS = {
     "tab": ("tab.yaml", b"lr: 1e-3\n\tseed: 1\n", "tab.yaml: not valid YAML or JSON (line 2, column 1: found a tab"),
     "not-utf8": ("latin1.yaml", b"teacher: caf\xe9\n", "latin1.yaml: not UTF-8 text (byte 12)"),
     "json": ("bad.json", b'{"lr": 1e-3,', "bad.json: not valid YAML or JSON"),
+    # a billion laughs in 342 bytes: nine lists of nine aliases, nine deep, before anything is built
+    "alias-bomb": (
+        "laughs.yaml",
+        (
+            'a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]\n'
+            + "".join(f"{chr(98 + i)}: &{chr(98 + i)} [{','.join(['*' + chr(97 + i)] * 9)}]\n" for i in range(8))
+        ).encode(),
+        "laughs.yaml: refused: its aliases expand to more than 100,000 values",
+    ),
+    "alias-loop": (
+        "loop.yaml",
+        b"train_stores: &a [*a]\n",
+        "loop.yaml: refused: an alias refers to a value that holds it",
+    ),
 }
+HUGE = str(2**70)  # past 64 bits
 
 EDGES = [
     # ranges, checked when parsed: nothing is loaded, nothing written
@@ -234,6 +279,52 @@ EDGES = [
     Edge("generate-temperature-0", ["generate", "m", "--temperature", "0"], "--temperature must be greater than 0"),
     Edge("generate-top-k-negative", ["generate", "m", "--top-k", "-1"], "--top-k must be at least 0, got -1"),
     Edge("generate-top-p-0", ["generate", "m", "--top-p", "0"], "--top-p must be greater than 0 and at most 1"),
+    # sizes without bounds: refused in one line naming the setting, before anything is built or written
+    *[
+        Edge(
+            f"train-{flag}-past-64-bits",
+            [*TRAIN, "--max-steps", "1", f"--{flag}", HUGE],
+            f"--{flag} must be at most 9223372036854775807 (a 64-bit integer), got {HUGE}",
+        )
+        for flag in ("num-layers", "seq-len", "batch-size", "grad-accum", "hidden-size")
+    ],
+    Edge(
+        "train-grad-accum-past-64-bits-in-file",
+        [*TRAIN, "--max-steps", "1", "--config", "{tmp}/c.yaml"],
+        f"--grad-accum must be at most 9223372036854775807 (a 64-bit integer), got {HUGE}",
+        setup=written("c.yaml", f"grad_accum: {HUGE}\n".encode()),
+    ),
+    *[
+        Edge(
+            f"train-{flag}-past-memory",
+            [*TRAIN, "--max-steps", "1", f"--{flag}", value],
+            f"lower --{flag} ({value})",
+            setup=with_store,
+        )
+        for flag, value in (
+            ("seq-len", "10000000000"),
+            ("batch-size", "10000000000"),
+            ("hidden-size", "1000000"),
+            ("num-layers", "10000000"),
+        )
+    ],
+    Edge(
+        "generate-max-new-bytes-past-memory",
+        ["generate", "{tmp}/model", "--max-new-bytes", "9223372036854775807"],
+        "--max-new-bytes 9223372036854775807 for 1 prompt would hold about 2.21e+20 bytes while generating",
+        setup=with_model,
+    ),
+    Edge(
+        "generate-max-new-bytes-past-64-bits",
+        ["generate", "m", "--max-new-bytes", str(2**63)],
+        f"--max-new-bytes must be at most 9223372036854775807 (a 64-bit integer), got {2**63}",
+    ),
+    Edge(
+        "generate-prompts-file-of-empty-lines",
+        ["generate", "{tmp}/model", "--prompts-file", "{tmp}/p.txt"],
+        "p.txt holds no prompt",
+        setup=written("p.txt", b"\n\r\n\n", with_model),
+    ),
     Edge(
         "dump-max-docs-negative",
         ["dump", "--teacher", "t", "--corpus", "c", "--output", "o", "--max-docs", "-1"],
@@ -356,6 +447,47 @@ EDGES = [
         [*TRAIN, "--max-steps", "1", "--eval-store", "{tmp}/fused"],
         "/fused (fused stream) hold different streams",
         setup=both_streams,
+    ),
+    # stores of one vocabulary from two teachers: every teacher figure would mix them
+    Edge(
+        "train-eval-store-of-another-teacher",
+        ["train", "--train-stores", "{tmp}/a", *TRAIN[3:], "--max-steps", "1", "--eval-store", "{tmp}/b"],
+        "/b (teacher random-llama3, sha256:bbbbbbbbbbbb…) were dumped from different teachers",
+        setup=two_teachers,
+    ),
+    Edge(
+        "train-stores-of-two-teachers",
+        ["train", "--train-stores", "{tmp}/a", "{tmp}/b", *TRAIN[3:], "--max-steps", "1"],
+        "/a (teacher random-llama3, sha256:aaaaaaaaaaaa…) and",
+        setup=two_teachers,
+    ),
+    # a FIFO named like a store's file is refused, never opened and waited on
+    *[
+        Edge(f"{argv[0]}-fifo-{name.split('-')[0]}", argv, f"{name} is not a regular file", setup=setup)
+        for name in ("shard-00000-00001.bds", "writer-00001.json")
+        for argv, setup in [
+            (["verify", "{tmp}/train"], fifo_in_store(name)),
+            (["inspect", "{tmp}/train"], fifo_in_store(name)),
+            ([*TRAIN, "--max-steps", "1"], fifo_in_store(name)),
+            (
+                ["score", "{tmp}/model", "{tmp}/train", "--progress", "false"],
+                lambda tmp, name=name: (fifo_in_store(name)(tmp), with_model(tmp)),
+            ),
+        ]
+    ],
+    # a train that fails before its run starts leaves no run folder (nothing refuses the next train)
+    Edge("train-store-not-found-leaves-no-run", [*TRAIN, "--max-steps", "1"], "logit store not found: "),
+    Edge(
+        "train-store-damaged-leaves-no-run",
+        [*TRAIN, "--max-steps", "1"],
+        "is truncated or its footer is corrupt",
+        setup=truncated_store,
+    ),
+    Edge(
+        "train-store-damaged-leaves-the-users-folder",
+        [*TRAIN, "--max-steps", "1"],
+        "is truncated or its footer is corrupt",
+        setup=lambda tmp: (truncated_store(tmp), (tmp / "run").mkdir(), (tmp / "run" / "notes.txt").write_text("mine")),
     ),
     Edge(
         "train-eval-store-unfinished",
@@ -665,3 +797,42 @@ def test_a_link_at_a_temporary_files_name_is_replaced_never_followed(tmp_path):
     assert bytedistill(argv) == 0
     assert all(target.read_text() == "the user's file" for target in outside.values())
     assert json.loads((tmp_path / "run/run_info.json").read_text())["step"] == 4
+
+
+def test_a_failed_train_leaves_nothing_that_refuses_the_next(tmp_path):
+    """A train refused before its run starts (a store not found, a store that does not read) is
+    followed by a correct one into the same folder, as if the first had never run."""
+    truncated_store(tmp_path)
+    argv = [arg.replace("{tmp}", str(tmp_path)) for arg in TRAIN]
+    nowhere = ["train", "--train-stores", str(tmp_path / "nowhere"), *argv[3:]]
+    assert bytedistill([*nowhere, "--max-steps", "1"]) == 2
+    assert bytedistill([*argv, "--max-steps", "1"]) == 2  # the run's folder claimed, then the shard refused
+    assert not (tmp_path / "run").exists()
+    shutil.rmtree(tmp_path / "train")
+    with_store(tmp_path)
+    assert bytedistill([*argv, "--max-steps", "1", "--checkpoint-every", "1"]) == 0
+    assert latest_checkpoint(tmp_path / "run").name == "step-00000001"
+
+
+def test_overwrite_through_a_linked_logs_folder_removes_nothing_there(tmp_path):
+    """Runs A and B log into one folder (each run's ``logs`` a link to it): overwriting A removes
+    A's checkpoints and leaves what the shared folder holds (B's logs, a user's file) as it was."""
+    with_store(tmp_path)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    argv = {
+        run: [arg.replace("{tmp}/run", str(tmp_path / run)).replace("{tmp}", str(tmp_path)) for arg in TRAIN]
+        for run in ("A", "B")
+    }
+    for run in ("A", "B"):
+        (tmp_path / run).mkdir()
+        (tmp_path / run / "logs").symlink_to(shared)
+        assert bytedistill([*argv[run], "--max-steps", "1", "--checkpoint-every", "1", "--log-every", "1"]) == 0
+    (shared / "bytedistill" / "mine.txt").write_text("the user's file")
+    before = {p: p.read_bytes() for p in shared.rglob("*") if p.is_file()}
+    old_id = json.loads((tmp_path / "A" / RUN_RECORD).read_text())["run_id"]
+    assert bytedistill([*argv["A"], "--max-steps", "1", "--checkpoint-every", "1", "--overwrite"]) == 0
+    assert all(p.read_bytes() == data for p, data in before.items())
+    assert (tmp_path / "A" / "logs").is_symlink()
+    assert json.loads((tmp_path / "A" / RUN_RECORD).read_text())["run_id"] != old_id
+    assert latest_checkpoint(tmp_path / "A").name == "step-00000001"

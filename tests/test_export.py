@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 
 from bytedistill.cli import main as cli_main
 from bytestream.alphabet import EOT
-from bytestream.errors import UserError
+from common.errors import UserError
 from students.release.card import model_card
 from students.release.export import export_student
 from students.release.export_record import EXPORT_RECORD
@@ -53,7 +53,7 @@ def test_folder_loads_with_auto_classes_and_logits_match(trained, exported):
     with torch.no_grad():
         assert torch.equal(model(ids).logits, reference(ids).logits)
     assert model.generation_config.eos_token_id == 258 and model.generation_config.pad_token_id == 259
-    with pytest.raises(ValueError, match=r"trust_remote_code=True"):  # no silent plain bytes (issue 33, item 7)
+    with pytest.raises(ValueError, match=r"trust_remote_code=True"):  # no silent plain bytes
         AutoTokenizer.from_pretrained(exported, trust_remote_code=False)
     assert PreTrainedTokenizerFast.from_pretrained(exported)("ab").input_ids == [257, 97, 98]  # plain bytes, by name
     assert AutoTokenizer.from_pretrained(exported, trust_remote_code=True)("ab").input_ids == [257, 97, 98, EOT]

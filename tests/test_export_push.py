@@ -8,7 +8,7 @@ import json
 import pytest
 
 from bytedistill.cli import main as cli_main
-from bytestream.errors import UserError
+from common.errors import UserError
 from students.release import exported_folder
 from students.release.export import export_student
 from students.release.export_record import EXPORT_RECORD

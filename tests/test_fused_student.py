@@ -18,7 +18,7 @@ from bytestream.alphabet import FUSED_BOS, FUSED_ENDS, FUSED_EOS, FUSED_PAD, NUM
 from bytestream.stream_kind import StreamKind
 from bytestream.stream_tokenizer import ByteStreamTokenizer, TeacherTokens
 from bytestream.trie import build_trie
-from distill.encode import DocumentEncoder, with_specials_marked
+from distill.teacher.encode import DocumentEncoder, with_specials_marked
 from logit_store import LogitStore
 from students.release.export import export_student
 from students.release.generate import GenerateOptions, generate_batch, generate_bytes, load_folder
@@ -197,7 +197,7 @@ def test_batched_byte_generation_counts_text_bytes_and_equals_each_prompt_alone(
 
 
 def test_a_tokenizer_of_the_other_stream_is_refused(llama3_tokenizer_path):
-    from bytestream.errors import UserError
+    from common.errors import UserError
 
     eot_tokenizer = ByteStreamTokenizer(teacher_tokenizer_file=llama3_tokenizer_path)
     with pytest.raises(UserError, match="reads the fused stream but its stream tokenizer writes the <eot> stream"):
@@ -363,12 +363,17 @@ def test_score_of_a_fused_store_equals_the_score_of_its_text(fused_folder, fused
     for i in range(len(store)):
         texts.append(tmp_path / f"{i}.txt")
         texts[-1].write_bytes(store.document(i).layout.text_bytes())
-    of_store, of_texts = score(fused_folder, [fused_stores[0]], QUIET)[-1], score(fused_folder, texts, QUIET)[-1]
+    # a text file is a source of one document, windowed from its own start: the store's documents
+    # each scored from their own <bos> (packed=False) are the same windows
+    each = ScoreOptions(progress=False, packed=False)
+    of_store, of_texts = score(fused_folder, [fused_stores[0]], each)[-1], score(fused_folder, texts, QUIET)[-1]
     assert of_store.bytes == of_texts.bytes == sum(map(len, SCORED)) and of_store.documents == len(SCORED)
     assert of_store.student_bpb == pytest.approx(of_texts.student_bpb, rel=1e-9)
     assert of_store.teacher_bpb is not None and of_texts.teacher_bpb is None
-    alone = score(fused_folder, texts, ScoreOptions(progress=False, packed=False))[-1]
-    assert alone.bytes == of_texts.bytes and math.isfinite(alone.student_bpb)
+    alone = score(fused_folder, texts, each)[-1]
+    assert alone.bytes == of_texts.bytes and alone.student_bpb == pytest.approx(of_texts.student_bpb, rel=1e-9)
+    packed = score(fused_folder, [fused_stores[0]], QUIET)[-1]
+    assert packed.bytes == of_store.bytes and math.isfinite(packed.student_bpb)
 
 
 def test_plain_scores_of_a_fused_student_are_its_unflagged_bytes(fused_folder, tmp_path):

@@ -86,6 +86,35 @@ def test_a_padded_batch_generates_what_each_prompt_generates_alone(build, stream
 
 
 @pytest.mark.parametrize("build", [flat_model, patched_model], ids=["flat", "patched"])
+def test_return_sequences_and_beams_heal_each_row_with_its_own_prompt(build, stream_tokenizer):
+    """``generate`` expands each prompt into consecutive rows (``num_return_sequences``, ``num_beams``):
+    each row is healed with its own prompt's word. Sampled rows start with their prompt's bytes; beam
+    search gives each prompt's rows what that prompt alone gives, cached or recomputed."""
+    model = build()
+    common = {"max_new_tokens": 12, "suppress_tokens": [BOS, PAD]}
+    torch.manual_seed(0)
+    sampled = model.generate(**stream_tokenizer.prompt(PROMPTS), do_sample=True, num_return_sequences=2, **common)
+    assert len(sampled) == 2 * len(PROMPTS)
+    for row, output in enumerate(sampled):
+        assert stream_tokenizer.text_bytes(output).startswith(PROMPTS[row // 2].encode()), row
+    beams = {"do_sample": False, "num_beams": 3, "num_return_sequences": 2, **common}
+    batch = stream_tokenizer.prompt(PROMPTS)
+    width = batch["input_ids"].shape[1]
+    for options in ({}, {"use_cache": False}):
+        output = model.generate(**batch, **beams, **options)
+        for k, prompt in enumerate(PROMPTS):
+            alone = stream_tokenizer.prompt(prompt)
+            single = model.generate(**alone, **beams, **options)
+            for j in range(2):
+                assert stream_tokenizer.text_bytes(output[2 * k + j]).startswith(prompt.encode())
+                got, want = continuation(output[2 * k + j], width), continuation(single[j], alone["input_ids"].shape[1])
+                assert got == want, (options, prompt, j)
+    one = stream_tokenizer.prompt("abcdefgh")  # one prompt, two beams: every byte of the word fed
+    beamed = model.generate(**one, do_sample=False, num_beams=2, **common)[0]
+    assert stream_tokenizer.text_bytes(beamed)[:8] == b"abcdefgh"
+
+
+@pytest.mark.parametrize("build", [flat_model, patched_model], ids=["flat", "patched"])
 def test_batched_byte_generation_equals_each_prompt_alone(build, stream_tokenizer):
     """``generate_batch`` (``bytedistill generate`` with several prompts), greedy and past the
     trained context (the window slides per row)."""
@@ -201,6 +230,27 @@ def check_padded_batch_heals_each_row(folder, pad: int) -> None:
         assert continuation(output[row], width, pad) == continuation(single, alone["input_ids"].shape[1], pad), prompt
 
 
+def test_complete_streams_with_return_sequences_and_beams_heal_each_row(folder):
+    """``tokenizer(texts)`` through the folder's ``generate`` with several return sequences: one row per
+    prompt and sequence, each in its caller's frame; beam search gives each prompt what it gives alone."""
+    tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
+    remote = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True).eval()
+    batch = tokenizer(PROMPTS[:2], padding=True, return_tensors="pt")
+    width = batch["input_ids"].shape[1]
+    torch.manual_seed(0)
+    sampled = remote.generate(**batch, do_sample=True, num_return_sequences=3, max_new_tokens=4)
+    assert sampled.shape[0] == 6
+    assert all(torch.equal(sampled[r, :width], batch["input_ids"][r // 3]) for r in range(6))
+    beams = {"do_sample": False, "num_beams": 2, "num_return_sequences": 2, "max_new_tokens": 6}
+    output = remote.generate(**batch, **beams)
+    for k, prompt in enumerate(PROMPTS[:2]):
+        alone = tokenizer(prompt, return_tensors="pt")
+        single = remote.generate(**alone, **beams)
+        for j in range(2):
+            got = continuation(output[2 * k + j], width)
+            assert got == continuation(single[j], alone["input_ids"].shape[1]), (prompt, j)
+
+
 def test_generate_cli_batches_prompts_and_a_prompts_file(folder, tmp_path, capsys):
     (tmp_path / "prompts.txt").write_text("And\nx = f(a1, b\n")
     flags = ["--max-new-bytes", "12", "--greedy"]
@@ -283,7 +333,7 @@ def test_generation_benchmark_smoke(capsys):
 
 
 def test_the_tokenizer_without_remote_code_refuses_instead_of_placing_no_eot(folder):
-    """Issue 33, item 7: no silent plain bytes; the plain byte tokenizer is there by name."""
+    """No silent plain bytes: the plain byte tokenizer is there by name."""
     from transformers import PreTrainedTokenizerFast
 
     with pytest.raises(ValueError, match=r"trust_remote_code=True"):

@@ -1,8 +1,10 @@
 """The package layout of docs/DESIGN.md, "Layout", read from the imports themselves.
 
 Each package may import only the packages below it; nothing imports the command line; no private
-name (``_x``) crosses a package boundary. Inside ``students``, each room (subpackage) may import only
-the rooms below it, and every module lives in a room. Imports inside functions count like any other.
+name (``_x``) crosses a package boundary. Inside ``students`` and ``distill``, each room (a
+subpackage, or one module) may import only the rooms below it, and every module lives in a room.
+No module imports itself back through others: no circle, inside a package or across packages.
+Imports inside functions, and those made for type checking alone, count like any other.
 """
 
 from __future__ import annotations
@@ -17,21 +19,29 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # package -> the project packages it may import (besides itself)
 ALLOWED = {
-    "configs": set(),
-    "bytestream": {"configs"},
-    "logit_store": {"bytestream", "configs"},
-    "distill": {"logit_store", "bytestream", "configs"},
-    "students": {"distill", "logit_store", "bytestream", "configs"},
-    "bytedistill": {"students", "distill", "logit_store", "bytestream", "configs"},
+    "common": set(),
+    "configs": {"common"},
+    "bytestream": {"configs", "common"},
+    "logit_store": {"bytestream", "configs", "common"},
+    "distill": {"logit_store", "bytestream", "configs", "common"},
+    "students": {"distill", "logit_store", "bytestream", "configs", "common"},
+    "bytedistill": {"students", "distill", "logit_store", "bytestream", "configs", "common"},
 }
 
 
-# room of students -> the rooms it may import (besides itself)
+# room of a package -> the rooms of that package it may import (besides itself), lowest first
 ROOMS = {
     "students.models": set(),
     "students.training": {"students.models"},
     "students.release": {"students.training", "students.models"},
+    "students.serving": {"students.release", "students.models"},
+    "distill.corpus": set(),
+    "distill.conversion": set(),
+    "distill.teacher": {"distill.conversion"},
+    "distill.check_teacher": {"distill.teacher", "distill.conversion"},
+    "distill.dump": {"distill.teacher", "distill.conversion", "distill.corpus"},
 }
+ROOMED = sorted({room.split(".")[0] for room in ROOMS})  # the packages whose modules all live in rooms
 
 
 def imports_of(package: str) -> list[tuple[Path, str, list[str]]]:
@@ -97,13 +107,19 @@ def room_of(module: str) -> str | None:
     return next((room for room in ROOMS if module == room or module.startswith(room + ".")), None)
 
 
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
 def room_imports() -> list[tuple[Path, str, str]]:
-    """(file, its room, the room it imports) for every import of one room of ``students`` by another."""
+    """(file, its room, the room it imports) for every import of one room by another of its package."""
     found = []
-    for path, module, names in imports_of("students"):
-        here = room_of(".".join(path.relative_to(ROOT).with_suffix("").parts))
+    for path, module, names in (found_import for package in ROOMED for found_import in imports_of(package)):
+        here = room_of(module_name(path))
         targets = [module] if room_of(module) else [f"{module}.{name}" for name in names]
-        found += [(path, here, room_of(t)) for t in targets if room_of(t) and room_of(t) != here]
+        rooms = [room_of(t) for t in targets]
+        found += [(path, here, r) for r in rooms if here and r and r != here and r.split(".")[0] == here.split(".")[0]]
     return found
 
 
@@ -114,9 +130,20 @@ def room_graph() -> dict[str, set[str]]:
     return graph
 
 
-def test_every_module_of_students_is_in_a_room():
-    loose = [str(p.relative_to(ROOT)) for p in (ROOT / "students").glob("*.py") if p.name != "__init__.py"]
-    assert not loose and all((ROOT / room.replace(".", "/") / "__init__.py").is_file() for room in ROOMS), loose
+@pytest.mark.parametrize("package", ROOMED)
+def test_every_module_of_a_roomed_package_is_in_a_room(package):
+    loose = [
+        str(p.relative_to(ROOT))
+        for p in (ROOT / package).rglob("*.py")
+        if module_name(p) != package and room_of(module_name(p)) is None
+    ]
+    missing = [
+        room
+        for room in ROOMS
+        if not (ROOT / room.replace(".", "/") / "__init__.py").is_file()
+        and not (ROOT / room.replace(".", "/")).with_suffix(".py").is_file()
+    ]
+    assert not loose and not missing, (loose, missing)
 
 
 def test_a_room_imports_only_the_rooms_below_it():
@@ -133,10 +160,63 @@ def test_the_rooms_are_the_ones_the_design_draws():
     section = design.split("## Layout", 1)[1].split("\n## ", 1)[0]
     drawn = {}
     for line in section.splitlines():
-        if line.startswith("  - `students.") and " imports: " in line:
+        if line.startswith(tuple(f"  - `{package}." for package in ROOMED)) and " imports: " in line:
             room, rest = line[5:].split("` imports: ", 1)
             drawn[room] = set(re.findall(r"`([\w.]+)`", rest.split(". ", 1)[0]))
     assert drawn == room_graph()
+
+
+def module_graph() -> dict[str, set[str]]:
+    """module -> the project modules it imports (``from a import b`` names the module ``a.b`` when
+    there is one, else ``a``), for every module of every package."""
+    graph = {}
+    for package in ALLOWED:
+        for path, module, names in imports_of(package):
+            if module.split(".")[0] not in ALLOWED:
+                continue
+            targets = [f"{module}.{name}" for name in names if is_module(f"{module}.{name}")] or [module]
+            graph.setdefault(module_name(path), set()).update(t for t in targets if t != module_name(path))
+    return graph
+
+
+def is_module(name: str) -> bool:
+    path = ROOT / name.replace(".", "/")
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def circles() -> list[list[str]]:
+    """The modules that import each other in a loop, each loop's modules sorted (Tarjan's strongly
+    connected components of more than one module)."""
+    graph = module_graph()
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        on_stack.add(module)
+        for imported in sorted(graph.get(module, ())):
+            if imported not in index:
+                visit(imported)
+                low[module] = min(low[module], low[imported])
+            elif imported in on_stack:
+                low[module] = min(low[module], index[imported])
+        if low[module] == index[module]:
+            component = []
+            while not component or component[-1] != module:
+                component.append(stack.pop())
+                on_stack.discard(component[-1])
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return sorted(found)
+
+
+def test_no_module_imports_itself_back():
+    """No circle of imports, inside a package or across packages (type-only imports count too)."""
+    assert not circles(), circles()
 
 
 def test_the_checker_sees_a_forbidden_import(tmp_path, monkeypatch):
@@ -144,9 +224,12 @@ def test_the_checker_sees_a_forbidden_import(tmp_path, monkeypatch):
     monkeypatch.setattr("tests.test_layout.ROOT", tmp_path)
     (tmp_path / "logit_store").mkdir()
     (tmp_path / "logit_store/bad.py").write_text(
-        "def f():\n    from bytedistill.cli import main\n    from distill.convert import _x\n"
+        "def f():\n    from bytedistill.cli import main\n    from distill.conversion.converter import _x\n"
     )
-    assert [m for _, m, _ in cross_package_imports("logit_store")] == ["bytedistill.cli", "distill.convert"]
+    assert [m for _, m, _ in cross_package_imports("logit_store")] == [
+        "bytedistill.cli",
+        "distill.conversion.converter",
+    ]
     with pytest.raises(AssertionError, match="bytedistill.cli"):
         test_a_package_imports_only_the_packages_below_it("logit_store")
     with pytest.raises(AssertionError, match="_x"):
@@ -165,4 +248,40 @@ def test_the_checker_sees_a_room_importing_upwards(tmp_path, monkeypatch):
         ("students.models", "students.training"),
     ]
     with pytest.raises(AssertionError, match="students.release"):
+        test_a_room_imports_only_the_rooms_below_it()
+
+
+def test_the_checker_sees_a_circle_inside_a_package(tmp_path, monkeypatch):
+    """Two modules of one room that import each other (one inside a function, one for type
+    checking alone) are a circle, as is a loop through a third."""
+    monkeypatch.setattr("tests.test_layout.ROOT", tmp_path)
+    (tmp_path / "distill/conversion").mkdir(parents=True)
+    (tmp_path / "distill/conversion/__init__.py").write_text("")
+    (tmp_path / "distill/conversion/kernels.py").write_text("def f():\n    from distill.conversion import api\n")
+    (tmp_path / "distill/conversion/api.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from distill.conversion.kernels import f\n"
+    )
+    (tmp_path / "logit_store").mkdir()
+    for name, imported in [("a", "b"), ("b", "c"), ("c", "a")]:
+        (tmp_path / f"logit_store/{name}.py").write_text(f"from logit_store.{imported} import x\n")
+    assert circles() == [
+        ["distill.conversion.api", "distill.conversion.kernels"],
+        ["logit_store.a", "logit_store.b", "logit_store.c"],
+    ]
+    with pytest.raises(AssertionError, match="distill.conversion.kernels"):
+        test_no_module_imports_itself_back()
+
+
+def test_the_checker_sees_a_distill_room_importing_upwards(tmp_path, monkeypatch):
+    """The conversion importing the dump's plan is caught; check_teacher, a room of one module, too."""
+    monkeypatch.setattr("tests.test_layout.ROOT", tmp_path)
+    (tmp_path / "distill/conversion").mkdir(parents=True)
+    (tmp_path / "distill/conversion/bad.py").write_text("from distill.dump.plan import PlannedDocument\n")
+    (tmp_path / "distill/teacher").mkdir()
+    (tmp_path / "distill/teacher/bad.py").write_text("from distill import check_teacher\n")
+    assert sorted((here, imported) for _, here, imported in room_imports()) == [
+        ("distill.conversion", "distill.dump"),
+        ("distill.teacher", "distill.check_teacher"),
+    ]
+    with pytest.raises(AssertionError, match="distill.dump"):
         test_a_room_imports_only_the_rooms_below_it()

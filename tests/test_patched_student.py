@@ -21,7 +21,7 @@ from safetensors.torch import load_file
 from transformers import LogitsProcessor, LogitsProcessorList
 
 from bytestream.alphabet import BOS, EOT, PAD
-from bytestream.errors import UserError
+from common.errors import UserError
 from students.models import patched_model
 from students.models.architectures import student_cost
 from students.models.cost import StreamRates, summary_line

@@ -14,7 +14,7 @@ from transformers import AutoTokenizer
 from bytestream.alphabet import BOS, EOS, EOT, NUM_BYTES, PAD
 from bytestream.stream_tokenizer import ByteStreamTokenizer, TeacherTokens
 from bytestream.vocab import vocab_from_tokenizer
-from distill.encode import with_specials_marked
+from distill.teacher.encode import with_specials_marked
 from students.models.llama import build_student, student_config
 from students.release.generate import GenerateOptions, generate_bytes
 from tests.teachers import llama2_style, mistral_sentencepiece_folder, phi3_style

@@ -80,9 +80,15 @@ def test_stream_tokenizer_reproduces_every_stored_stream(exported):
 @pytest.mark.slow
 def test_score_through_the_tokenizer_equals_the_stores_streams(exported, store_texts):
     from_store = score(exported.folder, [exported.heldout_store], QUIET)[-1]
-    from_text = score(exported.folder, store_texts, QUIET)
+    each = ScoreOptions(packed=False, progress=False)  # a file a document: the store's documents each alone
+    from_text = score(exported.folder, store_texts, each)
     assert from_text[-1].bytes == from_store.bytes and from_text[-1].documents == len(store_texts)
-    assert from_text[-1].student_nll == pytest.approx(from_store.student_nll, rel=1e-9)
+    by_document = score(exported.folder, [exported.heldout_store], each)[-1]
+    assert from_text[-1].student_nll == pytest.approx(by_document.student_nll, rel=1e-9)
+    # packed, a source's figure is the one it gets alone, whatever is scored beside it
+    beside = score(exported.folder, [*store_texts[:3], exported.heldout_store], QUIET)
+    assert beside[3].student_nll == pytest.approx(from_store.student_nll, rel=1e-9)
+    assert beside[3].teacher_nll == pytest.approx(from_store.teacher_nll, rel=1e-9)
     assert from_text[-1].teacher_nll is None and sum(r.bytes for r in from_text[:-1]) == from_store.bytes
     plain = score(exported.folder, store_texts, ScoreOptions(mode="plain", progress=False))[-1]
     assert plain.bytes == from_store.bytes and not math.isclose(plain.student_nll, from_store.student_nll, rel_tol=1e-3)

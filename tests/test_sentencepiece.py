@@ -16,11 +16,11 @@ from tokenizers import Tokenizer
 from transformers import AutoTokenizer, LlamaTokenizer
 
 from bytedistill.cli import main
-from bytestream.errors import UserError
 from bytestream.vocab import BYTE_FALLBACK, vocab_from_tokenizer
-from distill.convert import Converter
-from distill.encode import DocumentEncoder
-from distill.teacher import load_teacher
+from common.errors import UserError
+from distill.conversion.converter import Converter
+from distill.teacher.encode import DocumentEncoder
+from distill.teacher.model import load_teacher
 from logit_store import LogitStore
 from tests.conftest import SAMPLE_DOCUMENTS, random_logits
 from tests.teachers import (

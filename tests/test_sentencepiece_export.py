@@ -45,10 +45,11 @@ def test_exported_tokenizer_gives_every_stored_stream_and_the_stores_score(expor
         texts.append(tmp_path / f"{i:02d}.txt")
         texts[-1].write_bytes(data)
     assert len(store) == len(HELDOUT_SP)
-    quiet = ScoreOptions(progress=False)
+    # each text file is a source of one document, windowed from its own start, as the store's
+    # documents are when each is scored from its own <bos>
     from_store, from_text = (
-        score(exported.folder, [exported.heldout_store], quiet)[-1],
-        score(exported.folder, texts, quiet)[-1],
+        score(exported.folder, [exported.heldout_store], ScoreOptions(progress=False, packed=False))[-1],
+        score(exported.folder, texts, ScoreOptions(progress=False))[-1],
     )
     assert from_text.bytes == from_store.bytes == sum(len(d) for d in HELDOUT_SP)
     assert from_text.student_nll == pytest.approx(from_store.student_nll, rel=1e-9)

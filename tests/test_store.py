@@ -14,15 +14,17 @@ import pytest
 
 from bytedistill.cli import main as cli_main
 from bytestream.alphabet import ALPHABET_SIZE
-from bytestream.errors import UserError
 from bytestream.stream import log_likelihood
+from bytestream.stream_kind import StreamKind
 from bytestream.vocab import load_teacher_tokenizer, vocab_from_tokenizer
-from distill.convert import Converter
-from distill.encode import DocumentEncoder
+from common.errors import UserError
+from distill.conversion.converter import Converter
+from distill.teacher.encode import DocumentEncoder
 from logit_store import (
     ENCODINGS,
     LogitStore,
     MultiStore,
+    StoreIdentity,
     StoreWriter,
     kl_bits_per_position,
     open_stores,
@@ -88,20 +90,14 @@ def documents(llama3):
     return random_documents(llama3)
 
 
-def write_store(directory, llama3, documents, encoding="pow8", **kwargs):
+def write_store(directory, llama3, documents, encoding="pow8", stream=StreamKind.EOT, **kwargs):
     vocab, converter, _ = llama3
     kwargs.setdefault("docs_per_shard", 3)
     kwargs.setdefault("chunk_bytes", 4_000)
-    with StoreWriter(
-        directory,
-        vocab,
-        encoding=encoding,
-        teacher="random-llama3",
-        settings={"t": 1.0},
-        corpus_hash="c0ffee",
-        trie=converter.trie,
-        **kwargs,
-    ) as writer:
+    identity = StoreIdentity(
+        vocab, encoding=encoding, teacher="random-llama3", settings={"t": 1.0}, corpus_hash="c0ffee", stream=stream
+    )
+    with StoreWriter(directory, identity, trie=converter.trie, **kwargs) as writer:
         for k, (ids, dist, nbytes) in enumerate(documents):
             writer.add_distributions(dist, key=None if k == 3 else f"doc-{k}", text_bytes=nbytes, token_ids=ids)
     return directory
@@ -178,7 +174,7 @@ def test_stored_log_likelihood_is_decoded_in_runs(tmp_path, llama3, documents, e
     monkeypatch.setattr(writer_module, "DECODE_RUN_VALUES", 64)
     vocab, converter, _ = llama3
     returned = []
-    with StoreWriter(tmp_path / "s", vocab, encoding=encoding, trie=converter.trie) as writer:
+    with StoreWriter(tmp_path / "s", StoreIdentity(vocab, encoding=encoding), trie=converter.trie) as writer:
         for ids, dist, nbytes in documents:
             assert dist.layout.num_values > 64
             returned.append(writer.add_distributions(dist, text_bytes=nbytes, token_ids=ids))
@@ -222,16 +218,13 @@ def test_resume_after_crash_matches_uninterrupted(tmp_path, llama3, documents):
     vocab, converter, _ = llama3
     full = write_store(tmp_path / "full", llama3, documents, docs_per_shard=3, chunk_bytes=1)
     kwargs = {
-        "encoding": "pow8",
-        "teacher": "random-llama3",
-        "settings": {"t": 1.0},
-        "corpus_hash": "c0ffee",
         "trie": converter.trie,
         "docs_per_shard": 3,
         "chunk_bytes": 1,
     }
+    identity = StoreIdentity(vocab, encoding="pow8", teacher="random-llama3", settings={"t": 1.0}, corpus_hash="c0ffee")
     crashed = tmp_path / "crashed"
-    writer = StoreWriter(crashed, vocab, **kwargs)
+    writer = StoreWriter(crashed, identity, **kwargs)
     assert writer.num_existing_documents == 0
     for k, (ids, dist, nbytes) in enumerate(documents[:5]):
         writer.add_distributions(dist, key=None if k == 3 else f"doc-{k}", text_bytes=nbytes, token_ids=ids)
@@ -243,7 +236,7 @@ def test_resume_after_crash_matches_uninterrupted(tmp_path, llama3, documents):
         "shard-00000-00001.bds.tmp",
     ]
     assert len(open_store(crashed, llama3)) == 3  # the reader ignores the partial shard
-    with StoreWriter(crashed, vocab, **kwargs) as writer:
+    with StoreWriter(crashed, identity, **kwargs) as writer:
         assert writer.num_existing_documents == 3
         assert not list(crashed.glob("*.tmp"))
         for k, (ids, dist, nbytes) in enumerate(documents):
@@ -259,14 +252,7 @@ def test_resume_after_crash_matches_uninterrupted(tmp_path, llama3, documents):
 def test_writer_rejects_a_different_store(tmp_path, llama3, documents):
     vocab, converter, _ = llama3
     directory = write_store(tmp_path / "s", llama3, documents[:2])
-    same = {
-        "vocab": vocab,
-        "encoding": "pow8",
-        "teacher": "random-llama3",
-        "settings": {"t": 1.0},
-        "corpus_hash": "c0ffee",
-        "trie": converter.trie,
-    }
+    same = StoreIdentity(vocab, encoding="pow8", teacher="random-llama3", settings={"t": 1.0}, corpus_hash="c0ffee")
     other_vocab = dataclasses.replace(vocab, adds_prefix_space=True)
     for change, named in [
         ({"encoding": "float16"}, "encoding"),
@@ -274,9 +260,9 @@ def test_writer_rejects_a_different_store(tmp_path, llama3, documents):
         ({"vocab": other_vocab}, "vocab_hash"),
     ]:
         with pytest.raises(UserError, match=named):
-            StoreWriter(directory, **{**same, **change})
+            StoreWriter(directory, dataclasses.replace(same, **change), trie=converter.trie)
     # a second writer id appends its own shards to the same store
-    with StoreWriter(directory, **same, writer_id=1) as writer:
+    with StoreWriter(directory, same, trie=converter.trie, writer_id=1) as writer:
         assert writer.num_existing_documents == 0
         writer.add_distributions(documents[4][1], token_ids=documents[4][0])
     store = open_store(directory, llama3)
@@ -295,7 +281,8 @@ def test_multistore_and_vocab_checks(tmp_path, llama3, documents):
     with pytest.raises(UserError, match="differs from the expected"):
         LogitStore(a, expected_vocab_hash="0" * 64)
     odd = tmp_path / "odd"
-    with StoreWriter(odd, dataclasses.replace(vocab, adds_prefix_space=True), trie=converter.trie) as writer:
+    odd_vocab = dataclasses.replace(vocab, adds_prefix_space=True)
+    with StoreWriter(odd, StoreIdentity(odd_vocab), trie=converter.trie) as writer:
         writer.add_distributions(documents[0][1], token_ids=documents[0][0])
     with pytest.raises(UserError, match="different vocabularies"):
         MultiStore([LogitStore(a), LogitStore(odd)])

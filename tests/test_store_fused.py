@@ -3,6 +3,7 @@ encoding's quantisation; the manifest names the stream, and stores of two stream
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -11,9 +12,9 @@ import pytest
 
 from bytedistill.cli import main as cli_main
 from bytestream.alphabet import FUSED_ALPHABET_SIZE
-from bytestream.errors import UserError
 from bytestream.stream_kind import StreamKind
-from logit_store import ENCODINGS, LogitStore, StoreWriter, kl_bits_per_position, open_stores
+from common.errors import UserError
+from logit_store import ENCODINGS, LogitStore, StoreIdentity, StoreWriter, kl_bits_per_position, open_stores
 from logit_store.manifest import read_manifest
 from students.training.batch_source import refuse_other_streams
 from tests.test_store import KL_BOUNDS, llama3, open_store, random_documents, write_store  # noqa: F401 (fixture)
@@ -97,22 +98,12 @@ def test_a_manifest_whose_stream_and_version_disagree_is_refused(tmp_path, llama
 
 def test_a_writer_of_the_other_stream_is_refused_naming_both(tmp_path, llama3, fused_documents):  # noqa: F811
     store = write_fused(tmp_path / "s", llama3, fused_documents[:2])
+    eot = StoreIdentity(llama3[0], encoding="pow8", teacher="random-llama3", settings={"t": 1.0}, corpus_hash="c0ffee")
     with pytest.raises(UserError) as refused:
-        StoreWriter(
-            store, llama3[0], encoding="pow8", teacher="random-llama3", settings={"t": 1.0}, corpus_hash="c0ffee"
-        )
+        StoreWriter(store, eot)
     message = str(refused.value)
     assert "(stream differ)" in message and "holds the fused stream, this run writes the <eot> stream" in message
-    with StoreWriter(
-        store,
-        llama3[0],
-        encoding="pow8",
-        teacher="random-llama3",
-        settings={"t": 1.0},
-        corpus_hash="c0ffee",
-        stream=StreamKind.FUSED,
-        trie=llama3[1].trie,
-    ) as resumed:
+    with StoreWriter(store, dataclasses.replace(eot, stream=StreamKind.FUSED), trie=llama3[1].trie) as resumed:
         assert resumed.num_existing_documents == 2
         with pytest.raises(ValueError, match="<eot> stream for a store of the fused stream"):
             ids = fused_documents[0][0]

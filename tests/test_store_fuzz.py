@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 import zstandard
 
-from bytestream.errors import UserError
-from logit_store import LogitStore, StoreWriter
+from common.errors import UserError
+from logit_store import LogitStore, StoreIdentity, StoreWriter
 from logit_store.shard import CHUNK_DTYPE, DOC_DTYPE, RECORD_DTYPE, TRAILER_MAGIC
 from tests.store_data import tiny_documents, tiny_vocab
 
@@ -188,7 +188,8 @@ def fuzz(directory: Path, cases: int, seed: int) -> list[str]:
 
 def write_store(directory: Path, encoding: str) -> Path:
     vocab = tiny_vocab()
-    with StoreWriter(directory, vocab, encoding=encoding, teacher="tiny", docs_per_shard=2, chunk_bytes=3000) as writer:
+    identity = StoreIdentity(vocab, encoding=encoding, teacher="tiny")
+    with StoreWriter(directory, identity, docs_per_shard=2, chunk_bytes=3000) as writer:
         for k, (ids, dist, n) in enumerate(tiny_documents(vocab)):
             writer.add_distributions(dist, key=f"doc-{k}", text_bytes=n, token_ids=ids)
     return directory

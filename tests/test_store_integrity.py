@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from bytedistill.cli import main as cli_main
-from bytestream.errors import UserError
-from logit_store import LogitStore, StoreWriter
+from common.errors import UserError
+from logit_store import LogitStore, StoreIdentity, StoreWriter
 from logit_store.verify import verify_store
 from tests.store_data import tiny_documents, tiny_vocab
 
@@ -28,9 +28,8 @@ def tiny():
 def write(directory, tiny, encoding="pow8", writer_id=0, docs=None, **kwargs):
     vocab, documents = tiny
     kwargs.setdefault("docs_per_shard", 1)
-    with StoreWriter(
-        directory, vocab, encoding=encoding, teacher="tiny", chunk_bytes=1, writer_id=writer_id, **kwargs
-    ) as writer:
+    identity = StoreIdentity(vocab, encoding=encoding, teacher="tiny")
+    with StoreWriter(directory, identity, chunk_bytes=1, writer_id=writer_id, **kwargs) as writer:
         for k, (ids, dist, n) in enumerate(documents if docs is None else docs):
             writer.add_distributions(dist, key=f"doc-{k}", text_bytes=n, token_ids=ids)
     return Path(directory)
@@ -118,7 +117,7 @@ def test_manifest_without_vocab_hash(tmp_path, store, capsys):
 def test_unfinished_writer_is_reported_and_resumes(tmp_path, tiny, capsys):
     vocab, documents = tiny
     directory = tmp_path / "s"
-    writer = StoreWriter(directory, vocab, teacher="tiny", docs_per_shard=1, chunk_bytes=1)
+    writer = StoreWriter(directory, StoreIdentity(vocab, teacher="tiny"), docs_per_shard=1, chunk_bytes=1)
     for ids, dist, n in documents[:2]:
         writer.add_distributions(dist, text_bytes=n, token_ids=ids)
     writer.abandon()
@@ -129,7 +128,7 @@ def test_unfinished_writer_is_reported_and_resumes(tmp_path, tiny, capsys):
     assert cli_main(["inspect", str(directory)]) == 0
     assert "writers [0] have no completion record" in capsys.readouterr().out
     assert not (directory / "writer-00000.json").exists()
-    with StoreWriter(directory, vocab, teacher="tiny", docs_per_shard=1, chunk_bytes=1) as writer:
+    with StoreWriter(directory, StoreIdentity(vocab, teacher="tiny"), docs_per_shard=1, chunk_bytes=1) as writer:
         assert writer.num_existing_documents == 2
         for ids, dist, n in documents[2:]:
             writer.add_distributions(dist, text_bytes=n, token_ids=ids)
@@ -150,7 +149,7 @@ def test_format_1_store_stays_readable(tmp_path, tiny):
         np.testing.assert_array_equal(a.dropped_mass, dist.dropped_mass.astype(np.float32))
         assert a.key == f"doc-{k}" and a.text_bytes == n
     with pytest.raises(UserError, match="format_version"):
-        StoreWriter(copy(V1_STORE, tmp_path / "append"), tiny[0], teacher="tiny")
+        StoreWriter(copy(V1_STORE, tmp_path / "append"), StoreIdentity(tiny[0], teacher="tiny"))
 
 
 def test_vocabulary_file_bounds(tiny):

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from bytestream.alphabet import ALPHABET_SIZE, PAD
-from bytestream.errors import UserError
+from common.errors import UserError
 from students.training.loss import distill_loss
 
 

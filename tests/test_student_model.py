@@ -5,7 +5,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from bytestream.alphabet import ALPHABET_SIZE, BOS, EOS, PAD
-from bytestream.errors import UserError
+from common.errors import UserError
 from students.models.llama import PRESETS, build_student, count_parameters, student_config
 
 

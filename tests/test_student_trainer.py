@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from bytestream.errors import UserError
+from common.errors import UserError
 from configs.fields import flat_values
 from students.training.checkpoints import checkpoint_dir, latest_checkpoint
 from students.training.optim import OptimConfig, check_schedule, learning_rate, warmup_steps

@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer, decoders, models, normalizers
 
-from bytestream.errors import UserError
 from bytestream.stream_tokenizer import utf8_runs
 from bytestream.trie import build_trie
 from bytestream.vocab import (
@@ -18,8 +17,9 @@ from bytestream.vocab import (
     load_teacher_tokenizer,
     vocab_from_tokenizer,
 )
-from distill.convert import Converter
-from distill.encode import DocumentEncoder
+from common.errors import UserError
+from distill.conversion.converter import Converter
+from distill.teacher.encode import DocumentEncoder
 from tests.conftest import SAMPLE_DOCUMENTS, random_logits
 from tests.test_convert import (
     assert_matches_reference,

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from distill.windows import plan_windows
+from distill.teacher.windows import plan_windows
 
 
 @given(m=st.integers(0, 300), prefix=st.integers(1, 3), max_length=st.integers(8, 40), data=st.data())

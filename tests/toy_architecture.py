@@ -23,8 +23,9 @@ from students.models.cost import StreamRates, StudentCost, split_parameters
 class ToyConfig(PretrainedConfig):
     model_type = "bytedistill_toy_bigram"
 
-    def __init__(self, hidden_size: int = 16, max_position_embeddings: int = 2048, **kwargs):
-        self.vocab_size, self.hidden_size = ALPHABET_SIZE, hidden_size
+    def __init__(self, hidden_size: int = 16, max_position_embeddings: int = 2048, reserved_symbols=(), **kwargs):
+        self.reserved_symbols = list(reserved_symbols)
+        self.vocab_size, self.hidden_size = ALPHABET_SIZE + len(self.reserved_symbols), hidden_size
         self.max_position_embeddings = max_position_embeddings
         for name, value in (("bos_token_id", BOS), ("eos_token_id", EOS), ("pad_token_id", PAD)):
             kwargs.setdefault(name, value)
@@ -78,9 +79,12 @@ class ToyArchitecture(Architecture):
     card_loading = "None  # the toy loads with bytedistill only"
     card_code = "The toy model loads with bytedistill only."
 
-    def build(self, shape, *, seq_len: int, seed: int) -> ToyBigram:
+    def build(self, shape, *, seq_len: int, seed: int, reserved: tuple[str, ...] = ()) -> ToyBigram:
         torch.manual_seed(seed)
-        return ToyBigram(ToyConfig(hidden_size=shape.hidden_size or 16, max_position_embeddings=seq_len))
+        config = ToyConfig(
+            hidden_size=shape.hidden_size or 16, max_position_embeddings=seq_len, reserved_symbols=reserved
+        )
+        return ToyBigram(config)
 
     def load(self, checkpoint: Path, saved_config: dict[str, Any]) -> ToyBigram:
         model = ToyBigram(ToyConfig.from_dict(saved_config))

@@ -17,11 +17,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from safetensors import SafetensorError
 
-from bytestream.errors import UserError, first_line
+from common.errors import UserError, first_line
 
 if TYPE_CHECKING:
     from students.models.cost import StudentCost
-    from students.models.shape import StudentShape
 
 # what torch, safetensors and pickle raise for a file that is truncated or not theirs, or a full disk
 STATE_ERRORS = (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError, SafetensorError)
@@ -38,9 +37,11 @@ class Architecture(ABC):
     card_code: ClassVar[str]  # the card's tokenizer section: what code the model needs
 
     @abstractmethod
-    def build(self, shape: StudentShape, *, seq_len: int, seed: int) -> Any:
-        """A freshly initialised student of ``shape``, seeded by ``seed``; its positions are
-        ``shape.max_positions``, else ``seq_len``."""
+    def build(self, shape: Any, *, seq_len: int, seed: int, reserved: tuple[str, ...] = ()) -> Any:
+        """A freshly initialised student of ``shape`` (a :class:`students.models.shape.StudentShape`,
+        which lists the architectures and so is not imported here), seeded by ``seed``; its positions are
+        ``shape.max_positions``, else ``seq_len``; its alphabet is the stream's and the ``reserved``
+        symbols after it (their texts, recorded in its config as ``reserved_symbols``)."""
 
     @abstractmethod
     def load(self, checkpoint: Path, saved_config: dict[str, Any]) -> Any:
@@ -65,6 +66,18 @@ class Architecture(ABC):
     @abstractmethod
     def cost(self, model) -> StudentCost:
         """Parameters, FLOPs and cache sizes of ``model`` (:mod:`students.models.cost`)."""
+
+    def memory_floats(self, shape: Any, *, batch_size: int, seq_len: int, alphabet: int) -> tuple[int, int]:
+        """What training a student of ``shape`` over ``alphabet`` symbols holds, counted before it is
+        built: (its parameters, the floats one micro-batch of ``batch_size`` windows of ``seq_len``
+        symbols keeps for the backward pass). By default the parameters of the model built on torch's
+        meta device (which allocates nothing) and no activations, a floor; an architecture that knows
+        its formulas counts both without building anything."""
+        import torch
+
+        with torch.device("meta"):
+            model = self.build(shape, seq_len=seq_len, seed=0)
+        return sum(parameter.numel() for parameter in model.parameters()), 0
 
 
 def load_weights(model, weights_file: Path, architecture: str, tied: frozenset[str] = frozenset()) -> None:

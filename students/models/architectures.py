@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from bytestream.errors import UserError
+from common.errors import UserError
 from students.models.architecture import Architecture
 from students.models.flat import FLAT
 from students.models.patched import PATCHED

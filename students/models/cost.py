@@ -98,6 +98,23 @@ def block_weights(width: int, inner: int, kv_width: int) -> int:
     return 2 * width * width + width * kv_width + 3 * width * inner
 
 
+# floats one position keeps for the backward pass in a block, at least: the block's normed inputs and
+# projections (per unit of width) and its MLP's gate, up and their product (per unit of MLP width);
+# the attention's own, which fused kernels do not keep, are left out
+ACTIVATION_FLOATS_PER_WIDTH = 6
+ACTIVATION_FLOATS_PER_MLP = 3
+
+
+def stack_parameters(width: int, layers: int, kv_width: int, inner: int, alphabet: int) -> int:
+    """Matrix weights of ``layers`` blocks and an embedding of ``alphabet`` symbols (0: none)."""
+    return layers * block_weights(width, inner, kv_width) + alphabet * width
+
+
+def block_activation_floats(positions: int, layers: int, width: int, inner: int) -> int:
+    """Floats that ``positions`` positions keep for the backward pass in ``layers`` blocks."""
+    return positions * layers * (ACTIVATION_FLOATS_PER_WIDTH * width + ACTIVATION_FLOATS_PER_MLP * inner)
+
+
 def split_parameters(model, global_parts: tuple[str, ...]) -> tuple[int, int]:
     """(global, local) trainable parameters of ``model``, tied ones counted once: the global ones are
     those whose names start with one of ``global_parts``."""

@@ -18,7 +18,7 @@ import sys
 import torch
 from transformers import CompileConfig
 
-from bytestream.errors import first_line
+from common.errors import first_line
 
 CXX_COMPILERS = ("c++", "g++", "clang++")
 

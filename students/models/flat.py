@@ -8,8 +8,15 @@ from pathlib import Path
 from typing import Any
 
 from students.models.architecture import Architecture, load_weights
-from students.models.cost import StreamRates, StudentCost, block_weights, split_parameters
-from students.models.llama import build_student, student_config
+from students.models.cost import (
+    StreamRates,
+    StudentCost,
+    block_activation_floats,
+    block_weights,
+    split_parameters,
+    stack_parameters,
+)
+from students.models.llama import build_student, shape_sizes, student_config
 
 
 @dataclass(frozen=True)
@@ -38,7 +45,7 @@ class FlatArchitecture(Architecture):
     card_loading = "AutoModelForCausalLM.from_pretrained(repo)  # a stock Llama: no remote code"
     card_code = "The model itself loads\nwith `AutoModelForCausalLM` and no remote code."
 
-    def build(self, shape, *, seq_len: int, seed: int):
+    def build(self, shape, *, seq_len: int, seed: int, reserved: tuple[str, ...] = ()):
         model_config = student_config(
             shape.preset,
             hidden_size=shape.hidden_size,
@@ -49,6 +56,7 @@ class FlatArchitecture(Architecture):
             max_positions=shape.max_positions or seq_len,
             rope_theta=shape.rope_theta,
             stream=shape.stream_kind,
+            reserved=reserved,
         )
         return build_student(model_config, seed=seed)
 
@@ -80,6 +88,14 @@ class FlatArchitecture(Architecture):
             local_layers=0,
             local_window=0,
         )
+
+    def memory_floats(self, shape, *, batch_size: int, seq_len: int, alphabet: int) -> tuple[int, int]:
+        """Its blocks and embedding (tied to the head); every layer keeps its activations for every symbol."""
+        sizes = shape_sizes(shape)
+        width, layers, mlp = sizes.hidden_size, sizes.num_layers, sizes.intermediate_size
+        kv_width = 2 * width * (shape.num_kv_heads or sizes.num_heads) // sizes.num_heads
+        parameters = stack_parameters(width, layers, kv_width, mlp, alphabet)
+        return parameters, block_activation_floats(batch_size * seq_len, layers, width, mlp)
 
 
 FLAT = FlatArchitecture()

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from bytestream.errors import UserError
 from bytestream.stream_kind import StreamKind
+from common.errors import UserError
 
 if TYPE_CHECKING:  # transformers is imported where it runs: `bytedistill train --help` loads none
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -40,6 +40,17 @@ PRESETS: dict[str, SizePreset] = {
 DEFAULT_PRESET = "micro"
 
 
+def shape_sizes(shape) -> SizePreset:
+    """The sizes of a :class:`~students.models.shape.StudentShape`: its preset's, with any it overrides."""
+    base = PRESETS[shape.preset]
+    return SizePreset(
+        hidden_size=shape.hidden_size or base.hidden_size,
+        num_layers=shape.num_layers or base.num_layers,
+        num_heads=shape.num_heads or base.num_heads,
+        intermediate_size=shape.intermediate_size or base.intermediate_size,
+    )
+
+
 def student_config(
     preset: str = DEFAULT_PRESET,
     *,
@@ -52,6 +63,7 @@ def student_config(
     rope_theta: float = 10000.0,
     tie_embeddings: bool = True,
     stream: StreamKind = StreamKind.EOT,
+    reserved: tuple[str, ...] = (),
 ) -> LlamaConfig:
     """A :class:`LlamaConfig` for the named preset over ``stream``'s alphabet, with any field
     overridden. A fused student's config also says ``byte_stream="fused"``
@@ -69,7 +81,7 @@ def student_config(
     if heads % kv_heads:
         raise UserError(f"student attention heads {heads} are not divisible by {kv_heads} key/value heads")
     return LlamaConfig(
-        vocab_size=stream.alphabet_size,
+        **reserved_fields(stream, reserved),
         hidden_size=hidden,
         num_hidden_layers=num_layers or base.num_layers,
         num_attention_heads=heads,
@@ -83,6 +95,16 @@ def student_config(
         tie_word_embeddings=tie_embeddings,
         **({} if stream is StreamKind.EOT else {"byte_stream": stream.value}),
     )
+
+
+def reserved_fields(stream: StreamKind, reserved: tuple[str, ...] = ()) -> dict:
+    """A student config's ``vocab_size`` (the stream's alphabet, then one symbol per reserved text:
+    the teacher's chat specials) and, when there are reserved symbols, their texts in order
+    (``reserved_symbols``; a plain student's config has no such key)."""
+    fields = {"vocab_size": stream.alphabet_size + len(reserved)}
+    if reserved:
+        fields["reserved_symbols"] = list(reserved)
+    return fields
 
 
 def build_student(config: LlamaConfig, seed: int | None = None) -> LlamaForCausalLM:

@@ -13,16 +13,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bytestream.errors import UserError
 from bytestream.stream_kind import StreamKind
+from common.errors import UserError
 from students.models.architecture import Architecture, load_weights
-from students.models.cost import StreamRates, StudentCost, block_weights, split_parameters
-from students.models.llama import DEFAULT_PRESET, PRESETS
+from students.models.cost import (
+    StreamRates,
+    StudentCost,
+    block_activation_floats,
+    block_weights,
+    split_parameters,
+    stack_parameters,
+)
+from students.models.llama import DEFAULT_PRESET, PRESETS, reserved_fields, shape_sizes
 
 if TYPE_CHECKING:  # torch is imported where it runs: `bytedistill train --help` loads none
     from students.models.patched_model import PatchedStudentConfig
 
 MODELING_FILE = "modeling_bytedistill_patched.py"
+PATCHES_PER_SYMBOL = 0.2  # global steps per symbol assumed by the memory estimate (a teacher token: about 4-5 symbols)
 
 
 @dataclass(frozen=True)
@@ -60,6 +68,7 @@ def patched_config(
     max_positions: int = 2048,
     rope_theta: float = 10000.0,
     stream: StreamKind = StreamKind.EOT,
+    reserved: tuple[str, ...] = (),
 ) -> PatchedStudentConfig:
     """A :class:`PatchedStudentConfig` for the named preset over ``stream``: ``hidden_size`` …
     ``intermediate_size`` size the global model, ``local_*`` the local encoder and decoder."""
@@ -84,6 +93,7 @@ def patched_config(
             max_position_embeddings=max_positions,
             rope_theta=rope_theta,
             byte_stream=stream.value,
+            **reserved_fields(stream, reserved),
         )
     except ValueError as exc:
         raise UserError(f"patched student: {exc}") from exc
@@ -128,7 +138,7 @@ class PatchedArchitecture(Architecture):
         "loads with `AutoModelForCausalLM` and `trust_remote_code=True` too."
     )
 
-    def build(self, shape, *, seq_len: int, seed: int):
+    def build(self, shape, *, seq_len: int, seed: int, reserved: tuple[str, ...] = ()):
         import torch
 
         from students.models.patched_model import PatchedStudent
@@ -147,6 +157,7 @@ class PatchedArchitecture(Architecture):
             max_positions=shape.max_positions or seq_len,
             rope_theta=shape.rope_theta,
             stream=shape.stream_kind,
+            reserved=reserved,
         )
         torch.manual_seed(seed)
         return PatchedStudent(model_config)
@@ -209,6 +220,26 @@ class PatchedArchitecture(Architecture):
             local_layers=local_layers,
             local_window=config.local_window,
         )
+
+    def memory_floats(self, shape, *, batch_size: int, seq_len: int, alphabet: int) -> tuple[int, int]:
+        """The global blocks, the local encoder's and decoder's, the embedding, head and the projections
+        between the two widths; the global layers keep activations once a patch, the local ones every symbol."""
+        sizes, local = shape_sizes(shape), LOCAL_PRESETS[shape.preset]
+        width, layers, mlp = sizes.hidden_size, sizes.num_layers, sizes.intermediate_size
+        local_width = shape.local_hidden_size or local.hidden_size
+        local_layers = 2 * (local.layers if shape.local_layers is None else shape.local_layers)
+        local_mlp = 3 * local_width if shape.local_hidden_size else local.intermediate_size
+        parameters = (
+            stack_parameters(width, layers, 2 * width, mlp, 0)
+            + stack_parameters(local_width, local_layers, 2 * local_width, local_mlp, alphabet)
+            + 2 * width * local_width
+        )
+        symbols = batch_size * seq_len
+        patches = max(1, int(symbols * PATCHES_PER_SYMBOL))
+        activations = block_activation_floats(patches, layers, width, mlp) + block_activation_floats(
+            symbols, local_layers, local_width, local_mlp
+        )
+        return parameters, activations
 
 
 PATCHED = PatchedArchitecture()

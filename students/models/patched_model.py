@@ -41,10 +41,14 @@ from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers.generation import CompileConfig
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-# bytestream/alphabet.py's values, copied (this file runs without the package): tests/test_alphabet_copies.py
+# This file runs without the package (an export ships it), so it copies what it needs; each copy
+# names its source, and tests/test_shipped_copies.py holds it to that source.
+# Copied from bytestream.alphabet: ALPHABET_SIZE as NUM_SYMBOLS, EOT, BOS, EOS, PAD
 NUM_SYMBOLS, EOT, BOS, EOS, PAD = 260, 256, 257, 258, 259
+# Copied from bytestream.alphabet: FUSED_ALPHABET_SIZE as FUSED_NUM_SYMBOLS, FUSED_ENDS, FUSED_BOS, FUSED_EOS, FUSED_PAD
 FUSED_NUM_SYMBOLS, FUSED_ENDS, FUSED_BOS, FUSED_EOS, FUSED_PAD = 515, 256, 512, 513, 514
 # each stream's (alphabet size, <bos>, <eos>, <pad>, <eot>): the config's defaults for ``byte_stream``
+# Copied from bytestream.stream_kind: StreamKind as STREAM_SYMBOLS
 STREAM_SYMBOLS = {
     "eot": (NUM_SYMBOLS, BOS, EOS, PAD, EOT),
     "fused": (FUSED_NUM_SYMBOLS, FUSED_BOS, FUSED_EOS, FUSED_PAD, None),
@@ -111,11 +115,6 @@ class PatchedStudentConfig(PretrainedConfig):
 
 
 # ------------------------------------------------------------------------------ layers
-
-
-def _rotate(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotary embedding of ``x`` (B, H, T, D) at ``positions`` (T,) or (B, T)."""
-    return _apply_rotation(x, *_rotation(positions, x.shape[-1] // 2, theta, x.dtype))
 
 
 def _rotation(positions: torch.Tensor, half: int, theta: float, dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -243,6 +242,14 @@ class PatchedCache:
         """Global steps taken per row (the start step included)."""
         return self.global_length.clone()
 
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        """Row ``r`` takes what row ``beam_idx[r]`` held (beam search keeps its best beams), in place:
+        every tensor keeps its address."""
+        rows = [*(t for pair in self.local for t in pair), *self.global_k, *self.global_v]
+        rows += [self.pad, self.global_length, self.open_sum, self.open_count, self.context]
+        for tensor in rows:
+            tensor.copy_(tensor.index_select(0, beam_idx.to(tensor.device)))
+
     def mark_static(self) -> None:
         """Tag every tensor a step updates in place as a fixed address (unguarded: no recompiles),
         as ``transformers``' static cache does: CUDA graphs replay only a step whose in-place
@@ -305,11 +312,13 @@ class PatchedStudent(PreTrainedModel, GenerationMixin):
 
     def closes(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Where a patch closes: at each ``<eot>`` and ``<bos>``; in the fused stream after each byte
-        flagged "ends" and at ``<bos>``."""
+        flagged "ends" and at ``<bos>``; in either at each reserved symbol (a teacher's chat special,
+        after the stream's alphabet: one teacher token)."""
         bos = input_ids == self.config.bos_token_id
+        reserved = input_ids >= STREAM_SYMBOLS[self.config.byte_stream][0]
         if self.config.byte_stream == "fused":
-            return bos | ((input_ids >= FUSED_ENDS) & (input_ids < FUSED_BOS))
-        return bos | (input_ids == self.config.eot_token_id)
+            return bos | reserved | ((input_ids >= FUSED_ENDS) & (input_ids < FUSED_BOS))
+        return bos | reserved | (input_ids == self.config.eot_token_id)
 
     # --------------------------------------------------------------------------- full sequence
 

@@ -5,17 +5,23 @@ What differs by architecture the architecture object says (:mod:`students.models
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
-
-from huggingface_hub import ModelCard, ModelCardData
+from typing import TYPE_CHECKING, Any
 
 from bytestream.stream_kind import StreamKind
 from students.models.architecture import Architecture
 from students.models.architectures import DEFAULT, architecture_of_model
-from students.release.card_defaults import LICENSE
-from students.release.teacher_check import is_hub_id
+
+if TYPE_CHECKING:
+    from huggingface_hub import ModelCard
+
+# What the card says when ``export`` is not told otherwise, shared by the library
+# (:func:`students.release.export.export_student`, :func:`model_card`) and the ``export`` flags.
+# This module imports no torch, transformers or Hub client at its top (they load in
+# :func:`model_card`), so ``bytedistill export --help`` reads these without them.
+LICENSE = "apache-2.0"  # the card's metadata license (--license)
 
 USAGE = """```python
+import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 repo = "{repo}"  # or a local folder
@@ -33,7 +39,8 @@ print(tokenizer.decode(output[0], skip_special_tokens=True))
 
 # a complete text (scoring): tokenizer(text) places the teacher's marks throughout
 text = tokenizer("In the beginning God created", return_tensors="pt")
-nats_per_symbol = model(**text, labels=text.input_ids).loss
+with torch.no_grad():
+    nats_per_symbol = model(**text, labels=text.input_ids).loss.item()
 ```"""
 
 COMPILED_USAGE = """Long generations run faster with the decode step compiled: caches allocated once
@@ -85,6 +92,49 @@ STREAM_TEXT = {  # what the card says that depends on the stream the student rea
 }
 
 
+CHAT_USAGE = """```python
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+repo = "{repo}"  # or a local folder
+model = {model_loading}
+tokenizer = AutoTokenizer.from_pretrained(repo, trust_remote_code=True)
+
+messages = [{{"role": "user", "content": "What is the capital of France?"}}]
+inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt")
+output = model.generate(**inputs, max_new_tokens=400, do_sample=False)  # stops at the end of its turn
+answer = tokenizer.decode(output[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
+messages.append({{"role": "assistant", "content": answer}})  # the next turn reads the whole conversation
+```
+
+Or in a terminal: `bytedistill chat {repo}` (one user turn a line; the answer is shown as it is
+written)."""
+
+
+def _chat_section(reserved: list[str], stream: StreamKind, evaluation: dict[str, Any], repo: str, loading: str) -> str:
+    """The card's "Chatting" section: the reserved symbols, the assistant-only figures, a conversation in Python."""
+    if not reserved:
+        return ""
+    symbols = ", ".join(f"`{text}` {stream.alphabet_size + i}" for i, text in enumerate(reserved))
+    figures = ""
+    if evaluation.get("assistant_student_bpb") is not None:
+        figures = (
+            f"On the held-out conversations the student reads the assistant's turns at "
+            f"{_fmt(evaluation.get('assistant_student_bpb'))} bits per byte, the teacher at "
+            f"{_fmt(evaluation.get('assistant_teacher_bpb'))} (their end-of-turn symbols included).\n\n"
+        )
+    return f"""## Chatting
+
+The student was distilled on conversations rendered by the teacher's chat template, which the folder
+ships (`chat_template.jinja`): the teacher's chat specials are symbols of their own ({symbols}),
+so the student learnt where a turn begins and ends, and `generate` stops at the end of its turn
+(`generation_config.json`'s `eos_token_id`). `tokenizer.apply_chat_template(...)` gives the stream it
+was trained on, and `decode(..., skip_special_tokens=True)` drops the specials.
+
+{figures}{CHAT_USAGE.format(repo=repo, model_loading=loading)}
+
+"""
+
+
 def _fmt(value: Any, digits: int = 4) -> str:
     return f"{value:.{digits}f}" if isinstance(value, (int, float)) else "not evaluated"
 
@@ -120,9 +170,16 @@ def model_card(
     architecture: Architecture = DEFAULT,
     architecture_section: str = "",
     stream: StreamKind = StreamKind.EOT,
+    reserved: list[str] | None = None,
 ) -> ModelCard:
-    """README.md: Hub metadata, results table, usage snippet, tokenizer notes and trained context,
-    in the words of the stream the student reads."""
+    """README.md: Hub metadata, results table, usage snippet (a conversation for a chat student:
+    ``reserved`` its chat specials), tokenizer notes and trained context, in the words of the stream
+    the student reads."""
+    from huggingface_hub import ModelCard, ModelCardData
+
+    from students.release.teacher_check import is_hub_id  # loads the stream tokenizer: transformers
+
+    reserved = list(reserved or [])
     says = STREAM_TEXT[stream]
     config = info.get("config", {})
     described = info.get("data", {})
@@ -138,7 +195,13 @@ def model_card(
         library_name="transformers",
         pipeline_tag="text-generation",
         base_model=teacher if hub_teacher else None,
-        tags=["byte-level", "distillation", "bytedistill", *(["fused-stream"] if stream is StreamKind.FUSED else [])],
+        tags=[
+            "byte-level",
+            "distillation",
+            "bytedistill",
+            *(["fused-stream"] if stream is StreamKind.FUSED else []),
+            *(["conversational"] if reserved else []),
+        ],
         teacher=teacher,
         training_data=data,
         training_bytes=train_bytes,
@@ -150,7 +213,7 @@ def model_card(
     body = f"""# Byte-level student of {teacher}
 
 A byte-level causal language model ({architecture.card_name}, {info.get("parameters", 0):,} parameters,
-{stream.alphabet_size}-symbol vocabulary) distilled with bytedistill from the token-level
+{stream.alphabet_size + len(reserved)}-symbol vocabulary) distilled with bytedistill from the token-level
 teacher **{teacher}** using its exact next-byte distributions
 (KL weight alpha = {config.get("alpha")}, temperature = {config.get("temperature")}).
 
@@ -167,7 +230,7 @@ teacher **{teacher}** using its exact next-byte distributions
 
 Bits per byte count every symbol's negative log-likelihood ({says["counted"]}) divided by the number of UTF-8 bytes, so student and teacher are comparable.
 
-{architecture_section}## Usage
+{architecture_section}{_chat_section(reserved, stream, evaluation, repo_id or "your-name/byte-student", architecture.card_loading)}## Usage
 
 {USAGE.format(repo=repo_id or "your-name/byte-student", model_loading=architecture.card_loading, **says)}
 

@@ -38,14 +38,14 @@ from transformers import GenerationConfig
 
 from bytestream import stream_tokenizer
 from bytestream.stream_kind import StreamKind
-from bytestream.stream_tokenizer import TEACHER_TOKENIZER_FILE, ByteStreamTokenizer
+from bytestream.stream_tokenizer import END_OF_TURN_TEXTS, TEACHER_TOKENIZER_FILE, ByteStreamTokenizer
+from common.errors import UserError
 from students.models.architectures import architecture_of_model
 from students.release import custom_generate
-from students.release.card import card_section, model_card
-from students.release.card_defaults import LICENSE
+from students.release.card import LICENSE, card_section, model_card
 from students.release.export_record import previous_export, write_record, written_files
 from students.release.export_staging import clean_leftover, export_lock, staging, swap_in
-from students.release.teacher_check import teacher_tokenizer_json
+from students.release.teacher_check import PLAIN, TeacherChat, teacher_files
 from students.release.tokenizer import build_tokenizer
 from students.release.trained_student import load_student, read_run_info, resolve_checkpoint, trained_context
 
@@ -53,13 +53,14 @@ REMOTE_CODE_FILE = "tokenization_bytedistill.py"
 CUSTOM_GENERATE_FILE = "custom_generate/generate.py"  # transformers binds it as model.generate (trust_remote_code)
 
 
-def generation_config(stream: StreamKind = StreamKind.EOT) -> GenerationConfig:
-    """Stop at the stream's ``<eos>``. No length of its own: the caller's ``max_new_tokens`` or
+def generation_config(stream: StreamKind = StreamKind.EOT, end_of_turn: list[int] | None = None) -> GenerationConfig:
+    """Stop at the stream's ``<eos>`` (and a chat student at the end of its turn: the
+    ``end_of_turn`` symbols). No length of its own: the caller's ``max_new_tokens`` or
     ``max_length`` (as lm-evaluation-harness passes it) decides, and transformers warns when a
     config's length and the caller's are both set."""
     return GenerationConfig(
         bos_token_id=stream.bos,
-        eos_token_id=stream.eos,
+        eos_token_id=[stream.eos, *end_of_turn] if end_of_turn else stream.eos,
         pad_token_id=stream.pad,
         suppress_tokens=[stream.bos, stream.pad],  # a document never restarts mid-stream; padding is never a symbol
     )
@@ -85,28 +86,46 @@ def export_student(
         previous = previous_export(output)
         info = read_run_info(checkpoint)
         model = load_student(checkpoint)  # before the (slow) tokenizer: a damaged checkpoint is refused at once
-        tokenizer_json = teacher_tokenizer_json(teacher_tokenizer, info)
+        tokenizer_json, chat = teacher_files(teacher_tokenizer, info)
+        if chat.reserved_symbols != list(getattr(model.config, "reserved_symbols", None) or []):
+            raise UserError(
+                f"the training store's reserved symbols {chat.reserved_symbols} are not the student's "
+                f"{getattr(model.config, 'reserved_symbols', None) or []}"
+            )
         model.config.max_position_embeddings = trained_context(model, info)
-        model.generation_config = generation_config(StreamKind.of_config(model.config))
+        stream = StreamKind.of_config(model.config)
+        model.generation_config = generation_config(stream, end_of_turn_symbols(stream, chat))
         card = {"repo_id": repo_id, "license": license, "teacher": teacher, "data": data}
         with staging(output, previous) as staged:
-            write_export(staged, model, tokenizer_json, info, **card)
+            write_export(staged, model, tokenizer_json, info, chat=chat, **card)
         swap_in(staged, output)
     return output
 
 
-def write_export(folder: Path, model, tokenizer_json: str, info: dict[str, Any], **card: Any) -> None:
+def end_of_turn_symbols(stream: StreamKind, chat: TeacherChat) -> list[int]:
+    """The reserved symbols at which a chat student's turn ends (none for a plain student)."""
+    if not chat.reserved_symbols:
+        return []
+    ends = {chat.template_tokens.get("eos_token"), *END_OF_TURN_TEXTS}
+    return [stream.alphabet_size + i for i, text in enumerate(chat.reserved_symbols) if text in ends]
+
+
+def write_export(
+    folder: Path, model, tokenizer_json: str, info: dict[str, Any], chat: TeacherChat = PLAIN, **card: Any
+) -> None:
     """Write every file of the export, and its record, into the empty ``folder``."""
     architecture = architecture_of_model(model)
     stream = StreamKind.of_config(model.config)
     architecture.export_files(model, folder)
     model.save_pretrained(folder)
     (folder / TEACHER_TOKENIZER_FILE).write_text(tokenizer_json, encoding="utf-8")
-    if stream is StreamKind.EOT:
+    if stream is StreamKind.EOT and not chat.reserved_symbols:
         build_tokenizer().save_pretrained(folder)
-    else:  # no plain byte tokenizer: the stream tokenizer's own config, naming its stream
+    else:  # no plain byte tokenizer: the stream tokenizer's own config, naming its stream (and its chat)
         teacher_file = str(folder / TEACHER_TOKENIZER_FILE)
-        ByteStreamTokenizer(teacher_tokenizer_file=teacher_file, byte_stream=stream.value).save_pretrained(folder)
+        ByteStreamTokenizer(
+            teacher_tokenizer_file=teacher_file, byte_stream=stream.value, **chat.tokenizer_kwargs()
+        ).save_pretrained(folder)
     shutil.copyfile(stream_tokenizer.__file__, folder / REMOTE_CODE_FILE)
     (folder / CUSTOM_GENERATE_FILE).parent.mkdir(exist_ok=True)
     shutil.copyfile(custom_generate.__file__, folder / CUSTOM_GENERATE_FILE)
@@ -123,6 +142,7 @@ def write_export(folder: Path, model, tokenizer_json: str, info: dict[str, Any],
         architecture=architecture,
         stream=stream,
         architecture_section=card_section(model, info),
+        reserved=chat.reserved_symbols,
         **card,
     ).save(folder / "README.md")
     write_record(folder, written_files(folder, {}))

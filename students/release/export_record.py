@@ -18,7 +18,7 @@ import os
 import stat
 from pathlib import Path
 
-from bytestream.errors import UserError
+from common.errors import UserError
 
 EXPORT_RECORD = "bytedistill_export.json"
 

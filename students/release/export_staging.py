@@ -33,7 +33,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from bytestream.errors import UserError, first_line
+from common.errors import UserError, first_line
 from students.release.export_record import EXPORT_RECORD
 
 MARKER = ".bytedistill-staging.json"

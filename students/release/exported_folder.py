@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bytestream.errors import UserError, first_line
 from bytestream.stream_kind import StreamKind
 from bytestream.stream_tokenizer import TEACHER_TOKENIZER_FILE, ByteStreamTokenizer
+from common.errors import UserError, first_line
 from students.models.architectures import known_auto_maps, register_auto_classes
 
 WEIGHT_PROBLEMS = {"missing_keys": "missing", "unexpected_keys": "unexpected", "mismatched_keys": "mis-shaped"}
@@ -109,13 +109,35 @@ def _from_pretrained(folder: Path, **options):
     return model
 
 
-def saved_byte_stream(folder: Path) -> str:
-    """The stream the folder's ``tokenizer_config.json`` names (``byte_stream``; absent: ``eot``)."""
+def _saved_tokenizer_config(folder: Path) -> dict:
     try:
         saved = json.loads((Path(folder) / "tokenizer_config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return "eot"  # missing or corrupt: folders exported before either stream was named
-    return (saved.get("byte_stream") if isinstance(saved, dict) else None) or "eot"
+        return {}  # missing or corrupt: folders exported before either stream was named
+    return saved if isinstance(saved, dict) else {}
+
+
+def saved_byte_stream(folder: Path) -> str:
+    """The stream the folder's ``tokenizer_config.json`` names (``byte_stream``; absent: ``eot``)."""
+    return _saved_tokenizer_config(folder).get("byte_stream") or "eot"
+
+
+CHAT_TEMPLATE_FILE = "chat_template.jinja"
+
+
+def saved_chat(folder: Path) -> dict:
+    """A chat student's tokenizer settings as its folder holds them (its reserved symbols, the texts its
+    chat template is rendered with, its template); none for a plain student."""
+    saved = _saved_tokenizer_config(folder)
+    if not saved.get("reserved_symbols"):
+        return {}
+    chat = {key: saved.get(key) for key in ("reserved_symbols", "chat_template_tokens", "chat_prefix")}
+    template = Path(folder) / CHAT_TEMPLATE_FILE
+    if template.is_file():
+        chat["chat_template"] = template.read_text(encoding="utf-8")
+    elif saved.get("chat_template"):
+        chat["chat_template"] = saved["chat_template"]
+    return chat
 
 
 def load_stream_tokenizer(folder: Path) -> ByteStreamTokenizer:
@@ -125,7 +147,9 @@ def load_stream_tokenizer(folder: Path) -> ByteStreamTokenizer:
     if not path.is_file():
         raise UserError(f"{folder} has no {TEACHER_TOKENIZER_FILE}: export it again with this version of bytedistill")
     try:
-        return ByteStreamTokenizer(teacher_tokenizer_file=str(path), byte_stream=saved_byte_stream(folder))
+        return ByteStreamTokenizer(
+            teacher_tokenizer_file=str(path), byte_stream=saved_byte_stream(folder), **saved_chat(folder)
+        )
     except Exception as exc:  # the tokenizers library raises a bare Exception for a corrupt file
         raise UserError(f"{path} is not a teacher tokenizer the stream tokenizer reads: {first_line(exc)}") from exc
 

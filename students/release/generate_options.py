@@ -14,7 +14,8 @@ from configs.ranges import COUNT, NON_NEGATIVE, POSITIVE, SEED, Range
 @dataclass
 class GenerateOptions:
     max_new_bytes: int = field(
-        default=200, metadata={"help": "bytes to generate (<eot> marks not counted)", "range": COUNT}
+        default=200,
+        metadata={"help": "text bytes to generate (the token ends the student places not counted)", "range": COUNT},
     )
     temperature: float = field(default=1.0, metadata={"help": "sampling temperature", "range": POSITIVE})
     top_k: int = field(

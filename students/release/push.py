@@ -44,8 +44,8 @@ from pathlib import Path
 from typing import BinaryIO, Self, TypeVar
 from urllib.parse import urlsplit
 
-from bytestream.errors import UserError, first_line
 from bytestream.stream_kind import StreamKind
+from common.errors import UserError, first_line
 from students.release.export_record import recorded_files
 from students.release.export_staging import export_lock
 

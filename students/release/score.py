@@ -1,6 +1,6 @@
 """Bits per byte of an exported student on text files, record files or logit stores (``bytedistill score``).
 
-Files are read as ``dump`` reads a corpus (:mod:`distill.corpus`): a ``.txt``/``.md`` file is one
+Files are read as ``dump`` reads a corpus (:mod:`distill.corpus.spec`): a ``.txt``/``.md`` file is one
 document, a ``.jsonl``/``.jsonl.zst``/``.parquet`` file one per record; empty documents are skipped
 and a source without any document is refused.
 
@@ -9,8 +9,10 @@ Same definitions as ``train``'s evaluation (docs/DESIGN.md, "Evaluation"): every
 both flags of a byte). Every document becomes its training stream in the stream the student
 reads (``<bos> bytes(t_1) <eot> … <eot> <eos>``, or the fused ``<bos> f(t_1) … f(t_m) <eos>``):
 a store's own stream (a store of the other stream is refused), or the exported stream
-tokenizer's for text; the streams of all documents are packed one after another, as in training,
-and scored in windows of at most the trained context. With ``stride`` = context (the default)
+tokenizer's for text; the streams of a source's documents are packed one after another, as in
+training, and scored in windows of at most the trained context that start at the source's first
+symbol: a source's figure is the one it gets alone, whatever is scored beside it (the same text
+as a store and as a record file gives one figure). With ``stride`` = context (the default)
 the windows do not overlap, exactly as ``train`` evaluates; a smaller stride slides the window so
 that every position after the first window sees at least ``context - stride`` symbols before it.
 With ``packed=False`` each document is scored on its own from its ``<bos>`` (independent per-file
@@ -35,10 +37,10 @@ import torch
 from tqdm.auto import tqdm
 
 from bytestream.alphabet import NUM_BYTES
-from bytestream.errors import UserError
 from bytestream.stream_kind import StreamKind
 from bytestream.stream_tokenizer import TEACHER_TOKENIZER_FILE, ByteStreamTokenizer
-from distill.corpus import RECORD_SUFFIXES, TEXT_SUFFIXES, CorpusSpec, raw_documents
+from common.errors import UserError
+from distill.corpus.spec import RECORD_SUFFIXES, TEXT_SUFFIXES, CorpusSpec, raw_documents
 from logit_store.file_names import MANIFEST
 from students.release.exported_folder import load_model, load_stream_tokenizer, require_same_stream
 from students.release.score_options import MODES, ScoreOptions
@@ -77,7 +79,7 @@ def plain_symbols(data: bytes, stream: StreamKind) -> list[int]:
 
 
 def _file_documents(path: Path, text_field: str) -> Iterator[bytes]:
-    """A file's documents as ``dump`` reads them (:mod:`distill.corpus`: a text field that is not
+    """A file's documents as ``dump`` reads them (:mod:`distill.corpus.spec`: a text field that is not
     text is refused); empty ones are skipped, as ``dump`` skips them."""
     if not path.name.lower().endswith(TEXT_SUFFIXES + RECORD_SUFFIXES):
         raise UserError(f"{path}: score reads {', '.join(TEXT_SUFFIXES + RECORD_SUFFIXES)} files and store folders")
@@ -193,10 +195,12 @@ def windows(total: int, context: int, stride: int, begin: int = 0) -> list[tuple
 def all_windows(
     packed: PackedStream, context: int, stride: int, per_document: bool, stream: StreamKind
 ) -> list[tuple[int, int, int]]:
-    """Windows over the whole packed stream, or over each document's stream on its own."""
-    if not per_document:
-        return windows(len(packed.inputs), context, stride)
-    starts = np.flatnonzero(packed.inputs == stream.bos).tolist() + [len(packed.inputs)]
+    """Windows over each source's packed stream, or over each document's stream on its own."""
+    if per_document:
+        starts = np.flatnonzero(packed.inputs == stream.bos).tolist()
+    else:
+        starts = [0, *(np.flatnonzero(np.diff(packed.source)) + 1).tolist()]
+    starts.append(len(packed.inputs))
     return [w for begin, end in pairwise(starts) for w in windows(end, context, stride, begin)]
 
 

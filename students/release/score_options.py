@@ -18,7 +18,8 @@ class ScoreOptions:
     mode: str = field(
         default="stream",
         metadata={
-            "help": "stream: the training stream with the teacher's <eot> marks; plain: bytes only; "
+            "help": "stream: the student's training stream, with the teacher's token ends (the fused stream's "
+            "flagged bytes, or an <eot> student's <eot> marks); plain: bytes only; "
             "plain-renormalised: bytes only, P over bytes + <eos>",
             "choices": list(MODES),
         },
@@ -36,7 +37,10 @@ class ScoreOptions:
     )
     packed: bool = field(
         default=True,
-        metadata={"help": "documents back to back as train evaluates (false: each document on its own, as lm-eval)"},
+        metadata={
+            "help": "each source's documents back to back, as train evaluates a store, in windows from the "
+            "source's start (false: each document on its own, as lm-eval)"
+        },
     )
     batch_size: int = field(default=8, metadata={"help": "windows per forward pass", "range": COUNT})
     text_field: str = field(default="text", metadata={"help": "field of each .jsonl record holding the text"})

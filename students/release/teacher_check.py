@@ -4,14 +4,15 @@ against the store's vocabulary (the student learnt that teacher's ``<eot>`` mark
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
-from bytestream.errors import UserError
 from bytestream.stream_tokenizer import TeacherTokens
 from bytestream.vocab import TeacherVocab
+from common.errors import UserError
 
 
 def training_stores(info: dict[str, Any]) -> list[Path]:
@@ -21,14 +22,48 @@ def training_stores(info: dict[str, Any]) -> list[Path]:
     return [Path(p) for p in recorded]
 
 
+@dataclasses.dataclass(frozen=True)
+class TeacherChat:
+    """What a chat student's tokenizer needs of its teacher: the reserved symbols' texts (in the
+    store's order), the chat template, the special-token texts the template is rendered with, and
+    the text of the token the teacher reads before every document (the stream's ``<bos>``; empty
+    if none)."""
+
+    reserved_symbols: list[str]
+    template: str | None
+    template_tokens: dict[str, str]
+    prefix: str
+
+    def tokenizer_kwargs(self) -> dict[str, Any]:
+        """The :class:`ByteStreamTokenizer` settings that make it a chat tokenizer (none for plain text)."""
+        if not self.reserved_symbols:
+            return {}
+        return {
+            "reserved_symbols": self.reserved_symbols,
+            "chat_template_tokens": self.template_tokens,
+            "chat_prefix": self.prefix,
+            **({"chat_template": self.template} if self.template else {}),
+        }
+
+
+PLAIN = TeacherChat([], None, {}, "")
+
+
 def teacher_tokenizer_json(source: str | None, info: dict[str, Any]) -> str:
+    """The teacher's ``tokenizer.json`` text (:func:`teacher_files`)."""
+    return teacher_files(source, info)[0]
+
+
+def teacher_files(source: str | None, info: dict[str, Any]) -> tuple[str, TeacherChat]:
     """The teacher's ``tokenizer.json`` text: from ``source`` (tokenizer.json, model folder or .gguf),
     else the teacher recorded in the training store; checked against the store's vocabulary, with
     every added token the dump treats as special marked special (its literal text is text). Without
     the store (moved, or named relative to another folder) the check cannot be made: refused unless
-    ``source`` is given, which is then shipped unchecked (with a warning)."""
-    from bytestream.vocab import load_teacher_tokenizer, vocab_from_tokenizer
-    from distill.encode import with_specials_marked
+    ``source`` is given, which is then shipped unchecked (with a warning). With it, for a store of
+    conversations, its chat settings (:class:`TeacherChat`): as the store's manifest records them,
+    else the teacher tokenizer's own."""
+    from bytestream.vocab import load_teacher_tokenizer, vocab_from_tokenizer, with_prefix_template
+    from distill.teacher.encode import with_specials_marked
     from logit_store import LogitStore
     from logit_store.file_names import MANIFEST
     from logit_store.manifest import read_manifest, tokenizer_location
@@ -54,15 +89,53 @@ def teacher_tokenizer_json(source: str | None, info: dict[str, Any]) -> str:
     source = source or location
     tokenizer = load_teacher_tokenizer(source)
     vocab = vocab_from_tokenizer(tokenizer)
-    if found and not same_tokens(vocab, LogitStore(stores[0]).vocab):
+    stored = LogitStore(stores[0]).vocab if found else None
+    if stored is not None and not same_tokens(vocab, stored):
         raise UserError(f"the tokenizer of {source} is not the one the training store {stores[0]} was dumped with")
     backend = getattr(tokenizer, "backend_tokenizer", tokenizer)
-    text = json.dumps(with_specials_marked(json.loads(backend.to_str()), vocab), ensure_ascii=False)
+    spec = with_specials_marked(json.loads(backend.to_str()), vocab)
+    if stored is not None:  # the file read alone names the prefix the dump's teacher read
+        spec = with_prefix_template(spec, stored.prefix_ids) or spec
+    text = json.dumps(spec, ensure_ascii=False)
+    chat = teacher_chat(manifest, tokenizer, vocab)
     try:
-        TeacherTokens(text)
+        TeacherTokens(text, chat.reserved_symbols)
     except ValueError as exc:
         raise UserError(f"{source}: {exc}") from exc
-    return text
+    if chat.reserved_symbols and not chat.template:
+        raise UserError(
+            f"{source} has no chat template, and the training store records none: give a teacher that has one"
+        )
+    return text, chat
+
+
+def teacher_chat(manifest: dict[str, Any], tokenizer, vocab: TeacherVocab) -> TeacherChat:
+    """The chat settings of a store's student: the reserved symbols its manifest names and the
+    template it was rendered with, each as the manifest records it, else as the teacher has it."""
+    reserved = [entry["text"] for entry in manifest.get("reserved_symbols") or []]
+    if not reserved:
+        return PLAIN
+    recorded = {**(manifest.get("settings") or {}), **manifest}  # the rendering, as the dump records it
+    names = ("bos_token", "eos_token")  # the texts the dump renders its template with
+    own = {name: str(getattr(tokenizer, name)) for name in names if getattr(tokenizer, name, None)}
+    prefix = vocab.bytes_of(vocab.prefix_ids[:1]).decode("utf-8", errors="replace") if vocab.prefix_ids else ""
+    if vocab.prefix_ids and not prefix:  # a special's bytes are empty: its text is its name
+        prefix = tokenizer.convert_ids_to_tokens(vocab.prefix_ids[0])
+    template = recorded.get("chat_template") or getattr(tokenizer, "chat_template", None)
+    if isinstance(template, dict):  # several named templates: the default one
+        template = template.get("default")
+    digest = recorded.get("chat_template_sha256")
+    if template and digest and hashlib.sha256(template.encode("utf-8")).hexdigest() != digest:
+        raise UserError(
+            "the teacher's chat template is not the one the training store was rendered with (its sha256 differs): "
+            "export from a store that records its template, or with the teacher it was dumped with"
+        )
+    return TeacherChat(
+        reserved,
+        template,
+        dict(recorded.get("chat_template_tokens") or own),
+        recorded.get("chat_prefix", prefix),
+    )
 
 
 def _teacher_reachable(teacher: str) -> bool:
@@ -84,8 +157,13 @@ def is_hub_id(name: str) -> bool:
 
 
 def same_tokens(vocab: TeacherVocab, stored: TeacherVocab) -> bool:
-    """Whether a tokenizer's vocabulary is the one a store was dumped with: the same bytes and
-    specials, once padded to the store's output rows (Phi-3), whatever the end-of-text names."""
+    """Whether a tokenizer's vocabulary is the one a store was dumped with, as far as it decides the
+    student's stream: the same bytes and specials (and dummy prefix), once padded to the store's output
+    rows (Phi-3), whatever the end-of-text names, whichever specials a store of conversations keeps
+    as reserved symbols, and whatever the teacher read before a document (its BOS or none: context,
+    never a symbol of the stream)."""
     if stored.size > vocab.size:
         vocab = vocab.padded_to(stored.size)
-    return dataclasses.replace(vocab, end_of_text_ids=stored.end_of_text_ids).hash == stored.hash
+    kept = {"kept_ids": stored.kept_ids} if getattr(stored, "kept_ids", ()) else {}  # a chat store's reserved ids
+    same = {"end_of_text_ids": stored.end_of_text_ids, "prefix_ids": stored.prefix_ids, **kept}
+    return dataclasses.replace(vocab, **same).hash == stored.hash

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bytestream.errors import UserError
+from common.errors import UserError
 from students.models.architectures import architecture_of_config
 from students.training.checkpoints import TRAINER_STATE, latest_checkpoint, read_json, require_complete
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bytestream.errors import UserError
 from bytestream.stream_kind import StreamKind
+from common.errors import UserError
 from configs.ranges import COUNT, NON_NEGATIVE, at_least
 
 if TYPE_CHECKING:  # torch is imported where it runs: `bytedistill train --help` loads none
@@ -114,6 +114,27 @@ def streams_of_stores(paths: list[str]) -> dict[str, StreamKind]:
     return {p: manifest_stream(read_manifest(Path(p))) for p in paths if (Path(p) / MANIFEST).is_file()}
 
 
+def reserved_of_stores(paths: list[str]) -> list[str]:
+    """The reserved symbols (the teacher's chat specials, by text, in order) the stores among ``paths``
+    hold after their stream's alphabet: none for plain stores; stores with different ones are refused
+    (their symbols' ids would mean different things)."""
+    from logit_store.file_names import MANIFEST
+    from logit_store.manifest import read_manifest
+
+    found: dict[str, list[str]] = {}
+    for path in paths:
+        if (Path(path) / MANIFEST).is_file():
+            found[path] = [entry["text"] for entry in read_manifest(Path(path)).get("reserved_symbols") or []]
+    first = next(iter(found), None)
+    for path, reserved in found.items():
+        if reserved != found[first]:
+            raise UserError(
+                f"the stores {first} and {path} hold different reserved symbols ({found[first]} and {reserved}): "
+                "train on stores dumped with one chat template"
+            )
+    return found[first] if first is not None else []
+
+
 def refuse_other_streams(paths: list[str], stream: StreamKind = StreamKind.EOT, *, training: bool = False) -> None:
     """Refuse stores of two streams together (naming one of each), then a store of another stream
     than the student's, ``stream`` (when ``training``, naming the ``--stream`` that trains on it):
@@ -138,10 +159,15 @@ def refuse_other_streams(paths: list[str], stream: StreamKind = StreamKind.EOT, 
 
 
 def check_stores(paths: list[str], allow_partial: bool, stream: StreamKind) -> None:
-    """What ``train`` refuses before a run touches anything: stores of another stream than
-    ``stream``, partial stores."""
+    """What ``train`` refuses before a run touches anything: a path that is not a store, stores of
+    another stream than ``stream``, partial stores, stores of two teachers."""
+    from logit_store.manifest import read_manifest
+    from logit_store.teachers import refuse_other_teachers
+
+    manifests = [(path, read_manifest(Path(path))) for path in paths]  # a path that is no store: one line
     refuse_other_streams(paths, stream, training=True)
     refuse_partial_stores(paths, allow_partial)
+    refuse_other_teachers(manifests)
 
 
 STORE_SOURCE = DataSource(build=_store_dataset, describe=_describe_stores, check=check_stores)

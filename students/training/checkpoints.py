@@ -17,13 +17,14 @@ import dataclasses
 import json
 import logging
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bytestream.errors import UserError, first_line
-from bytestream.files import read_text, write_new
 from bytestream.stream_kind import StreamKind
+from common.errors import UserError, first_line
+from common.files import read_text, write_new
 from configs.ranges import NON_NEGATIVE
 from students.models.architecture import STATE_ERRORS
 from students.models.architectures import architecture_of_config
@@ -140,9 +141,17 @@ def _tied_weights_expected(model):
 
 
 def save_checkpoint(
-    accelerator, model, path: Path, state: TrainerState, position: dict, data_order: dict, run_info: dict
+    accelerator,
+    model,
+    path: Path,
+    state: TrainerState,
+    position: dict,
+    data_order: dict,
+    run_info: dict,
+    rank_state: Callable[[Path], None] | None = None,
 ) -> None:
-    """Everything needed to continue exactly, written beside ``path`` and renamed to it when complete."""
+    """Everything needed to continue exactly, written beside ``path`` and renamed to it when complete;
+    ``rank_state`` writes each rank's own further state into the folder (on-policy sampling)."""
     partial = path.with_name(path.name + ".partial")
     if accelerator.is_main_process:
         shutil.rmtree(partial, ignore_errors=True)
@@ -151,6 +160,8 @@ def save_checkpoint(
         with _tied_weights_expected(accelerator.unwrap_model(model)):
             accelerator.save_state(str(partial), safe_serialization=True)
         write_json(partial / f"data_position_rank{accelerator.process_index}.json", position)
+        if rank_state is not None:
+            rank_state(partial)
         accelerator.wait_for_everyone()
         if accelerator.is_main_process:
             accelerator.unwrap_model(model).config.to_json_file(partial / MODEL_CONFIG)

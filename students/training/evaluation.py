@@ -4,7 +4,10 @@ Bits per byte (BPB) = total NLL of the stream in nats / (ln 2 × UTF-8 bytes), c
 symbol's NLL (``<eot>``, ``<eos>`` included) but only real bytes in the denominator
 (docs/DESIGN.md, "Evaluation"); in the fused stream every text byte is one symbol, whatever its
 flag, and ``<eos>`` the one symbol more per document. The teacher's BPB is its NLL of the same targets from
-the stored distributions; the KL is KL(teacher ‖ student) summed over the stream, per byte.
+the stored distributions; the KL is KL(teacher ‖ student) summed over the stream, per byte. On
+conversations (a store with roles) the student's and teacher's BPB are also reported over the
+assistant's targets alone: their NLL (the end-of-turn symbol closing each answer included) per
+byte of the assistant's text (``assistant_student_bpb``, ``assistant_teacher_bpb``).
 
 Exact for any number of processes: each rank reads its own splits of the held-out store (each
 position in exactly one), ranks with fewer batches run fully masked ones so that all run the same
@@ -18,10 +21,10 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from bytestream.errors import UserError
+from common.errors import UserError
 from configs.ranges import NON_NEGATIVE
 from students.training.batch_source import to_device, utf8_bytes
-from students.training.loss import kl_per_position
+from students.training.loss import counted_targets, kl_per_position
 
 if TYPE_CHECKING:  # torch is imported where it runs: `bytedistill train --help` loads none
     import torch
@@ -63,6 +66,16 @@ class EvalMetrics:
     eval_bytes: int
 
 
+@dataclass
+class ChatEvalMetrics(EvalMetrics):
+    """On conversations, also the figures over the assistant's targets only: their NLL (the end of
+    each turn included) per byte of the assistant's text."""
+
+    assistant_student_bpb: float = math.nan
+    assistant_teacher_bpb: float = math.nan
+    assistant_bytes: int = 0
+
+
 def evaluate(model, accelerator, dataset: SplitBatches, seq_len: int) -> EvalMetrics:
     """Student and teacher BPB and KL per byte over every position of ``dataset``."""
     import torch
@@ -78,18 +91,38 @@ def _evaluate(model, accelerator, dataset: SplitBatches, seq_len: int) -> EvalMe
     model.eval()
     device = accelerator.device
     rounds = int(accelerator.reduce(torch.tensor(dataset.num_batches(), device=device), reduction="max"))
-    sums = {name: torch.zeros((), dtype=torch.float64, device=device) for name in ("student", "teacher", "kl", "bytes")}
+    names = ("student", "teacher", "kl", "bytes", *(CHAT_SUMS if getattr(dataset, "has_roles", False) else ()))
+    sums = {name: torch.zeros((), dtype=torch.float64, device=device) for name in names}
     batches = iter(dataset.loader())
     for _ in range(rounds):
-        batch = to_device(next(batches, None) or masked_batch(seq_len, dataset.stream), device)
-        for name, value in _batch_sums(model, batch, dataset.stream).items():
+        batch = next(batches, None) or masked_batch(
+            seq_len, dataset.stream, _alphabet(dataset), "assistant_bytes" in sums
+        )
+        for name, value in _batch_sums(model, to_device(batch, device), dataset.stream).items():
             sums[name] += value
     model.train(was_training)
     totals = {name: float(value) for name, value in accelerator.reduce(sums, reduction="sum").items()}
     if totals["bytes"] == 0:
         raise UserError("the evaluation store yields no UTF-8 bytes")
     scale = math.log(2) * totals["bytes"]
-    return EvalMetrics(totals["student"] / scale, totals["teacher"] / scale, totals["kl"] / scale, int(totals["bytes"]))
+    figures = (totals["student"] / scale, totals["teacher"] / scale, totals["kl"] / scale, int(totals["bytes"]))
+    if "assistant_bytes" not in totals:
+        return EvalMetrics(*figures)
+    chat_scale = math.log(2) * totals["assistant_bytes"] if totals["assistant_bytes"] else math.nan
+    return ChatEvalMetrics(
+        *figures,
+        totals["assistant_student"] / chat_scale,
+        totals["assistant_teacher"] / chat_scale,
+        int(totals["assistant_bytes"]),
+    )
+
+
+CHAT_SUMS = ("assistant_student", "assistant_teacher", "assistant_bytes")
+
+
+def _alphabet(dataset: SplitBatches) -> int:
+    """The width of the dataset's teacher rows: the stream's alphabet and any reserved symbols."""
+    return getattr(dataset, "alphabet_size", dataset.stream.alphabet_size)
 
 
 def _batch_sums(model, batch: dict[str, torch.Tensor], stream: StreamKind) -> dict[str, torch.Tensor]:
@@ -103,21 +136,33 @@ def _batch_sums(model, batch: dict[str, torch.Tensor], stream: StreamKind) -> di
     student_nll = -logprobs.gather(-1, targets).squeeze(-1)
     teacher_nll = -probs.gather(-1, targets).squeeze(-1).double().log()
     kl = kl_per_position(probs, logprobs)
-    return {
+    sums = {
         "student": student_nll[mask].double().sum(),
         "teacher": teacher_nll[mask].sum(),
         "kl": kl[mask].double().sum(),
         "bytes": utf8_bytes(batch, stream).double(),
     }
+    if "roles" in batch:
+        assistant = counted_targets(batch, "assistant")
+        sums["assistant_student"] = student_nll[assistant].double().sum()
+        sums["assistant_teacher"] = teacher_nll[assistant].sum()
+        sums["assistant_bytes"] = (assistant & (batch["target_ids"] < stream.text_symbols)).sum().double()
+    return sums
 
 
-def masked_batch(seq_len: int, stream: StreamKind) -> dict[str, torch.Tensor]:
-    """One window of ``stream``'s padding with no target: a forward pass that counts nothing."""
+def masked_batch(
+    seq_len: int, stream: StreamKind, alphabet_size: int | None = None, roles: bool = False
+) -> dict[str, torch.Tensor]:
+    """One window of ``stream``'s padding with no target: a forward pass that counts nothing
+    (teacher rows ``alphabet_size`` wide, the stream's alphabet by default; with ``roles``, all 0)."""
     import torch
 
-    return {
+    batch = {
         "input_ids": torch.full((1, seq_len), stream.pad, dtype=torch.int64),
         "target_ids": torch.full((1, seq_len), stream.pad, dtype=torch.int64),
         "loss_mask": torch.zeros((1, seq_len), dtype=torch.bool),
-        "target_probs": torch.zeros((1, seq_len, stream.alphabet_size), dtype=torch.float32),
+        "target_probs": torch.zeros((1, seq_len, alphabet_size or stream.alphabet_size), dtype=torch.float32),
     }
+    if roles:
+        batch["roles"] = torch.zeros((1, seq_len), dtype=torch.uint8)
+    return batch

@@ -7,8 +7,10 @@ Per target position::
 over the full distribution over the stream's alphabet (never top-k). With temperature T the student is
 ``log_softmax(logits / T)`` and the teacher is ``p^(1/T)`` renormalised; positions where the
 teacher gives a symbol probability 0 contribute 0 to the KL. Only positions in ``loss_mask``
-count, and the sums are divided once by the number of those positions. :class:`LossConfig` holds
-α and T as training sets them (``--alpha``, ``--temperature``).
+count, and the sums are divided once by the number of those positions; in stores of
+conversations ``--loss-on assistant`` counts only the assistant's targets (:func:`counted_targets`).
+:class:`LossConfig` holds α, T and which targets count as training sets them (``--alpha``,
+``--temperature``, ``--loss-on``).
 """
 
 from __future__ import annotations
@@ -16,11 +18,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from bytestream.errors import UserError
+from common.errors import UserError
 from configs.ranges import FRACTION, POSITIVE
 
 if TYPE_CHECKING:  # torch is imported where it runs: `bytedistill train --help` loads none
     import torch
+
+
+ASSISTANT = 3  # the role of the assistant's targets in a store of conversations (0 template, 1 system, 2 user)
+LOSS_ON = ("assistant", "all")
+AUTO_LOSS_ON = "auto"
 
 
 @dataclass
@@ -35,6 +42,34 @@ class LossConfig:
         },
     )
     temperature: float = field(default=1.0, metadata={"help": "distillation temperature", "range": POSITIVE})
+    loss_on: str = field(
+        default=AUTO_LOSS_ON,
+        metadata={
+            "help": "the targets the loss counts in stores of conversations: assistant (only the assistant's "
+            "turns, its end-of-turn symbol included), all, or auto: assistant for conversations, all for "
+            "plain text (a plain store has no roles: assistant is refused there)",
+            "choices": [AUTO_LOSS_ON, *LOSS_ON],
+        },
+    )
+
+
+def resolved_loss_on(loss_on: str, chat: bool) -> str:
+    """``--loss-on`` once ``auto`` is resolved: assistant for stores of conversations (``chat``), else all;
+    assistant on plain stores, which have no roles, is refused."""
+    if loss_on == AUTO_LOSS_ON:
+        return "assistant" if chat else "all"
+    if loss_on == "assistant" and not chat:
+        raise UserError("--loss-on assistant needs stores of conversations (roles per target); these hold plain text")
+    return loss_on
+
+
+def counted_targets(batch: dict[str, torch.Tensor], loss_on: str) -> torch.Tensor:
+    """The targets the loss counts: ``loss_mask``, and with ``loss_on`` "assistant" only those whose
+    role is the assistant's (a batch without roles counts all)."""
+    mask = batch["loss_mask"].bool()
+    if loss_on == "assistant" and "roles" in batch:
+        mask = mask & (batch["roles"] == ASSISTANT)
+    return mask
 
 
 @dataclass

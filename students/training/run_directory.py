@@ -5,7 +5,8 @@
 - a new run (no ``resume``) into a directory that holds a recorded run is refused, so that no
   checkpoint of the old run survives next to the new run's (``export DIR`` takes the newest);
   ``overwrite`` removes the recorded run's files first, exactly those :data:`RUN_FILES` names
-  (in ``checkpoints/`` only the ``step-*`` folders; anything else in the directory stays);
+  (in ``checkpoints/`` only the ``step-*`` folders; anything else in the directory stays), never
+  through a linked folder (a ``logs`` linked to a folder other runs log into keeps what it holds);
 - train's own names without a record (another program's ``metrics.jsonl``, a run of an older
   version) are never removed: a new run there is refused even with ``overwrite``, resuming one
   of its checkpoints adopts it;
@@ -13,7 +14,9 @@
 - ``.train.lock`` is held (``flock``) for the whole session by the main process; a second
   ``train`` on the directory is refused while it is held. The system releases it however the
   process ends. It, ``metrics.jsonl`` and the temporary files are opened with no symlink followed
-  (:mod:`bytestream.files`): a link planted at one of those names is refused in one line.
+  (:mod:`common.files`): a link planted at one of those names is refused in one line;
+- a session that fails or is stopped before its run wrote anything of its own removes what it
+  added to the directory (:func:`undone_if_unstarted`), so nothing of it refuses the next ``train``.
 """
 
 from __future__ import annotations
@@ -26,8 +29,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from bytestream.errors import UserError
-from bytestream.files import check_own, lock_file
+from common.errors import UserError
+from common.files import check_own, lock_file
 from students.training.checkpoints import CHECKPOINTS, METRICS, RUN_INFO, latest_checkpoint, read_json, write_json
 
 RUN_RECORD = "bytedistill_run.json"
@@ -54,6 +57,41 @@ def run_lock(output_dir: Path) -> Iterator[None]:
         yield
     finally:
         os.close(fd)  # closing releases the lock
+
+
+@contextmanager
+def undone_if_unstarted(output_dir: Path) -> Iterator[None]:
+    """Remove what this session added to ``output_dir`` (the folder itself, the run record, the lock,
+    the trackers' ``logs``) if the block fails or is stopped before the run wrote anything of its own
+    (:data:`MARKERS`): a command that never started leaves nothing that refuses the next one. What
+    was there before stays."""
+    added = [name for name in (RUN_RECORD, LOCK_FILE, "logs") if not _present(output_dir / name)]
+    created = [folder for folder in (output_dir, *output_dir.parents) if not _present(folder)]
+    try:
+        yield
+    except BaseException:
+        if not any(_present(output_dir / name) for name in MARKERS):
+            _remove_added(output_dir, added, created)
+        raise
+
+
+def _present(path: Path) -> bool:
+    return path.exists() or path.is_symlink()
+
+
+def _remove_added(output_dir: Path, added: list[str], created: list[Path]) -> None:
+    """Remove the names of ``added`` from ``output_dir``, then the folders of ``created`` (innermost
+    first) that are left empty."""
+    for name in added:
+        path = output_dir / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        elif path.is_file() and not path.is_symlink():
+            path.unlink(missing_ok=True)
+    for folder in created:
+        if not folder.is_dir() or folder.is_symlink() or any(folder.iterdir()):
+            return
+        folder.rmdir()
 
 
 def recorded_run(output_dir: Path) -> str | None:
@@ -119,16 +157,27 @@ def _continue(output_dir: Path, checkpoint: Path, recorded: str | None) -> str:
 
 
 def remove_run_files(output_dir: Path) -> None:
-    """Remove what a recorded run wrote (:data:`RUN_FILES`); anything else in the directory stays."""
+    """Remove what a recorded run wrote (:data:`RUN_FILES`); anything else in the directory stays.
+    No symbolic link is followed: a link at one of those names is removed itself, and a name
+    reached through a linked folder (``logs`` linked to a folder other runs log into too) is left
+    alone, with what that folder holds."""
     for name in RUN_FILES:
         path = output_dir / name
+        if _through_link(output_dir, name):
+            continue
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path) if name != CHECKPOINTS else _remove_checkpoints(path)
         elif path.exists() or path.is_symlink():
             path.unlink()
     for folder in (output_dir / CHECKPOINTS, output_dir / "logs"):
-        if folder.is_dir() and not any(folder.iterdir()):
+        if folder.is_dir() and not folder.is_symlink() and not any(folder.iterdir()):
             folder.rmdir()
+
+
+def _through_link(output_dir: Path, name: str) -> bool:
+    """Whether a folder between ``output_dir`` and its ``name`` is a symbolic link."""
+    parts = Path(name).parts[:-1]
+    return any((output_dir.joinpath(*parts[: i + 1])).is_symlink() for i in range(len(parts)))
 
 
 def _remove_checkpoints(folder: Path) -> None:

@@ -40,8 +40,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from bytestream.errors import UserError
 from bytestream.stream_kind import StreamKind
+from common.errors import UserError
 from logit_store.multi import as_store
 from logit_store.reader import densify
 
@@ -50,8 +50,8 @@ TEACHER_DTYPES = {"float16": torch.float16, "float32": torch.float32}  # teacher
 
 
 def padding(stream: StreamKind) -> dict[str, int | bool | float]:
-    """What padding positions of a window of ``stream`` hold, per field."""
-    return {"input_ids": stream.pad, "target_ids": stream.pad, "loss_mask": False, "target_probs": 0.0}
+    """What padding positions of a window of ``stream`` hold, per field (``roles``: none, 0)."""
+    return {"input_ids": stream.pad, "target_ids": stream.pad, "loss_mask": False, "target_probs": 0.0, "roles": 0}
 
 
 class SplitBatches(IterableDataset):
@@ -253,9 +253,12 @@ class PackedStreamDataset(SplitBatches):
 
     Yields dicts of tensors of the stores' stream: ``input_ids`` (B, T) int64, ``target_ids`` (B, T)
     int64 (``<pad>`` where there is none), ``loss_mask`` (B, T) bool, and with ``with_teacher``
-    ``target_probs`` (B, T, the stream's alphabet size) in ``teacher_dtype`` (zeros where masked); ``with_teacher=False`` reads only
-    token ids. ``max_symbols`` > 0 keeps only the documents, in store order, up to the first whose
-    stream reaches that many symbols in total (the same subset for any number of processes).
+    ``target_probs`` (B, T, the student's alphabet size: the stream's and the stores' reserved
+    symbols) in ``teacher_dtype`` (zeros where masked); ``with_teacher=False`` reads only
+    token ids. Stores of conversations add ``roles`` (B, T) uint8: the role of each target
+    (0 template, 1 system, 2 user, 3 assistant; 0 where masked). ``max_symbols`` > 0 keeps only
+    the documents, in store order, up to the first whose stream reaches that many symbols in total
+    (the same subset for any number of processes).
     """
 
     def __init__(
@@ -276,6 +279,9 @@ class PackedStreamDataset(SplitBatches):
         super().__init__(seq_len, batch_size, rank, world_size, num_workers, teacher_dtype)
         self.store = as_store(stores)
         self.stream = self.store.stream
+        self.reserved = reserved_symbols(self.store)
+        self.alphabet_size = self.stream.alphabet_size + len(self.reserved)
+        self.has_roles = bool(self.reserved)
         self.with_teacher, self.shuffle, self.seed = with_teacher, shuffle, int(seed)
         self.trie = self.store.trie  # built once, shipped to workers
         self.symbols = self.store.document_positions() + 1  # a stream has one symbol more than targets
@@ -340,10 +346,12 @@ class PackedStreamDataset(SplitBatches):
         if self.with_teacher:
             doc = self.store.document(i)
             layout = doc.layout
-            probs = np.zeros((layout.num_positions + 1, self.stream.alphabet_size), dtype=np.float32)
+            probs = np.zeros((layout.num_positions + 1, self.alphabet_size), dtype=np.float32)
             densify(layout, doc.values, probs[:-1])
+            roles = getattr(doc, "roles", None)
         else:
             layout = self.stream.layout(self.trie, self.store.document_tokens(i))
+            roles = self.store.document_roles(i) if self.has_roles else None
         symbols = layout.symbols.astype(np.int64)
         assert symbols[-1] == self.stream.eos
         stream = {
@@ -353,7 +361,23 @@ class PackedStreamDataset(SplitBatches):
         }
         if self.with_teacher:
             stream["target_probs"] = probs
+        if self.has_roles:
+            stream["roles"] = document_roles(roles, len(symbols), i)
         return stream
+
+
+def reserved_symbols(store) -> list[str]:
+    """The texts of the reserved symbols a store's stream holds after its alphabet (the teacher's
+    chat specials, in the manifest's order; none for a plain store)."""
+    return [entry["text"] for entry in store.reserved_symbols]
+
+
+def document_roles(roles, num_symbols: int, i: int) -> np.ndarray:
+    """The roles of a document's targets as a window's column: one per input symbol, 0 at the
+    ``<eos>`` input, which predicts nothing."""
+    if roles is None or len(roles) != num_symbols - 1:
+        raise UserError(f"store document {i} holds no role per target: a chat store needs its roles (corrupt?)")
+    return np.append(np.asarray(roles, dtype=np.uint8), np.uint8(0))
 
 
 def _deal_units(spans: list[tuple[int, int]], num_documents: int, num_splits: int) -> list[np.ndarray]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bytestream.errors import UserError
+from common.errors import UserError
 from configs.fields import flat_values
 from configs.ranges import COUNT, SEED, range_problem
 from students.models.shape import StudentShape
@@ -20,6 +20,7 @@ from students.training.batch_source import BatchConfig
 from students.training.checkpoints import CheckpointConfig
 from students.training.evaluation import EvalConfig
 from students.training.loss import LossConfig
+from students.training.on_policy_config import OnPolicyConfig
 from students.training.optim import OptimConfig
 
 
@@ -70,6 +71,7 @@ class TrainConfig:
         },
     )
     loss: LossConfig = field(default_factory=LossConfig)
+    on_policy: OnPolicyConfig = field(default_factory=OnPolicyConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoints: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LogConfig = field(default_factory=LogConfig)

@@ -45,17 +45,19 @@ from typing import Any
 
 import torch
 
-from bytestream.errors import UserError
-from bytestream.files import append_text
 from bytestream.stream_kind import AUTO_STREAM, StreamKind
+from common.errors import UserError
+from common.files import append_text
 from configs.fields import flat_values
 from students.models.architectures import architecture_named, student_cost
 from students.models.cost import StreamRates, summary_line
 from students.models.llama import count_parameters
+from students.training import memory as training_memory
 from students.training.batch_source import (
     STORE_SOURCE,
     BatchStream,
     DataSource,
+    reserved_of_stores,
     streams_of_stores,
     to_device,
     utf8_bytes,
@@ -76,10 +78,11 @@ from students.training.checkpoints import (
     stream_of_checkpoint,
     write_json,
 )
-from students.training.evaluation import EvalMetrics, evaluate
-from students.training.loss import distill_loss
+from students.training.evaluation import ChatEvalMetrics, EvalMetrics, evaluate
+from students.training.loss import counted_targets, distill_loss, resolved_loss_on
+from students.training.on_policy import OnPolicy, check_before_run
 from students.training.optim import adamw, check_schedule, learning_rate
-from students.training.run_directory import TRACKER, claim, refuse_foreign, run_lock
+from students.training.run_directory import TRACKER, claim, refuse_foreign, run_lock, undone_if_unstarted
 from students.training.store_windows import SplitBatches
 from students.training.train_config import LogConfig, TrainConfig  # noqa: F401 (the run's settings, re-exported)
 
@@ -110,6 +113,7 @@ class Run:
     run_id: str | None = None  # the run the output directory records (main process)
     losses: dict[int, float] = field(default_factory=dict)  # step -> this process's mean loss
     window: tuple[float, int] = (0.0, 0)  # throughput window: start time, bytes since
+    on_policy: OnPolicy | None = None  # the student's own sequences (--on-policy)
 
     @property
     def output_dir(self) -> Path:
@@ -133,46 +137,77 @@ class TrainResult:
     checkpoint: Path | None
 
 
+@dataclass(frozen=True)
+class TrainPlan:
+    """What a run's settings settle to at its entry, read by every step after: none is worked out twice."""
+
+    config: TrainConfig  # with the student's stream and ``--loss-on`` settled (never ``auto``)
+    reserved: tuple[str, ...]  # the stores' reserved symbols (a teacher's chat specials), after the stream's
+    resume_from: Path | None  # the checkpoint ``--resume`` names, found once
+
+
+def settle(config: TrainConfig) -> TrainPlan:
+    """``config``'s plan: the checkpoint it resumes, its stream and its chat settings."""
+    resume_from = resolve_resume(config.resume, Path(config.output_dir))
+    stream = resolved_stream(config, resume_from)
+    config = dataclasses.replace(config, student=dataclasses.replace(config.student, stream=stream.value))
+    config, reserved = with_chat_settings(config)
+    return TrainPlan(config, reserved, resume_from)
+
+
 def train(config: TrainConfig, source: DataSource = STORE_SOURCE) -> TrainResult:
     """Train (or resume) a student as ``config`` says; returns where it ended."""
-    config = dataclasses.replace(
-        config, student=dataclasses.replace(config.student, stream=resolved_stream(config).value)
-    )
+    plan = settle(config)
+    config, reserved = plan.config, plan.reserved
+    if problem := training_memory.over_budget(config, config.student.stream_kind.alphabet_size + len(reserved)):
+        raise UserError(problem)
     source.check(
         [*config.train_stores, *([config.eval_store] if config.eval_store else [])],
         config.allow_partial,
         config.student.stream_kind,
     )
+    check_before_run(config, bool(reserved))
     output_dir = Path(config.output_dir)
     accelerator = _accelerator(config, Path(config.logging.dir) if config.logging.dir else output_dir / "logs")
     with ExitStack() as held:
         run_id = None
         if accelerator.is_main_process:
-            resume_from = resolve_resume(config.resume, output_dir)
-            refuse_foreign(output_dir, resume_from)
+            refuse_foreign(output_dir, plan.resume_from)
+            held.enter_context(undone_if_unstarted(output_dir))
             held.enter_context(run_lock(output_dir))
-            run_id = claim(output_dir, resume_from, overwrite=config.overwrite, resuming=config.resume is not None)
+            run_id = claim(output_dir, plan.resume_from, overwrite=config.overwrite, resuming=config.resume is not None)
         accelerator.wait_for_everyone()  # the other ranks read the directory once it is claimed
-        return train_session(config, source, accelerator, run_id)
+        return train_session(plan, source, accelerator, run_id)
 
 
-def resolved_stream(config: TrainConfig) -> StreamKind:
+def resolved_stream(config: TrainConfig, resume_from: Path | None) -> StreamKind:
     """The student's stream: ``--stream`` when given; for ``auto``, the training stores' stream (the
-    first store's: stores of two streams are refused after), else the resumed checkpoint's, else ``<eot>``."""
+    first store's: stores of two streams are refused after), else that of the checkpoint it resumes
+    (``resume_from``), else ``<eot>``."""
     if config.student.stream != AUTO_STREAM:
         return StreamKind(config.student.stream)
     stores = streams_of_stores(list(config.train_stores))
     if stores:
         return next(iter(stores.values()))
-    checkpoint = resolve_resume(config.resume, Path(config.output_dir))
-    if checkpoint is not None:
-        return stream_of_checkpoint(checkpoint)
+    if resume_from is not None:
+        return stream_of_checkpoint(resume_from)
     return StreamKind.EOT
 
 
-def train_session(config: TrainConfig, source: DataSource, accelerator: Any, run_id: str | None) -> TrainResult:
+def with_chat_settings(config: TrainConfig) -> tuple[TrainConfig, tuple[str, ...]]:
+    """``config`` with ``--loss-on`` resolved, and the reserved symbols of its stores (the teacher's
+    chat specials, which the student's alphabet takes after the stream's; none for plain text). The
+    held-out store must hold the same ones."""
+    stores = [*config.train_stores, *([config.eval_store] if config.eval_store else [])]
+    reserved = tuple(reserved_of_stores(stores))
+    loss_on = resolved_loss_on(config.loss.loss_on, bool(reserved))
+    return dataclasses.replace(config, loss=dataclasses.replace(config.loss, loss_on=loss_on)), reserved
+
+
+def train_session(plan: TrainPlan, source: DataSource, accelerator: Any, run_id: str | None) -> TrainResult:
     """The training itself, in a directory this session may write."""
-    run, resumed = start_run(config, source, accelerator)
+    config = plan.config
+    run, resumed = start_run(plan, source, accelerator)
     run.run_id = run_id
     if not resumed:
         evaluate_and_record(run)
@@ -206,15 +241,16 @@ def require_one_teacher(train_set: Any, eval_set: Any, eval_store: str) -> None:
         )
 
 
-def start_run(config: TrainConfig, source: DataSource, accelerator: Any) -> tuple[Run, bool]:
-    """Model, optimiser and data, restored from a checkpoint when resuming."""
+def start_run(plan: TrainPlan, source: DataSource, accelerator: Any) -> tuple[Run, bool]:
+    """Model, optimiser and data, restored from a checkpoint when resuming (:func:`settle` makes the plan)."""
     from accelerate.utils import set_seed
     from tqdm.auto import tqdm
 
+    config, reserved, resume_from = plan.config, plan.reserved, plan.resume_from
     output_dir = Path(config.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     set_seed(config.seed)
-    model, optimizer = accelerator.prepare(*_model_and_optimizer(config))
+    model, optimizer = accelerator.prepare(*_model_and_optimizer(config, reserved))
     common = {
         "rank": accelerator.process_index,
         "world_size": accelerator.num_processes,
@@ -247,7 +283,6 @@ def start_run(config: TrainConfig, source: DataSource, accelerator: Any) -> tupl
         )
         require_one_teacher(train_set, eval_set, config.eval_store)
     state, position = TrainerState(), {"epoch": 0, "batches": 0}
-    resume_from = resolve_resume(config.resume, output_dir)
     if resume_from is not None:
         require_architecture(resume_from, config.student.architecture)
         require_stream(resume_from, config.student.stream_kind)
@@ -280,6 +315,10 @@ def start_run(config: TrainConfig, source: DataSource, accelerator: Any) -> tupl
         bar,
         window=(time.perf_counter(), 0),
     )
+    if config.on_policy.enabled:
+        run.on_policy = OnPolicy.start(config, accelerator, model)
+        if resume_from is not None:
+            run.on_policy.load(resume_from)
     model.train()
     return run, resume_from is not None
 
@@ -292,18 +331,27 @@ def train_step(run: Run) -> StepStats:
         group["lr"] = lr
     sums = {name: torch.zeros((), device=accelerator.device) for name in ("total", "kl", "ce")}
     step_bytes = torch.zeros((), dtype=torch.int64, device=accelerator.device)
-    for _ in range(config.batches.grad_accum):
-        batch = to_device(next(run.stream), accelerator.device)
+    if run.on_policy is not None:
+        run.on_policy.step_started()
+    for micro in range(config.batches.grad_accum):
+        batch = next(run.stream)
+        if run.on_policy is not None:
+            micro_batch = state.step * config.batches.grad_accum + micro
+            batch = run.on_policy.mix(batch, accelerator.unwrap_model(model), micro_batch)
+        batch = to_device(batch, accelerator.device)
         with accelerator.accumulate(model):
             logits = model(input_ids=batch["input_ids"], use_cache=False).logits
-            out = distill_loss(
-                logits,
-                batch["target_ids"],
-                batch["loss_mask"],
-                batch.get("target_probs"),
-                alpha=config.loss.alpha,
-                temperature=config.loss.temperature,
-            )
+            if run.on_policy is not None:
+                out = run.on_policy.loss(logits, batch, config.loss)
+            else:
+                out = distill_loss(
+                    logits,
+                    batch["target_ids"],
+                    counted_targets(batch, config.loss.loss_on),
+                    batch.get("target_probs"),
+                    alpha=config.loss.alpha,
+                    temperature=config.loss.temperature,
+                )
             accelerator.backward(out.total)
             if accelerator.sync_gradients and config.optim.grad_clip > 0:
                 accelerator.clip_grad_norm_(model.parameters(), config.optim.grad_clip)
@@ -312,6 +360,8 @@ def train_step(run: Run) -> StepStats:
         for name in sums:
             sums[name] += getattr(out, name).detach()
         step_bytes += utf8_bytes(batch, config.student.stream_kind)
+    if run.on_policy is not None:
+        run.on_policy.step_finished(accelerator.device)
     not_finite = (~torch.isfinite(sums["total"])).to(torch.int64)
     added, not_finite = accelerator.reduce(torch.stack([step_bytes, not_finite]), reduction="sum").tolist()
     if not_finite:
@@ -340,6 +390,8 @@ def log_training(run: Run, stats: StepStats) -> None:
     }
     if run.config.loss.alpha > 0:
         values["train/kl"] = float(mean["kl"])
+    if run.on_policy is not None:
+        values |= run.on_policy.log_values()
     run.accelerator.log(values, step=run.state.step)
     run.bar.set_postfix(loss=f"{float(mean['total']):.4f}", bytes_s=f"{rate:,.0f}")
 
@@ -357,6 +409,12 @@ def evaluate_and_record(run: Run) -> EvalMetrics | None:
         run.bar.write(
             f"eval step {state.step}: student {metrics.student_bpb:.4f} bpb, teacher {metrics.teacher_bpb:.4f} bpb, "
             f"KL {metrics.kl_per_byte:.4f} bits/byte"
+            + (
+                f"; assistant: student {metrics.assistant_student_bpb:.4f} bpb, "
+                f"teacher {metrics.assistant_teacher_bpb:.4f} bpb"
+                if isinstance(metrics, ChatEvalMetrics)
+                else ""
+            )
         )
     return metrics
 
@@ -387,6 +445,7 @@ def save(run: Run) -> Path:
         run.stream.position(),
         run.stream.dataset.order_settings(),
         run_info(run),
+        run.on_policy.save if run.on_policy is not None else None,
     )
     if run.accelerator.is_main_process:
         prune_checkpoints(run.output_dir, run.config.checkpoints.keep)
@@ -394,6 +453,8 @@ def save(run: Run) -> Path:
 
 
 def finish(run: Run, last_checkpoint: Path) -> TrainResult:
+    if run.on_policy is not None:
+        run.accelerator.print(run.on_policy.summary())
     if run.accelerator.is_main_process:
         write_json(run.output_dir / RUN_INFO, {**run_info(run), "checkpoint": str(last_checkpoint)})
     run.bar.close()
@@ -411,6 +472,7 @@ def run_info(run: Run) -> dict[str, Any]:
         "data": run.data,
         "parameters": count_parameters(model),
         "student": dataclasses.asdict(student_cost(model)),
+        **({"on_policy": run.on_policy.totals()} if run.on_policy is not None else {}),
         **dataclasses.asdict(run.state),
     }
 
@@ -443,9 +505,11 @@ def _hparams(config: TrainConfig) -> dict[str, Any]:
     return {k: v if isinstance(v, (int, float, str, bool)) else json.dumps(v) for k, v in flat_values(config).items()}
 
 
-def _model_and_optimizer(config: TrainConfig) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+def _model_and_optimizer(
+    config: TrainConfig, reserved: tuple[str, ...] = ()
+) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     architecture = architecture_named(config.student.architecture)
-    model = architecture.build(config.student, seq_len=config.batches.seq_len, seed=config.seed)
+    model = architecture.build(config.student, seq_len=config.batches.seq_len, seed=config.seed, reserved=reserved)
     return model, adamw(model, config.optim)
 
 

@@ -1,0 +1,536 @@
+"""The decode engine and ``bytedistill serve`` under load: one run, two tables.
+
+First the engine (``students/serving/engine.py``) against stock ``model.generate`` on the same
+models (random weights: speed depends on shapes): flat and patched students at two sizes, and a
+token model of each patched student's global shape (its layers × width, the teacher's
+vocabulary) through the same engine. Every model replays real text (KJV Genesis; the stream
+tokenizer's symbols from the Llama-3 tokenizer, the token models its tokens), so the patched
+student steps its global model at the real patch rate: ``generate`` through a logits processor
+that forces each symbol, the engine through its requests' ``replay``. Per model and batch, on one
+thread: decoding in text bytes per second, the time of a step, the bound on it that counts both
+its FLOPs (at a measured matrix-product rate) and the bytes it reads (weights and caches, at a
+measured copy rate), its overhead (the step less that bound) and the share of the bound reached.
+The engine's step runs eagerly and compiled (``--compiled-batches``: at which batch sizes; each
+graph's first run, compiling included, is timed apart); ``generate`` decodes eagerly (the issue's compiled ``generate`` figures are in
+docs/RESULTS.md, "Generation").
+
+Then the server: a flat student served by ``bytedistill serve``'s server (in a process of its
+own, one engine thread) and loaded by the official ``openai`` client: 1, 8 and 32 concurrent
+clients, each streaming answers of 256 bytes (``max_tokens`` counts bytes; ``<eos>`` suppressed so
+every answer is whole): bytes per second in all and per client, time to first byte and latency
+(p50, p99). Then a line starting ``summary`` with the goals, each met or MISSED.
+``--smoke`` runs toy sizes in seconds (a test).
+
+    python -m benchmarks.serve [--markdown]
+    python -m benchmarks.serve --device cuda --markdown     # the prepared GPU line (CUDA graphs)
+    python -m benchmarks.serve --smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing
+import os
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+
+from benchmarks.generation import (
+    SIZES,
+    SMOKE_SIZES,
+    TEACHER_VOCAB,
+    Replay,
+    Shape,
+    flat_student,
+    matmul_rate,
+    patched_student,
+    stream_rates,
+    streams,
+    texts,
+    token_model,
+)
+from benchmarks.results import markdown_table, write_section
+from bytestream.stream_kind import StreamKind
+from bytestream.stream_tokenizer import ByteStreamTokenizer
+from students.models.architectures import student_cost
+from students.models.llama import count_parameters
+from students.serving.engine import Engine
+from students.serving.requests import Request
+
+GOAL_OVERHEAD_MS, GOAL_BOUND, GOAL_SCALING, GOAL_TTFB_S = 0.25, 0.5, 8.0, 1.0
+CLIENTS = (1, 8, 32)
+
+
+@dataclass
+class EngineRow:
+    model: str
+    parameters: int
+    batch: int
+    path: str  # "generate (eager)" or "engine (compiled)" / "engine (eager)"
+    decode_bps: float
+    step_ms: float
+    overhead_ms: float
+    bound_bps: float
+    first_run_s: float | None
+
+    @property
+    def of_bound(self) -> float:
+        return self.decode_bps / self.bound_bps
+
+
+@dataclass
+class LoadRow:
+    clients: int
+    total_bps: float
+    client_bps: float
+    ttfb_p50: float
+    ttfb_p99: float
+    latency_p50: float
+    latency_p99: float
+    answers: int
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def copy_rate(device: str, smoke: bool) -> float:
+    """Bytes per second a large tensor copy reads (the memory bound of a step that reads its weights)."""
+    n = (1 << 20) if smoke else (64 << 20)
+    a = torch.empty(n // 4, device=device)
+    b = torch.empty_like(a)
+    b.copy_(a)
+    _sync(device)
+    start, runs = time.perf_counter(), 0
+    while time.perf_counter() - start < (0.05 if smoke else 0.5):
+        b.copy_(a)
+        runs += 1
+    _sync(device)
+    return n * runs / (time.perf_counter() - start)
+
+
+def step_bytes(model, batch: int, context: float, patches_per_symbol: float) -> float:
+    """Bytes one decode step reads: the weights it runs (a patched student's global ones only when
+    some row closes a patch) and the keys/values its rows attend to."""
+    cost = student_cost(model)
+    element = next(model.parameters()).element_size()
+    if cost.per_patch:  # patched: the local model every step, the global model when a row closes a patch
+        closing = 1 - (1 - patches_per_symbol) ** batch
+        weights = cost.local_parameters + cost.global_parameters * closing
+        entries = context * patches_per_symbol  # global entries a row holds
+        cache = batch * (
+            cost.local_layers * 2 * cost.local_width * cost.local_window
+            + patches_per_symbol * cost.global_layers * cost.kv_width * entries
+        )
+    else:
+        weights = cost.parameters
+        cache = batch * cost.global_layers * cost.kv_width * context
+    return element * (weights + cache)
+
+
+@torch.no_grad()
+def generate_time(model, prompts, targets, new: int) -> float:
+    start = time.perf_counter()
+    model.generate(
+        input_ids=prompts,
+        attention_mask=torch.ones_like(prompts),
+        max_new_tokens=new,
+        min_new_tokens=new,
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=0,
+        logits_processor=[Replay(targets, prompts.shape[1])],
+    )
+    return time.perf_counter() - start
+
+
+def engine_time(engine: Engine, prompts, targets, new: int, device: str) -> float:
+    requests = [
+        Request(p.tolist(), b"", max_new_bytes=1 << 30, max_symbols=new, replay=tuple(t.tolist()))
+        for p, t in zip(prompts, targets)
+    ]
+    _sync(device)
+    start = time.perf_counter()
+    engine.run(requests)
+    _sync(device)
+    return time.perf_counter() - start
+
+
+def measure_engine(name, model, args, batch: int, path: str, rate: float, bandwidth: float, token: bool) -> EngineRow:
+    per_byte = args.tokens_per_byte if token else args.rates.symbols_per_byte
+    prompt, new = max(1, round(args.prompt_bytes * per_byte)), max(4, round(args.new_bytes * per_byte))
+    prompts, targets = streams(args.tokenizer, args.data, batch, prompt, new, token)
+    vocab = model.config.vocab_size
+    prompts, targets = (prompts % vocab).to(args.device), (targets % vocab).to(args.device)
+    model.to(args.device)
+    first_run = None
+    if path == "generate":
+        generate_time(model, prompts, targets, 2)  # warm up
+        total, prefill = generate_time(model, prompts, targets, new), generate_time(model, prompts, targets, 1)
+    else:
+        torch._dynamo.reset()
+        stream = StreamKind.EOT if token else None  # a token model's ids are no stream's: nothing stops it
+        engine = Engine(model, slots=batch, compile=path == "compiled", stream=stream, stop=frozenset())
+        first_run = engine_time(engine, prompts, targets, new, args.device)  # compiles every graph it meets
+        total, prefill = (engine_time(engine, prompts, targets, n, args.device) for n in (new, 1))
+    decode_s = max(total - prefill, 1e-9)
+    step_s = decode_s / (new - 1)
+    cost = student_cost(model)
+    patches = args.rates.patches_per_byte / args.rates.symbols_per_byte
+    flops = cost.generate_flops_per_symbol(args.rates, prompt + new / 2) * batch
+    bound_s = max(flops / rate, step_bytes(model, batch, prompt + new / 2, patches) / bandwidth)
+    label = "generate (eager)" if path == "generate" else f"engine ({path})"
+    return EngineRow(
+        name,
+        count_parameters(model),
+        batch,
+        label,
+        batch * (new - 1) / per_byte / decode_s,
+        1000 * step_s,
+        1000 * (step_s - bound_s),
+        batch / per_byte / bound_s,
+        first_run if path == "compiled" else None,
+    )
+
+
+def engine_models(args):
+    """(name, builder, token model?): flat and patched students and the token model of each
+    patched student's global shape."""
+    sizes: list[Shape] = (SMOKE_SIZES if args.smoke else SIZES)[: args.sizes]
+    vocab = 512 if args.smoke else TEACHER_VOCAB
+    for size in sizes:
+        shape = {"hidden_size": size.hidden, "num_hidden_layers": size.layers, "num_attention_heads": size.heads}
+        yield f"flat {size.name}", lambda size=size: flat_student(size), False
+        yield f"patched {size.name}", lambda size=size: patched_student(size), False
+        yield f"token model {size.name}", lambda shape=shape: token_model(shape, vocab), True
+
+
+# ------------------------------------------------------------------ the server under load
+
+
+def served_model(size: Shape):
+    """The served student: flat, random weights, ``<eos>`` suppressed (every answer is whole)."""
+    model = flat_student(size)
+    stream = StreamKind.of_config(model.config)
+    model.generation_config.suppress_tokens = [stream.bos, stream.pad, stream.eos]
+    return model
+
+
+def run_server(size: Shape, tokenizer_json: str, slots: int, compile: bool, device: str, threads: int, queue) -> None:
+    """A child process: the server on a free port of 127.0.0.1 (the port put on ``queue``)."""
+    torch.set_num_threads(threads)
+    from students.serving.serve_options import ServeOptions
+    from students.serving.server import Served, Server
+
+    model = served_model(size).to(device)
+    tokenizer = ByteStreamTokenizer(teacher_tokenizer_file=tokenizer_json)
+    engine = Engine(model, slots=slots, max_queue=4 * slots, compile=compile)
+    engine.start()
+    server = Server(Served(engine, tokenizer, "student", ServeOptions(slots=slots)))
+    queue.put(server.port)
+    server.run()
+
+
+async def one_client(client, prompt: str, answers: int, max_bytes: int, record: list) -> None:
+    for _ in range(answers):
+        start = time.perf_counter()
+        first, size = None, 0
+        stream = await client.completions.create(
+            model="student", prompt=prompt, max_tokens=max_bytes, temperature=1.0, stream=True
+        )
+        async for chunk in stream:
+            text = chunk.choices[0].text if chunk.choices else ""
+            if text and first is None:
+                first = time.perf_counter() - start
+            size += len(text.encode())
+        record.append((first or float("nan"), time.perf_counter() - start, size))
+
+
+async def load(url: str, clients: int, answers: int, max_bytes: int, prompts: list[str]) -> LoadRow:
+    import httpx
+    import openai
+
+    limits = httpx.Limits(max_connections=clients + 4, max_keepalive_connections=clients + 4)
+    async with openai.AsyncOpenAI(
+        base_url=f"{url}/v1",
+        api_key="unused",
+        max_retries=0,
+        timeout=600,
+        http_client=openai.DefaultAsyncHttpxClient(limits=limits),
+    ) as client:
+        await one_client(client, prompts[0], 1, 8, [])  # warm: a connection, the first step
+        record: list = []
+        start = time.perf_counter()
+        await asyncio.gather(
+            *(one_client(client, prompts[i % len(prompts)], answers, max_bytes, record) for i in range(clients))
+        )
+        wall = time.perf_counter() - start
+    ttfb = sorted(r[0] for r in record)
+    latency = sorted(r[1] for r in record)
+    total = sum(r[2] for r in record)
+    per_client = statistics.mean(r[2] / r[1] for r in record)
+    return LoadRow(
+        clients,
+        total / wall,
+        per_client,
+        _quantile(ttfb, 0.5),
+        _quantile(ttfb, 0.99),
+        _quantile(latency, 0.5),
+        _quantile(latency, 0.99),
+        len(record),
+    )
+
+
+def _quantile(values: list[float], q: float) -> float:
+    return values[min(len(values) - 1, round(q * (len(values) - 1)))]
+
+
+def measure_server(args, size: Shape) -> list[LoadRow]:
+    from benchmarks.common import llama3_tokenizer_json
+
+    slots = max(args.clients)
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    child = context.Process(
+        target=run_server,
+        args=(
+            size,
+            str(llama3_tokenizer_json()),
+            slots,
+            args.server_decode == "compiled",
+            args.device,
+            args.server_threads,
+            queue,
+        ),
+        daemon=True,
+    )
+    child.start()
+    try:
+        url = f"http://127.0.0.1:{queue.get(timeout=300)}"
+        prompts = [text[:200].decode("utf-8", errors="ignore") for text in args.data[:32]]
+        rows = []
+        for clients in args.clients:
+            row = asyncio.run(load(url, clients, args.answers, args.answer_bytes, prompts))
+            print(load_table([row])[-1], flush=True)
+            rows.append(row)
+        return rows
+    finally:
+        child.terminate()
+        child.join()
+
+
+# ------------------------------------------------------------------ tables and the summary
+
+
+def engine_table(rows: list[EngineRow]) -> list[str]:
+    header = [
+        "model",
+        "parameters",
+        "batch",
+        "decoding",
+        "decode B/s",
+        "ms/step",
+        "overhead ms",
+        "bound B/s",
+        "of bound",
+        "first run s",
+    ]
+    body = [
+        [
+            r.model,
+            f"{r.parameters:,}",
+            str(r.batch),
+            r.path,
+            f"{r.decode_bps:,.0f}",
+            f"{r.step_ms:.3f}",
+            f"{r.overhead_ms:.3f}",
+            f"{r.bound_bps:,.0f}",
+            f"{100 * r.of_bound:.1f}%",
+            "" if r.first_run_s is None else f"{r.first_run_s:.1f}",
+        ]
+        for r in rows
+    ]
+    return markdown_table(header, body).splitlines()
+
+
+def load_table(rows: list[LoadRow]) -> list[str]:
+    header = [
+        "clients",
+        "answers",
+        "B/s in all",
+        "B/s per client",
+        "TTFB p50 s",
+        "TTFB p99 s",
+        "latency p50 s",
+        "latency p99 s",
+    ]
+    body = [
+        [
+            str(r.clients),
+            str(r.answers),
+            f"{r.total_bps:,.0f}",
+            f"{r.client_bps:,.0f}",
+            f"{r.ttfb_p50:.3f}",
+            f"{r.ttfb_p99:.3f}",
+            f"{r.latency_p50:.2f}",
+            f"{r.latency_p99:.2f}",
+        ]
+        for r in rows
+    ]
+    return markdown_table(header, body).splitlines()
+
+
+def summary(engine_rows: list[EngineRow], load_rows: list[LoadRow]) -> str:
+    """The goals on the engine's compiled rows where measured (else its eager ones), each met or MISSED."""
+    rows = {(r.model, r.batch, r.path): r for r in engine_rows}
+    for r in engine_rows:  # the engine's best-measured path under one name
+        key = (r.model, r.batch, "engine")
+        if r.path == "engine (compiled)" or (r.path == "engine (eager)" and key not in rows):
+            rows[key] = r
+    path = "engine"
+    sizes = list(dict.fromkeys(r.model.removeprefix("flat ") for r in engine_rows if r.model.startswith("flat ")))
+    batches = sorted({r.batch for r in engine_rows})
+    one, b8 = batches[0], (8 if 8 in batches else batches[-1])
+    parts = []
+
+    def goal(text: str, met: bool) -> None:
+        parts.append(f"{text}: {'met' if met else 'MISSED'}")
+
+    try:
+        small = sizes[0]
+        overheads = {kind: rows[(f"{kind} {small}", one, path)].overhead_ms for kind in ("flat", "patched")}
+        stock = {kind: rows[(f"{kind} {small}", one, "generate (eager)")].step_ms for kind in ("flat", "patched")}
+        which = rows[(f"flat {small}", one, path)].path
+        goal(
+            f"{which} per-step overhead at batch {one}, size {small}, 1 thread: flat {overheads['flat']:.3f} ms, patched "
+            f"{overheads['patched']:.3f} ms (stock generate's whole step {stock['flat']:.2f} / {stock['patched']:.2f} ms; "
+            f"goal <= {GOAL_OVERHEAD_MS} ms)",
+            max(overheads.values()) <= GOAL_OVERHEAD_MS,
+        )
+        large = sizes[-1]
+        shares = {kind: rows[(f"{kind} {large}", b8, path)].of_bound for kind in ("flat", "patched")}
+        goal(
+            f"{rows[(f'flat {large}', b8, path)].path}, batch {b8}, size {large}: flat {100 * shares['flat']:.0f}%, patched {100 * shares['patched']:.0f}% of "
+            f"the FLOPs-and-bytes bound (goal >= {100 * GOAL_BOUND:.0f}%)",
+            min(shares.values()) >= GOAL_BOUND,
+        )
+        ratios = [
+            rows[(f"patched {s}", b, path)].decode_bps / rows[(f"token model {s}", b, path)].decode_bps
+            for s in sizes
+            for b in batches
+            if b <= 8
+        ]
+        goal(
+            f"patched / token model of its global shape, same engine: {min(ratios):.2f}x at worst (goal >= 1x)",
+            min(ratios) >= 1.0,
+        )
+    except KeyError as missing:
+        parts.append(f"engine goals: not measured ({missing} missing)")
+    by_clients = {r.clients: r for r in load_rows}
+    if 1 in by_clients and max(by_clients) > 1:
+        most = max(by_clients)
+        scaling = by_clients[most].total_bps / by_clients[1].total_bps
+        goal(
+            f"{most} clients / 1 client: {scaling:.1f}x the bytes/s (goal >= {GOAL_SCALING:.0f}x)",
+            scaling >= GOAL_SCALING,
+        )
+    if 8 in by_clients:
+        p99 = by_clients[8].ttfb_p99
+        goal(f"TTFB p99 at 8 clients {p99:.3f} s (goal < {GOAL_TTFB_S:.0f} s)", p99 < GOAL_TTFB_S)
+    return "summary: " + "; ".join(parts)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda where a GPU is lent")
+    parser.add_argument("--sizes", type=int, default=2, help="how many student sizes (S, M, L)")
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8], help="engine batch sizes")
+    parser.add_argument("--new-bytes", type=int, default=128, help="text bytes each row decodes (engine table)")
+    parser.add_argument("--prompt-bytes", type=int, default=64, help="text bytes of each prompt (engine table)")
+    parser.add_argument(
+        "--compiled-batches",
+        type=int,
+        nargs="*",
+        default=None,
+        help="batch sizes at which the engine's step is also compiled (default: every batch; none: eager only)",
+    )
+    parser.add_argument("--clients", type=int, nargs="+", default=list(CLIENTS), help="concurrent clients")
+    parser.add_argument("--answers", type=int, default=2, help="answers each client asks for, one after another")
+    parser.add_argument("--answer-bytes", type=int, default=256, help="max_tokens (bytes) of each answer")
+    parser.add_argument(
+        "--server-decode",
+        choices=["compiled", "eager"],
+        default="eager",
+        help="the served engine's step (compiled: each batch bucket compiles on first use)",
+    )
+    parser.add_argument("--server-threads", type=int, default=1, help="torch threads of the server process")
+    parser.add_argument("--markdown", action="store_true", help="also write the tables into docs/RESULTS.md")
+    parser.add_argument("--smoke", action="store_true", help="toy sizes and lengths: seconds")
+    args = parser.parse_args()
+    if args.smoke:
+        args.sizes, args.batches, args.new_bytes, args.prompt_bytes = 1, [1, 2], 12, 8
+        args.compiled_batches, args.clients, args.answers, args.answer_bytes = [], [1, 2], 1, 16
+    from benchmarks.common import llama3_tokenizer_json
+
+    torch.set_num_threads(1)
+    args.tokenizer = ByteStreamTokenizer(teacher_tokenizer_file=str(llama3_tokenizer_json()))
+    args.data = texts(args.smoke)
+    args.rates, args.tokens_per_byte = stream_rates(args.tokenizer, args.data)
+    rate, bandwidth = matmul_rate(args.device, args.smoke), copy_rate(args.device, args.smoke)
+    print(f"1 thread: matrix products at {rate / 1e9:.1f} GFLOP/s, copies at {bandwidth / 1e9:.1f} GB/s", flush=True)
+    engine_rows = []
+    for name, build, token in engine_models(args):
+        model = build().eval()
+        model.generation_config.suppress_tokens = None
+        for batch in args.batches:
+            compiled = args.compiled_batches is None or batch in args.compiled_batches
+            paths = ([] if token else ["generate"]) + ["eager"] + (["compiled"] if compiled else [])
+            for path in paths:
+                row = measure_engine(name, model, args, batch, path, rate, bandwidth, token)
+                engine_rows.append(row)
+                print(engine_table([row])[-1], flush=True)
+    sizes = SMOKE_SIZES if args.smoke else SIZES
+    if args.smoke:  # the server in this process: no second interpreter to start
+        load_rows = smoke_server(args, sizes[0])
+    else:
+        load_rows = measure_server(args, sizes[0])
+    device = (
+        torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else f"cpu ({os.cpu_count()} cores)"
+    )
+    print(
+        f"{device}; engine: {args.new_bytes} bytes after {args.prompt_bytes}, 1 thread (compiled at batches "
+        f"{'all' if args.compiled_batches is None else args.compiled_batches}); server: flat {sizes[0].name}, "
+        f"{args.server_decode} step, {args.server_threads} thread(s), {args.answer_bytes}-byte answers"
+    )
+    lines = engine_table(engine_rows) + [""] + load_table(load_rows)
+    line = summary(engine_rows, load_rows)
+    print("\n".join(lines))
+    print(line)
+    if args.markdown and not args.smoke:
+        block = f"On {device}.\n\n" + "\n".join(lines) + f"\n\n`{line}`"
+        write_section("serve" if args.device == "cpu" else "serve_cuda", block)
+
+
+def smoke_server(args, size: Shape) -> list[LoadRow]:
+    from benchmarks.common import llama3_tokenizer_json
+    from students.serving.serve_options import ServeOptions
+    from students.serving.server import Served, Server
+
+    tokenizer = ByteStreamTokenizer(teacher_tokenizer_file=str(llama3_tokenizer_json()))
+    engine = Engine(served_model(size), slots=max(args.clients))
+    engine.start()
+    server = Server(Served(engine, tokenizer, "student", ServeOptions())).start()
+    try:
+        return [
+            asyncio.run(load(server.url, c, args.answers, args.answer_bytes, ["In the begi"])) for c in args.clients
+        ]
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    main()

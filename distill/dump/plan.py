@@ -1,0 +1,185 @@
+"""Which documents a dump reads, and how it groups them: the plan, before any teacher row.
+
+A worker's writers were each dealt their documents in corpus order (:mod:`distill.corpus.shares`);
+a writer resumes after its stored documents and the skips among them, and passes over every
+document its skip list names, so what a run reads does not depend on where an earlier one stopped
+(:meth:`Skipper.remaining`). Each document left is encoded, or skipped and listed
+(:meth:`Skipper.encode`); encoded documents are cut into teacher windows (:mod:`distill.teacher.windows`)
+and gathered into groups of about ``group_tokens`` tokens (:func:`plan_groups`), which the teacher
+pass orders by length. A planned document is immutable: the values converted from its rows are
+the conversion sink's.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from bytestream.stream import StreamLayout
+from bytestream.stream_kind import StreamKind
+from common.errors import UserError
+from distill.conversion.converter import Converter
+from distill.dump import memory as dump_memory
+from distill.teacher.chat import ChatDocument
+from distill.teacher.encode import DocumentEncoder, UnencodableDocument
+from distill.teacher.windows import Window, plan_windows
+from logit_store.file_names import SKIP_LIST
+from logit_store.skips import Skip, SkipList
+
+
+@dataclass(frozen=True, eq=False)
+class PlannedDocument:
+    """A document to run through the teacher: its ids, windows and stream layout."""
+
+    index: int  # its number among its writer's documents
+    key: str
+    data: bytes
+    token_ids: np.ndarray
+    windows: tuple[Window, ...]
+    writer_id: int
+    layout: StreamLayout
+    roles: np.ndarray | None = None  # a conversation's role per target (a chat store's)
+
+    @property
+    def text_bytes(self) -> int:
+        """Its text bytes: the document's own, or a conversation's rendered text in its stream."""
+        return len(self.data) if self.roles is None else self.layout.num_text_bytes()
+
+    @property
+    def rows(self) -> int:
+        """Its teacher rows: one per token and one after the last."""
+        return len(self.token_ids) + 1
+
+    def positions_of(self, first_row: int, rows: int) -> slice:
+        """Where rows ``first_row .. first_row + rows`` put their values among the document's."""
+        p0, p1 = np.searchsorted(self.layout.position_row, [first_row, first_row + rows])
+        return slice(int(self.layout.offsets[p0]), int(self.layout.offsets[p1]))
+
+
+@dataclass(frozen=True)
+class Grouping:
+    """How documents become teacher windows and groups."""
+
+    prefix_length: int  # the teacher's context prefix
+    max_length: int
+    stride: int
+    group_tokens: int
+
+
+class Skipper:
+    """This worker's skip lists (one per writer): where each writer resumes, and encoding a document
+    or skipping it. A document the teacher cannot encode (or longer than --max-document-bytes) is
+    recorded in its writer's skip list, or, with --strict, refused; with --strict a store whose
+    lists already name documents is refused."""
+
+    def __init__(
+        self,
+        output: str,
+        writers: list[int],
+        *,
+        strict: bool,
+        max_document_bytes: int | None,
+        budget: dump_memory.DocumentBudget | None = None,
+    ):
+        self._lists = {w: SkipList(Path(output), w) for w in writers}
+        self._strict, self._limit, self._budget = strict, max_document_bytes, budget
+        self.skipped_now = 0  # documents this run skipped
+        listed = sum(len(skips.skips) for skips in self._lists.values())
+        if strict and listed:
+            raise UserError(
+                f"--strict: the store {output} already lists {listed} skipped documents ({SKIP_LIST.shown}); "
+                "resume it without --strict"
+            )
+
+    def remaining(
+        self, documents: Iterable[tuple[str, bytes, int]], stored: dict[int, int]
+    ) -> Iterator[tuple[int, str, bytes, int]]:
+        """The ``(key, data, writer)`` documents that writer ``w`` has not yet done: past its first
+        ``stored[w]`` stored documents and the skips among them, and minus those its list names;
+        each as ``(number in its writer, key, data, writer)``."""
+        resume = {w: self._lists[w].resume_ordinal(n) for w, n in stored.items()}
+        known = {w: skips.indices for w, skips in self._lists.items()}  # as listed before this run
+        return _past(documents, resume, known)
+
+    def encode(self, encoder, index: int, key: str, data: bytes, writer: int):
+        """The document's teacher ids (a :class:`DocumentEncoder`'s), or a conversation
+        (a :class:`distill.teacher.chat.ChatEncoder`'s), or None when it is skipped (and listed)."""
+        try:
+            if self._limit is not None and len(data) > self._limit:
+                raise UnencodableDocument(f"{len(data):,} bytes, more than --max-document-bytes {self._limit:,}")
+            self._refuse_too_long(key, len(data))  # before encoding it: its tokens guessed from its bytes
+            ids = encoder.encode(data)
+            self._refuse_too_long(key, len(data), len(ids))
+            return ids
+        except UnencodableDocument as exc:
+            if self._strict:
+                raise UserError(f"document {key}: {exc} (without --strict it is skipped and listed)") from None
+            self._lists[writer].add(Skip(index, key, str(exc)))
+            self.skipped_now += 1
+            return None
+
+    def _refuse_too_long(self, key: str, data_bytes: int, tokens: int | None = None) -> None:
+        """A document whose values could not wait in the memory left is refused (not skipped:
+        the user chooses --max-document-bytes, which skips and lists it)."""
+        problem = self._budget.refusal(key, data_bytes, tokens) if self._budget is not None else None
+        if problem:
+            raise UserError(problem)
+
+    def skips(self) -> list[Skip]:
+        """Every skip of these writers, this run's and earlier: writer by writer, by number."""
+        return [s for _, skips in sorted(self._lists.items()) for s in sorted(skips.skips, key=lambda s: s.index)]
+
+    def close(self) -> None:
+        for skips in self._lists.values():
+            skips.close()
+
+
+def _past(
+    documents: Iterable[tuple[str, bytes, int]], resume: dict[int, int], known: dict[int, frozenset[int]]
+) -> Iterator[tuple[int, str, bytes, int]]:
+    seen = dict.fromkeys(resume, 0)
+    for key, data, writer in documents:
+        seen[writer] += 1
+        number = seen[writer] - 1
+        if number >= resume[writer] and number not in known[writer]:
+            yield number, key, data, writer
+
+
+def plan_groups(
+    documents: Iterable[tuple[int, str, bytes, int]],
+    skipper: Skipper,
+    encoder: DocumentEncoder,
+    converter: Converter,
+    grouping: Grouping,
+    stream: StreamKind = StreamKind.EOT,
+) -> Iterator[tuple[PlannedDocument, ...]]:
+    """The encoded documents, each with its layout in ``stream``, in groups of at least
+    ``group_tokens`` tokens (the last may be smaller); a document longer than a group is named on
+    stderr with the memory it holds."""
+    group: list[PlannedDocument] = []
+    tokens = 0
+    for index, key, data, writer in documents:
+        encoded = skipper.encode(encoder, index, key, data, writer)
+        if encoded is None:
+            continue
+        chat = isinstance(encoded, ChatDocument)
+        ids = encoded.token_ids if chat else encoded
+        if len(ids) > grouping.group_tokens:
+            extra = dump_memory.long_document_bytes(len(ids), grouping.group_tokens, stream)
+            print(
+                f"dump memory: {key} has {len(ids):,} tokens, {extra / 1e9:.2f} GB more until written", file=sys.stderr
+            )
+        windows = plan_windows(len(ids), grouping.prefix_length, grouping.max_length, grouping.stride)
+        layout = stream.layout(converter.trie, ids)
+        roles = encoded.target_roles(layout.symbols, stream) if chat else None
+        group.append(PlannedDocument(index, key, data, ids, tuple(windows), writer, layout, roles))
+        tokens += len(ids) + grouping.prefix_length
+        if tokens >= grouping.group_tokens:
+            yield tuple(group)
+            group, tokens = [], 0
+    if group:
+        yield tuple(group)

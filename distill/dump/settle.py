@@ -1,0 +1,74 @@
+"""What a dump's settings settle to at its entry (:class:`DumpPlan`): every ``auto`` and every value
+derived from the settings and the store it resumes, worked out once, before the teacher loads, and
+read by every step after.
+
+Importing it loads no torch (the device is any object with a ``type``: ``cpu``, ``cuda``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from bytestream.stream_kind import AUTO_STREAM, StreamKind
+from distill.dump.config import DumpConfig
+from distill.dump.sharding import writers_of
+
+
+@dataclass(frozen=True)
+class DumpPlan:
+    """A dump's settings, settled: ``config`` with its ``stream`` settled too, and what follows from it."""
+
+    config: DumpConfig
+    stream: StreamKind  # --stream; for auto the stream of the store it resumes, else fused
+    worker: int  # this worker among ``workers`` (processes × --num-shards)
+    workers: int
+    writers: int  # the store's fixed writer count: --writers, the store's own on resume, else the workers
+    mine: tuple[int, ...]  # the writers this worker runs
+    on_device: bool  # convert on the teacher's device (else with Numba on the CPU, beside the forward)
+    chunk_bytes: int  # raw bytes of a store chunk: --chunk-bytes, else the encoding's
+
+
+def settle(config: DumpConfig, device, worker: int = 0, workers: int = 1) -> DumpPlan:
+    """The plan of worker ``worker`` of ``workers`` whose teacher runs on ``device``."""
+    from logit_store.encodings import get_encoding
+
+    stream = store_stream(config)
+    writers = store_writers(config, workers)
+    return DumpPlan(
+        config=replace(config, stream=stream.value),
+        stream=stream,
+        worker=worker,
+        workers=workers,
+        writers=writers,
+        mine=tuple(writers_of(worker, workers, writers)),
+        on_device=config.conversion == "torch" or (config.conversion == "auto" and device.type == "cuda"),
+        chunk_bytes=config.chunk_bytes or get_encoding(config.encoding).chunk_bytes,
+    )
+
+
+def store_stream(config: DumpConfig) -> StreamKind:
+    """The stream the dump writes: ``--stream``, or for ``auto`` the stream of the store it resumes,
+    else fused (the default: docs/DESIGN.md, "The fused stream")."""
+    from logit_store.file_names import MANIFEST
+    from logit_store.manifest import manifest_stream, read_manifest
+
+    if config.stream != AUTO_STREAM:
+        return StreamKind(config.stream)
+    if (Path(config.output) / MANIFEST).is_file():
+        return manifest_stream(read_manifest(Path(config.output)))
+    return StreamKind.FUSED
+
+
+def store_writers(config: DumpConfig, workers: int) -> int:
+    """The store's fixed writer count: given, recorded in an existing store, or the workers now."""
+    from logit_store.file_names import MANIFEST
+    from logit_store.manifest import read_manifest
+
+    if config.writers is not None:
+        return config.writers
+    if (Path(config.output) / MANIFEST).is_file():
+        recorded = read_manifest(Path(config.output)).get("settings", {}).get("writers")
+        if isinstance(recorded, int) and recorded > 0:
+            return recorded
+    return workers

@@ -1,0 +1,1 @@
+"""The teacher: loading it, naming it, its tokenizer's encoding of documents and its windows."""

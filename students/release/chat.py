@@ -1,0 +1,105 @@
+"""Conversations with an exported chat student (``bytedistill chat``, ``bytedistill generate --chat``).
+
+A chat student was distilled on conversations rendered by its teacher's chat template, the
+teacher's chat specials being symbols of its own; its folder ships the template
+(docs/DESIGN.md, "Conversations at inference"). A conversation so far (a list of ``{"role", "content"}``
+messages) becomes the student's stream through its tokenizer's ``apply_chat_template`` with the
+generation prompt (the assistant's header), and the answer is generated until the student ends
+its turn (its generation config's end-of-turn symbols), or the byte budget runs out; it is the
+text bytes generated, the specials dropped. Past the trained context the window slides as in
+:mod:`students.release.generate`.
+"""
+
+from __future__ import annotations
+
+import codecs
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bytestream.stream_kind import StreamKind
+from bytestream.stream_tokenizer import ByteStreamTokenizer
+from common.errors import UserError
+from students.release.generate import continue_streams, require_same_stream
+from students.release.generate_options import GenerateOptions
+
+
+def require_chat(tokenizer: ByteStreamTokenizer, folder: Path | str) -> None:
+    """Refuse a student that was not distilled on conversations (no reserved symbols or no chat template)."""
+    if not tokenizer.reserved_symbols or not tokenizer.chat_template:
+        raise UserError(
+            f"{folder} is not a chat student (it has no chat template): dump conversations with the teacher's "
+            "chat template, train and export again, or use bytedistill generate without --chat"
+        )
+
+
+def chat_stream(tokenizer: ByteStreamTokenizer, messages: list[dict[str, str]]) -> list[int]:
+    """The student's stream of a conversation so far, ending with the assistant's header."""
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
+
+
+def answers(
+    model,
+    tokenizer: ByteStreamTokenizer,
+    conversations: list[list[dict[str, str]]],
+    options: GenerateOptions,
+    ended: list[bool] | None = None,
+) -> list[str]:
+    """The student's next turn in each conversation, generated together as one left-padded batch;
+    ``ended``, a list, is given whether each answer ended the turn (rather than ran out of bytes)."""
+    require_same_stream(model, tokenizer)
+    streams = [chat_stream(tokenizer, messages) for messages in conversations]
+    replies = continue_streams(model, streams, [b""] * len(streams), options, stopped=ended)
+    return [reply.decode("utf-8", errors="replace") for reply in replies]
+
+
+class TextStreamer:
+    """A ``transformers`` streamer that writes the text of each symbol generated as it comes (the
+    input of each generation call skipped; specials dropped; UTF-8 decoded across symbols)."""
+
+    def __init__(self, write: Callable[[str], object], stream: StreamKind):
+        self.write, self.stream = write, stream
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.prompt_next = True
+
+    def put(self, value) -> None:
+        if self.prompt_next:  # each generate call shows its input first
+            self.prompt_next = False
+            return
+        text = self.decoder.decode(self.stream.text_bytes(value.reshape(-1).tolist()))
+        if text:
+            self.write(text)
+
+    def end(self) -> None:
+        self.prompt_next = True
+
+    def finish(self) -> None:
+        """Write what an unfinished character left (as U+FFFD)."""
+        text = self.decoder.decode(b"", final=True)
+        if text:
+            self.write(text)
+        self.decoder.reset()
+
+
+@dataclass
+class Conversation:
+    """A conversation with a chat student: the messages so far (a system prompt first, if any)."""
+
+    model: object
+    tokenizer: ByteStreamTokenizer
+    options: GenerateOptions
+    messages: list[dict[str, str]] = field(default_factory=list)
+
+    def reply(self, text: str, write: Callable[[str], object] | None = None) -> str:
+        """The student's answer to the user's ``text``, given the conversation so far; ``write`` is
+        called with its text as it is generated. Both turns join the conversation."""
+        self.messages.append({"role": "user", "content": text})
+        stream = StreamKind.of_config(self.model.config)
+        streamer = TextStreamer(write, stream) if write is not None else None
+        symbols = chat_stream(self.tokenizer, self.messages)
+        answer = continue_streams(self.model, [symbols], [b""], self.options, streamer=streamer)[0]
+        if streamer is not None:
+            streamer.finish()
+        reply = answer.decode("utf-8", errors="replace")
+        self.messages.append({"role": "assistant", "content": reply})
+        return reply

@@ -1,0 +1,227 @@
+"""The teacher that scores what the student writes: the training stores' own teacher, loaded in the
+training process, reading each text exactly as ``dump`` reads a document.
+
+:func:`refuse_other_teacher` compares a ``--teacher`` with the teacher the store's manifest records
+(its weights, before anything loads; then its vocabulary, context prefix and end-of-text ids) and
+refuses another one in one line. :class:`ScoringTeacher` turns texts into the teacher's exact
+next-symbol distributions over the store's stream with the dump's own code: the teacher's encoder
+(:class:`distill.teacher.encode.DocumentEncoder`), the store's teacher windows
+(:func:`distill.teacher.windows.plan_windows` with its ``max_length`` and ``stride``), the dump's
+batches and head chunks (:mod:`distill.dump.teacher_pass`) and the conversion (Numba on the CPU,
+:mod:`distill.conversion.device` next to a GPU teacher).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from bytestream.stream_kind import StreamKind
+from bytestream.vocab import split_gguf_path
+from common.errors import UserError
+from distill.conversion.converter import Converter, DocumentDistributions
+from distill.conversion.device import torch_conversion
+from distill.dump.plan import PlannedDocument
+from distill.dump.teacher_pass import head_chunks, window_batches
+from distill.teacher.encode import DocumentEncoder, UnencodableDocument
+from distill.teacher.identity import hub_revision, teacher_name, weights_hash
+from distill.teacher.model import Teacher, load_teacher
+from distill.teacher.windows import plan_windows
+from logit_store.manifest import read_manifest
+from logit_store.teachers import described, different_teachers
+
+HEAD_ROWS = 256  # teacher rows whose float32 logits exist at once
+BATCH_WINDOWS = 8  # windows of the store's max_length per teacher batch
+
+
+def refuse_other_teacher(source: str, store: str) -> dict:
+    """The store's manifest, after refusing a ``--teacher`` whose weights are known to differ from
+    the ones the store records (read from its files: nothing is loaded)."""
+    manifest = read_manifest(Path(store))
+    model_source, gguf = split_gguf_path(source, None)
+    if not Path(model_source).exists() and model_source.startswith((".", "/")):
+        raise UserError(f"--teacher {source}: not found")
+    revision = None if Path(model_source).exists() else hub_revision(model_source, gguf or "config.json")
+    given = {"teacher": teacher_name(source), "teacher_hash": weights_hash(model_source, gguf, revision)}
+    if different_teachers(manifest, given):
+        raise UserError(
+            f"--teacher {source} ({described(given)}) is not the teacher the store {store} was dumped from "
+            f"({described(manifest)}): on-policy answers are scored by the store's own teacher"
+        )
+    return manifest
+
+
+def refuse_other_reading(teacher: Teacher, manifest: dict, store: str) -> None:
+    """Refuse a loaded teacher that reads text otherwise than the store's did (another vocabulary,
+    context prefix or end-of-text ids)."""
+    settings = manifest.get("settings", {})
+    found = []
+    if teacher.vocab.hash != manifest.get("vocab_hash"):
+        found.append("vocabulary")
+    if settings.get("context_prefix") not in (None, teacher.context_prefix):
+        found.append(f"context prefix {teacher.context_prefix} (the store's: {settings['context_prefix']})")
+    if settings.get("end_of_text_ids") not in (None, list(teacher.vocab.end_of_text_ids)):
+        found.append("end-of-text ids")
+    if found:
+        raise UserError(
+            f"--teacher {teacher.name} is not the teacher the store {store} was dumped from "
+            f"(its {', '.join(found)} differ): on-policy answers are scored by the store's own teacher"
+        )
+
+
+def teacher_device(name: str, training_device: torch.device) -> torch.device:
+    """``--teacher-device``: ``auto`` is the training device."""
+    if name == "auto":
+        return torch.device(training_device)
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise UserError(f"--teacher-device {name!r} is not a device (auto, cpu, cuda or cuda:N)") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"--teacher-device {name}: CUDA is not available on this machine")
+    return device
+
+
+@dataclass
+class ScoreTimes:
+    """Seconds spent, and the work done, since the last :meth:`ScoringTeacher.take_times`."""
+
+    forward_seconds: float = 0.0  # the teacher's trunk and head
+    conversion_seconds: float = 0.0
+    tokens: int = 0  # teacher inputs run (context prefix included)
+    rows: int = 0  # teacher rows converted
+
+
+class ScoringTeacher:
+    """A loaded teacher that converts texts into the store's stream exactly as ``dump`` would."""
+
+    def __init__(
+        self, teacher: Teacher, stream: StreamKind, max_length: int, stride: int, on_device: bool | None = None
+    ):
+        """``on_device``: convert with the torch path on the teacher's device (default: on a GPU; on the
+        CPU it is how the tests run that path, as ``dump --conversion torch`` does)."""
+        self.converter = Converter(teacher.vocab)
+        self.teacher = teacher.with_sorted_head(self.converter.sorted_columns)
+        self.encoder = DocumentEncoder(teacher.tokenizer, teacher.vocab)
+        self.stream, self.max_length, self.stride = stream, max_length, stride
+        self.on_device = self.teacher.device.type == "cuda" if on_device is None else on_device
+        self.times = ScoreTimes()
+        if self.on_device:
+            torch_conversion(self.converter, self.teacher.device, self.teacher.columns, stream is StreamKind.FUSED)
+
+    @classmethod
+    def load(cls, source: str, store: str, device: torch.device, on_device: bool | None = None) -> ScoringTeacher:
+        """``source`` checked against ``store``'s teacher, loaded on ``device`` (bfloat16 on a GPU,
+        float32 on the CPU), reading with the store's windows and stream."""
+        from logit_store.manifest import manifest_stream
+
+        manifest = refuse_other_teacher(source, store)
+        teacher = load_teacher(source, device=device)
+        refuse_other_reading(teacher, manifest, store)
+        settings = manifest.get("settings", {})
+        stream = manifest_stream(manifest)
+        return cls(teacher, stream, int(settings["max_length"]), int(settings["stride"]), on_device)
+
+    def encode(self, text: bytes) -> np.ndarray | None:
+        """The teacher's ids of ``text`` as ``dump`` encodes a document; None when it cannot be
+        encoded exactly (a byte without a token, a lossy normalizer)."""
+        try:
+            return self.encoder.encode(text)
+        except UnencodableDocument:
+            return None
+
+    def absent_bytes(self) -> list[int]:
+        """The bytes no token of the teacher holds: the teacher gives them probability 0 in every context."""
+        present = set()
+        for token in self.teacher.vocab.token_bytes:
+            present.update(token)
+        return sorted(set(range(256)) - present)
+
+    def layout(self, token_ids: np.ndarray):
+        return self.stream.layout(self.converter.trie, token_ids)
+
+    def score(self, texts: list[bytes], token_ids: list[np.ndarray]) -> list[DocumentDistributions]:
+        """The teacher's distributions at every stream position of each text (its ids given)."""
+        prefix = len(self.teacher.context_prefix)
+        docs = tuple(
+            PlannedDocument(
+                i,
+                f"text-{i}",
+                text,
+                ids,
+                tuple(plan_windows(len(ids), prefix, self.max_length, self.stride)),
+                0,
+                self.layout(ids),
+            )
+            for i, (text, ids) in enumerate(zip(texts, token_ids, strict=True))
+        )
+        values = [np.empty(doc.layout.num_values, dtype=np.float64) for doc in docs]
+        dropped = [np.empty(doc.rows, dtype=np.float64) for doc in docs]
+        for batch in window_batches(docs, prefix, BATCH_WINDOWS * self.max_length):
+            self.times.tokens += sum(window.input_length(prefix) for _, window in batch)
+            chunks = head_chunks(self.teacher, batch, HEAD_ROWS)
+            while True:
+                started = time.perf_counter()
+                chunk = next(chunks, None)
+                self._synchronize()
+                self.times.forward_seconds += time.perf_counter() - started
+                if chunk is None:
+                    break
+                started = time.perf_counter()
+                self._convert(*chunk, values, dropped)
+                self.times.conversion_seconds += time.perf_counter() - started
+                self.times.rows += len(chunk[0].tensor)
+        return [DocumentDistributions(doc.layout, values[i], dropped[i]) for i, doc in enumerate(docs)]
+
+    def _convert(self, logits, spans, values: list[np.ndarray], dropped: list[np.ndarray]) -> None:
+        """One head chunk's rows into each document's values, as the dump's sink fills them."""
+        if not self.on_device:
+            rows = logits.tensor.cpu().numpy()
+            for span in spans:
+                doc = span.document
+                self.converter.convert_rows_numba(
+                    doc.layout,
+                    doc.token_ids,
+                    rows[span.start : span.stop],
+                    span.first_row,
+                    values[doc.index],
+                    dropped[doc.index],
+                    logits.columns,
+                )
+            return
+        conversion = torch_conversion(
+            self.converter, self.teacher.device, logits.columns, self.stream is StreamKind.FUSED
+        )
+        for span in spans:
+            doc = span.document
+            got, mass = conversion.convert_rows(doc.layout, logits.tensor[span.start : span.stop], span.first_row)
+            values[doc.index][doc.positions_of(span.first_row, len(mass))] = got
+            dropped[doc.index][span.first_row : span.first_row + len(mass)] = mass
+
+    def _synchronize(self) -> None:
+        if self.teacher.device.type == "cuda":
+            torch.cuda.synchronize(self.teacher.device)
+
+    def take_times(self) -> ScoreTimes:
+        times, self.times = self.times, ScoreTimes()
+        return times
+
+    def trunk_flops_per_token(self) -> float:
+        """Matrix-product FLOPs of one teacher input through the trunk (2 × its weights; embeddings
+        are lookups, attention's own products left out)."""
+        model = self.teacher.model
+        weights = sum(p.numel() for p in model.base_model.parameters())
+        return 2.0 * (weights - model.get_input_embeddings().weight.numel())
+
+    def head_flops_per_row(self) -> float:
+        """The float32 output layer's FLOPs per teacher row."""
+        return 2.0 * self.teacher.head.weight.numel()
+
+    def conversion_flops_per_row(self) -> float:
+        """The conversion's arithmetic per teacher row: an exponential and an addition per vocabulary
+        entry (the range sums), the gathers along a token's bytes left out."""
+        return 2.0 * self.teacher.vocab.size
