@@ -228,8 +228,8 @@ def summary(results: list[Result]) -> str:
     caught = catch.nll_sampled <= best.nll_sampled
     return (
         f"summary: best on-policy run {best.name}: teacher NLL per byte of its sampled continuations "
-        f"{gain:+.1%} lower than lambda=0's at equal steps (goal >= {GOAL_NLL:.0%}: "
-        f"{'met' if gain >= GOAL_NLL else 'missed'}), greedy {1 - best.nll_greedy / offline.nll_greedy:+.1%}; "
+        f"{abs(gain):.1%} {'lower' if gain >= 0 else 'higher'} than lambda=0's at equal steps (goal >= {GOAL_NLL:.0%} lower: "
+        f"{'met' if gain >= GOAL_NLL else 'missed'}), greedy {1 - best.nll_greedy / offline.nll_greedy:+.1%} lower; "
         f"held-out BPB {worse:+.4f} (goal <= +{GOAL_BPB}: {'met' if worse <= GOAL_BPB else 'missed'}); "
         f"its wall-clock per step is {best.seconds / best.steps / (offline.seconds / offline.steps):.1f}x lambda=0's; "
         f"lambda=0 given the same wall-clock ({catch.steps} steps) reaches teacher NLL {catch.nll_sampled:.3f} "
