@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from benchmarks.common import smollm2_gguf
-from examples.quickstart import flags, run
+from examples.quickstart import flags, run, training_flags
 
 PROMPTS = Path(__file__).resolve().parent / "chat"
 ASKED = 3  # held-out questions the student answers
@@ -49,25 +49,8 @@ def main() -> None:
     common = flags(teacher=teacher, max_length=512, stride=128, batch_tokens=4096, respond_tokens=args.respond_tokens)
     for name, stage in (("train", "dump train"), ("heldout", "dump held-out")):
         corpus, store = PROMPTS / f"{name}.jsonl", work / "store" / name
-        store.parent.mkdir(parents=True, exist_ok=True)  # --respond writes its answers beside the store
         run(stage, ["dump", *common, "--chat", "--respond", *flags(corpus=corpus, output=store)], timings)
-    training = flags(
-        train_stores=work / "store/train",
-        eval_store=work / "store/heldout",
-        output_dir=work / "student",
-        preset=args.preset,
-        seq_len=256,
-        batch_size=16,
-        max_steps=args.steps,
-        warmup_steps=30,
-        lr=3e-3,
-        alpha=0.9,
-        eval_every=max(args.steps // 3, 1),
-        eval_bytes=0,
-        checkpoint_every=0,
-        resume="latest",
-    )
-    run("train", ["train", *training], timings)
+    run("train", ["train", *training_flags(work, args.preset, args.steps)], timings)
     card = flags(teacher="SmolLM2-135M-Instruct", data="75 everyday questions answered by the teacher")
     run("export", ["export", str(work / "student"), str(work / "model"), *card], timings)
     asked = conversations("heldout")[:ASKED]

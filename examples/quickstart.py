@@ -49,6 +49,26 @@ def run(stage: str, args: list[str], timings: dict[str, float]) -> None:
         raise SystemExit(f"stage {stage} failed with exit code {code}")
 
 
+def training_flags(work: Path, preset: str, steps: int) -> list[str]:
+    """The quickstart's training: its stores under ``work``, the student into ``work/student``."""
+    return flags(
+        train_stores=work / "store/train",
+        eval_store=work / "store/heldout",
+        output_dir=work / "student",
+        preset=preset,
+        seq_len=256,
+        batch_size=16,
+        max_steps=steps,
+        warmup_steps=30,
+        lr=3e-3,
+        alpha=0.9,
+        eval_every=max(steps // 3, 1),
+        eval_bytes=0,
+        checkpoint_every=0,
+        resume="latest",
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     parser.add_argument("--workdir", type=Path, default=Path("runs/quickstart"), help="where everything is written")
@@ -76,23 +96,7 @@ def main() -> None:
     for name, stage in (("train", "dump train"), ("heldout", "dump held-out")):
         corpus, store = work / "corpus" / name / "kjv.jsonl", work / "store" / name
         run(stage, ["dump", *common, *flags(corpus=corpus, output=store)], timings)
-    training = flags(
-        train_stores=work / "store/train",
-        eval_store=work / "store/heldout",
-        output_dir=work / "student",
-        preset=args.preset,
-        seq_len=256,
-        batch_size=16,
-        max_steps=args.steps,
-        warmup_steps=30,
-        lr=3e-3,
-        alpha=0.9,
-        eval_every=max(args.steps // 3, 1),
-        eval_bytes=0,
-        checkpoint_every=0,
-        resume="latest",
-    )
-    run("train", ["train", *training], timings)
+    run("train", ["train", *training_flags(work, args.preset, args.steps)], timings)
     card = flags(teacher="SmolLM2-135M-Instruct", data="King James Bible (Genesis; Ruth held out)")
     run("export", ["export", str(work / "student"), str(work / "model"), *card], timings)
     generation = flags(prompt="And God said, ", max_new_bytes=120, seed=0)
