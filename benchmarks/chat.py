@@ -19,8 +19,9 @@ as bytes). Per student, on the held-out conversations:
 - the teacher's NLL per byte of the student's answers (the answers dumped as conversations: how
   much the teacher likes what the student says), beside the teacher's of its own answers.
 
-A line starting ``summary`` gives the goals: stop rate ≥ the teacher's, end-of-turn probability
-≥ 0.9 × the teacher's, assistant-byte BPB of the chat student ≤ the plain student's; met or missed.
+A line starting ``summary`` gives the goals, judged on the student of ``train``'s default
+(``--loss-on all``): stop rate ≥ the teacher's, end-of-turn probability ≥ 0.9 × the teacher's,
+assistant-byte BPB of the chat student ≤ the plain student's; met or missed.
 
     python -m benchmarks.chat [--workdir runs/chat-bench] [--train 2000] [--heldout 100] [--steps 2000]
     python -m benchmarks.chat --device cuda --steps 8000 --batch-size 32   # a GPU: dumps and students there
@@ -59,6 +60,7 @@ TRAIN_BOOKS, HELDOUT_BOOKS = ("Genesis", "Exodus", "Leviticus", "Numbers", "Deut
 STOP_FACTOR = 4  # a student's answer must end its turn within this many times the teacher's answer bytes
 GOAL_EOT_RATIO = 0.9
 STUDENTS = {"chat-assistant": "chat, loss on assistant", "chat-all": "chat, loss on all", "plain": "plain text"}
+DEFAULT = "chat-all"  # the student of train's default --loss-on for conversations, which the goals judge
 
 
 # ------------------------------------------------------------------------------ prompts and stores
@@ -374,7 +376,7 @@ def compare(args) -> list[str]:
         "teacher NLL/byte of its answers",
     ]
     table = markdown_table(header, rows)
-    best, plain_figure = figures["chat-assistant"], figures["plain"]
+    best, plain_figure = figures[DEFAULT], figures["plain"]
     goals = [
         ("stop rate >= teacher's", best.stop_rate >= teacher_stop, f"{best.stop_rate:.2f} vs {teacher_stop:.2f}"),
         (
@@ -388,7 +390,7 @@ def compare(args) -> list[str]:
             f"{best.assistant_bpb:.3f} vs {plain_figure.assistant_bpb:.3f}",
         ),
     ]
-    summary = "summary: chat student (loss on assistant): " + "; ".join(
+    summary = f"summary: chat student ({STUDENTS[DEFAULT].split(', ')[1]}, train's default): " + "; ".join(
         f"{goal} {'met' if met else 'MISSED'} ({value})" for goal, met, value in goals
     )
     print(table)

@@ -1,10 +1,14 @@
 """On-policy byte distillation against offline training: one run, one table.
 
 The SmolLM2-135M teacher (GGUF) dumps the quickstart's data (the first 12 chapters of Genesis to
-train on, 4 of Ruth held out) in the fused stream; flat students of the default size train with one
-recipe, for the same number of steps, at λ (``--on-policy``) 0, 0.5 and 1 and β (``--on-policy-beta``)
-0 and 1 (λ = 0 has no β), and once more at λ = 0 for as many steps as take the wall-clock of the
-best on-policy run (by the teacher's NLL of its sampled continuations). Per run: held-out BPB; the
+train on, 4 of Ruth held out) in the fused stream. On-policy distillation is measured as the field
+uses it, as a second stage after offline training: a flat student of the default size first trains
+offline (λ = 0) for ``--warm-steps`` steps (the warm start, cached under ``--workdir``); every row
+after it then continues from that same warm start (``train --init-from``, a fresh optimiser and
+schedule at a third of the warm start's learning rate, another data order) for ``--steps`` steps at
+λ (``--on-policy``) 0, 0.5 and 1 and β (``--on-policy-beta``) 0 and 1 (λ = 0 has no β), and once more
+at λ = 0 for as many steps as take the wall-clock of the best on-policy run (by the teacher's NLL of
+its sampled continuations). The table's first row is the warm start itself. Per run: held-out BPB; the
 teacher's NLL per byte (bits) of the student's own greedy and sampled (T = 1) continuations of
 held-out prompts (scored exactly, as training scores them); the share of repeated 8-grams in
 those continuations; the wall-clock per step and, for on-policy runs, its split into the student's
@@ -12,12 +16,14 @@ writing, the teacher's forward, the conversion and the student's step
 (docs/DESIGN.md, "On-policy distillation"). A line starting ``summary`` states the goals: teacher NLL
 per byte at least 10% lower than λ = 0's at equal steps, held-out BPB at most 0.02 worse.
 
-    OMP_NUM_THREADS=2 python -m benchmarks.on_policy [--workdir runs/on_policy] [--steps 40] [--markdown]
-    python -m benchmarks.on_policy --device cuda --workdir runs/on_policy-gpu --steps 1000 --batch-size 16 \\
-        --seq-len 256 --on-policy-bytes 64    # the prepared GPU line
+    OMP_NUM_THREADS=2 python -m benchmarks.on_policy [--workdir runs/on_policy] [--warm-steps 300] \\
+        [--steps 60] [--markdown]
+    python -m benchmarks.on_policy --device cuda --workdir runs/on_policy-gpu --warm-steps 4000 --steps 1000 \\
+        --batch-size 16 --seq-len 256 --on-policy-bytes 64    # the prepared GPU line
     python -m benchmarks.on_policy --smoke    # seconds: a check that the benchmark runs
 
-Stores and runs are cached under ``--workdir`` (a finished run is measured again, not retrained).
+Stores and runs (the warm start too) are cached under ``--workdir`` (a finished run is measured
+again, not retrained).
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ GOAL_NLL, GOAL_BPB = 0.10, 0.02
 SETTINGS = [(0.0, 0.0), (0.5, 0.0), (0.5, 1.0), (1.0, 0.0), (1.0, 1.0)]  # (λ, β)
 QUICKSTART = (["Genesis"], 12), (["Ruth"], 4)
 PARTS = ("write", "teacher", "conversion", "student")
+LR, SECOND_STAGE_LR = 3e-3, 1e-3  # peak learning rates of the warm start and of the runs continuing it
 
 
 def recipe(smoke: bool) -> Recipe:
@@ -71,10 +78,20 @@ class Result:
 
 
 def train_run(
-    work: Path, args, stores: tuple[Path, Path], teacher: str, share: float, beta: float, steps: int, name: str
+    work: Path,
+    args,
+    stores: tuple[Path, Path],
+    teacher: str,
+    share: float,
+    beta: float,
+    steps: int,
+    name: str,
+    warm: Path | None = None,
 ):
-    """Train one student (a finished run is kept); returns its folder and the training's wall-clock."""
-    out = work / "runs" / f"{name}-{steps}x{args.batch_size}x{args.seq_len}"
+    """Train one student (a finished run is kept): the warm start (``warm`` None) or a run continuing
+    from it; returns its folder and the training's wall-clock."""
+    start = f"-from{args.warm_steps}" if warm is not None else ""
+    out = work / "runs" / f"{name}-{steps}x{args.batch_size}x{args.seq_len}{start}"
     timing = out / "benchmark_seconds.json"
     if timing.is_file():
         return out, json.loads(timing.read_text())["seconds"]
@@ -87,16 +104,18 @@ def train_run(
         "batch_size": args.batch_size,
         "max_steps": steps,
         "warmup_steps": max(steps // 10, 1),
-        "lr": 3e-3,
-        "min_lr": 3e-4,
+        "lr": LR if warm is None else SECOND_STAGE_LR,
+        "min_lr": (LR if warm is None else SECOND_STAGE_LR) / 10,
         "alpha": 0.9,
         "eval_every": 0,
         "eval_bytes": 0,
         "checkpoint_every": 0,
         "keep_checkpoints": 1,
         "progress": "false",
-        "seed": 0,
+        "seed": 0 if warm is None else 1,  # the second stage reads the data in another order
     }
+    if warm is not None:
+        options["init_from"] = warm
     if args.smoke:  # the smoke's toy student (benchmarks/smoke.py)
         from benchmarks.smoke import STUDENT
 
@@ -160,7 +179,7 @@ def continuation_nll(scorer, prompts: list[bytes], answers) -> float:
             ids.append(encoded)
             kept.append(answer)
     for dist, answer in zip(scorer.score(texts, ids), kept):
-        row = on_policy_row(dist, len(answer.prompt), answer.ended, dist.layout.num_positions, scorer.stream)
+        row = on_policy_row(dist, answer, dist.layout.num_positions, scorer.stream)
         probs = dist.target_probabilities()
         nats -= float(np.log(np.maximum(probs[row["loss_mask"][: len(probs)]], 1e-300)).sum())
         text_bytes += len(answer.text)
@@ -170,7 +189,7 @@ def continuation_nll(scorer, prompts: list[bytes], answers) -> float:
 def measure(run: Path, scorer, prompts: list[bytes], args, device: str) -> dict:
     """Held-out BPB, and the teacher's NLL and the repetition of the student's continuations."""
     from students.release.trained_student import load_student, resolve_checkpoint
-    from students.training.on_policy_writer import SamplingRng, write_answers
+    from students.training.on_policy_writer import write_answers
 
     model = load_student(resolve_checkpoint(run)).to(device)
     contexts = [scorer.layout(scorer.encode(p)).symbols[:-1].astype(np.int64).tolist() for p in prompts]
@@ -185,7 +204,7 @@ def measure(run: Path, scorer, prompts: list[bytes], args, device: str) -> dict:
             scorer.stream,
             max_bytes=args.continuation_bytes,
             temperature=temperature,
-            rng=SamplingRng(0, torch.device(device)),
+            seeds=list(range(len(prompts))),
             never=never,
         )
         out[f"nll_{name}"] = continuation_nll(scorer, prompts, answers)
@@ -199,13 +218,13 @@ def split_of(run: Path) -> dict[str, float] | None:
     return on_policy["seconds_per_step"] if on_policy else None
 
 
-def table(results: list[Result]) -> str:
+def table(results: list[Result], warm: Result) -> str:
     header = [
         "run", "λ", "β", "steps", "held-out BPB", "teacher NLL/byte greedy", "teacher NLL/byte sampled",
         "8-gram repeats greedy", "8-gram repeats sampled", "s/step", "write / teacher / conversion / student",
     ]  # fmt: skip
     rows = []
-    for r in results:
+    for r in [warm, *results]:
         split = "-"
         if r.split:
             total = sum(r.split.values()) or 1e-12
@@ -218,7 +237,7 @@ def table(results: list[Result]) -> str:
     return markdown_table(header, rows)
 
 
-def summary(results: list[Result]) -> str:
+def summary(results: list[Result], warm: Result) -> str:
     offline = results[0]
     on_policy = [r for r in results if r.share > 0 and r.steps == offline.steps]
     best = min(on_policy, key=lambda r: r.nll_sampled)
@@ -227,7 +246,9 @@ def summary(results: list[Result]) -> str:
     catch = results[-1]
     caught = catch.nll_sampled <= best.nll_sampled
     return (
-        f"summary: best on-policy run {best.name}: teacher NLL per byte of its sampled continuations "
+        f"summary: best on-policy run {best.name} ({offline.steps} steps after a warm start of {warm.steps} "
+        f"offline steps that every run shares: held-out BPB {warm.bpb:.4f}, teacher NLL {warm.nll_sampled:.3f}): "
+        f"teacher NLL per byte of its sampled continuations "
         f"{abs(gain):.1%} {'lower' if gain >= 0 else 'higher'} than lambda=0's at equal steps (goal >= {GOAL_NLL:.0%} lower: "
         f"{'met' if gain >= GOAL_NLL else 'missed'}), greedy {1 - best.nll_greedy / offline.nll_greedy:+.1%} lower; "
         f"held-out BPB {worse:+.4f} (goal <= +{GOAL_BPB}: {'met' if worse <= GOAL_BPB else 'missed'}); "
@@ -241,7 +262,8 @@ def summary(results: list[Result]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workdir", type=Path, default=None, help="stores and runs (default: runs/on_policy)")
-    parser.add_argument("--steps", type=int, default=40, help="student steps of every run at equal steps")
+    parser.add_argument("--warm-steps", type=int, default=300, help="offline steps of the shared warm start")
+    parser.add_argument("--steps", type=int, default=60, help="student steps of every run after the warm start")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--on-policy-bytes", type=int, default=32, help="bytes the student writes per answer")
@@ -253,7 +275,7 @@ def main() -> None:
     parser.add_argument("--markdown", action="store_true", help="write the table into docs/RESULTS.md")
     args = parser.parse_args()
     if args.smoke:
-        args.steps, args.batch_size, args.seq_len, args.on_policy_bytes = 2, 2, 64, 8
+        args.warm_steps, args.steps, args.batch_size, args.seq_len, args.on_policy_bytes = 2, 2, 2, 64, 8
         args.prompts, args.prompt_bytes, args.continuation_bytes = 2, 16, 8
     temporary = tempfile.TemporaryDirectory() if args.smoke and args.workdir is None else None
     work = Path(temporary.name) if temporary else (args.workdir or Path("runs/on_policy"))
@@ -274,10 +296,16 @@ def run(work: Path, args) -> None:
     prompts = heldout_prompts(heldout, args.prompts, args.prompt_bytes)
     results = []
 
+    def measured(name: str, out: Path, seconds: float, share: float, beta: float, steps: int) -> Result:
+        found = measure(out, scorer, prompts, args, args.device)
+        return Result(name, share, beta, steps, seconds, split=split_of(out), **found)
+
+    warm_run, seconds = train_run(work, args, (train, heldout), chosen.teacher, 0.0, 0.0, args.warm_steps, "warm")
+    warm = measured("warm start", warm_run, seconds, 0.0, 0.0, args.warm_steps)
+
     def add(name: str, share: float, beta: float, steps: int) -> Result:
-        out, seconds = train_run(work, args, (train, heldout), chosen.teacher, share, beta, steps, name)
-        measured = measure(out, scorer, prompts, args, args.device)
-        results.append(Result(name, share, beta, steps, seconds, split=split_of(out), **measured))
+        out, seconds = train_run(work, args, (train, heldout), chosen.teacher, share, beta, steps, name, warm_run)
+        results.append(measured(name, out, seconds, share, beta, steps))
         return results[-1]
 
     for share, beta in SETTINGS:
@@ -286,12 +314,13 @@ def run(work: Path, args) -> None:
     offline = results[0]
     equal_time = max(round(args.steps * best.seconds / offline.seconds), args.steps)
     add("lambda0-equal-time", 0.0, 0.0, equal_time)
-    text = table(results)
-    print(f"\nteacher {chosen.teacher_name}; {args.steps} steps of {args.batch_size} x {args.seq_len} symbols; "
+    text = table(results, warm)
+    print(f"\nteacher {chosen.teacher_name}; a warm start of {args.warm_steps} offline steps, then {args.steps} steps "
+          f"of {args.batch_size} x {args.seq_len} symbols from it; "
           f"answers of {args.on_policy_bytes} bytes; {len(prompts)} held-out prompts, {args.continuation_bytes}-byte "
           f"continuations (teacher NLL in bits per byte)\n")  # fmt: skip
     print(text)
-    line = summary(results)
+    line = summary(results, warm)
     print(line)
     if args.markdown:
         write_section("on_policy", f"{text}\n\n{line}")

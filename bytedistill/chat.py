@@ -1,4 +1,5 @@
-"""``bytedistill chat``: the command line over :class:`students.release.chat.Conversation`."""
+"""``bytedistill chat``: the command line over a :class:`students.release.chat.Conversation` whose answers
+the decode engine generates (:func:`students.serving.offline.conversation`)."""
 
 from __future__ import annotations
 
@@ -21,12 +22,13 @@ def chat(config: ChatConfig) -> int:
     """Chat with an exported chat student in the terminal: each line read from standard input is a
     user turn (so it works piped, one turn a line); the answer is written as it is generated, and
     the conversation so far is kept. An empty line is skipped; end of input ends the chat."""
-    from students.release.chat import Conversation, require_chat
+    from students.release.chat import require_chat
     from students.release.generate import load_folder
+    from students.serving.offline import conversation as open_conversation
 
     model, tokenizer = load_folder(Path(config.model))
     require_chat(tokenizer, config.model)
-    conversation = Conversation(model, tokenizer, config)
+    conversation = open_conversation(model, tokenizer, config)
     if config.system:
         conversation.messages.append({"role": "system", "content": config.system})
     interactive = sys.stdin.isatty()

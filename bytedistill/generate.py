@@ -1,4 +1,5 @@
-"""``bytedistill generate``: the command line over :func:`students.release.generate.generate_batch`."""
+"""``bytedistill generate``: the command line over :func:`students.serving.offline.generate_batch` (the
+decode engine; the model's own ``generate`` where the engine cannot apply the folder's generation config)."""
 
 from __future__ import annotations
 
@@ -60,7 +61,8 @@ class GenerateConfig(GenerateOptions):
 def generate(config: GenerateConfig) -> int:
     """Continue prompts with an exported student: each continued prompt is printed, one after another
     (with --chat, a chat student's answer to each prompt)."""
-    from students.release.generate import generate_batch, load_folder
+    from students.release.generate import load_folder
+    from students.serving.offline import answers, generate_batch
 
     prompts = [require_text(prompt) for prompt in config.prompt] + read_prompts(config.prompts_file)
     if config.chat and not prompts:
@@ -73,9 +75,13 @@ def generate(config: GenerateConfig) -> int:
     context = model.config.max_position_embeddings
     print(f"trained context: {context} symbols; the window slides past it", file=sys.stderr)
     if config.compile:
-        print("compiling the decode step (one to two minutes on a CPU, again where the window slides)", file=sys.stderr)
+        print(
+            "compiling the decode step (tens of seconds to minutes on a CPU, again as the rows grow past each "
+            "power of two of symbols)",
+            file=sys.stderr,
+        )
     if config.chat:
-        from students.release.chat import answers, require_chat
+        from students.release.chat import require_chat
 
         require_chat(tokenizer, config.model)
         opening = [{"role": "system", "content": config.system}] if config.system else []

@@ -42,7 +42,8 @@ def serve(config: ServeConfig) -> int:
         raise UserError(f"cannot listen on {config.host}:{config.port}: {exc.strerror or exc}") from None
     print(
         f"serving {served.name} ({config.slots} slots, queue {config.max_queue}) on {server.url}/v1"
-        f"{' (API key required)' if config.api_key else ''}",
+        f"{' (API key required)' if config.api_key else ''}"
+        f"{'; compiling the decode step first (/health: 503 warming until ready)' if not served.engine.ready.is_set() else ''}",
         file=sys.stderr,
         flush=True,
     )

@@ -1,7 +1,7 @@
 """A chat student on a CPU: the bundled SmolLM2-135M-Instruct teacher answers a small set of everyday
 questions (``dump --chat --respond``: the answers are kept beside the store), the dump distils the
-conversations with the teacher's own chat template, a tiny flat student is trained on the
-assistant's turns, exported, and answers three held-out questions, each of which it should end
+conversations with the teacher's own chat template, a tiny flat student is trained on them
+(the loss on every target, ``train``'s default), exported, and answers three held-out questions, each of which it should end
 with its end-of-turn symbol. Every stage runs the ``bytedistill`` command the README shows.
 
 The questions are in ``examples/chat/``, each a conversation of a system prompt asking for one

@@ -131,7 +131,8 @@ def test_loss_on_assistant_counts_exactly_the_assistant_targets():
     out = distill_loss(logits, batch["target_ids"], counted_targets(batch, "assistant"), alpha=0.0)
     nll = -torch.log_softmax(logits, -1)[0, [2, 3], [3, 4]]
     assert torch.allclose(out.ce, nll.mean()) and int(out.num_targets) == 2
-    assert resolved_loss_on("auto", True) == "assistant" and resolved_loss_on("auto", False) == "all"
+    assert resolved_loss_on("auto", True) == "all" and resolved_loss_on("auto", False) == "all"
+    assert resolved_loss_on("assistant", True) == "assistant"
     with pytest.raises(Exception, match="--loss-on assistant needs stores of conversations"):
         resolved_loss_on("assistant", False)
     assert ASSISTANT == 3

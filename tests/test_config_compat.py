@@ -149,7 +149,7 @@ CASES: dict[str, tuple[str, str]] = {
             "--dtype bfloat16 --encoding pow12 --chunk-bytes 4096 --docs-per-shard 5 --num-shards 4 --shard-index 2 "
             "--threads 2 --progress false --strict --max-document-bytes 999 --verbose --chat --messages-field conv "
             "--prompt-field q --answer-field a --chat-template t.jinja --respond --respond-tokens 64 "
-            "--respond-temperature 0.7 --respond-seed 3"
+            "--respond-temperature 0.7 --respond-seed 3 --respond-batch 4"
         ),
     ),
     "all inspect": ("inspect", "s --json"),
@@ -165,7 +165,7 @@ CASES: dict[str, tuple[str, str]] = {
             "--alpha 0.5 --temperature 2 --eval-every 5 --eval-bytes 1000 --checkpoint-every 10 "
             "--keep-checkpoints 2 --log-every 2 --log-dir logs --wandb-project p --progress false --seed 9 "
             "--mixed-precision bf16 --resume latest --allow-partial --loss-on all --on-policy 0.5 --on-policy-beta 1 "
-            "--on-policy-temperature 0.7 --on-policy-bytes 8 --teacher t.gguf --teacher-device cpu"
+            "--on-policy-temperature 0.7 --on-policy-bytes 8 --teacher t.gguf --teacher-device cpu --init-from w"
         ),
     ),
     "all train overwrite": ("train", "--train-stores s --output-dir o --max-steps 5 --overwrite"),
@@ -188,7 +188,7 @@ CASES: dict[str, tuple[str, str]] = {
         "serve",
         (
             "m --host 0.0.0.0 --port 9001 --api-key k --model-name tiny --slots 4 --max-queue 9 --max-prompt-bytes 100 "
-            "--max-tokens-limit 64 --default-max-tokens 32 --compile --device cuda"
+            "--max-tokens-limit 64 --default-max-tokens 32 --compile --warm-up-entries 128 --device cuda"
         ),
     ),
     "readme serve": ("serve", "runs/quickstart/model --port 8000 --slots 8"),

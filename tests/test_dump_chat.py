@@ -11,7 +11,7 @@ import pytest
 from bytedistill.cli import main
 from bytestream.stream_kind import StreamKind
 from distill.corpus.conversations import conversation_document
-from distill.dump.respond import answers_path
+from distill.dump.respond import answers_path, partial_path
 from logit_store import LogitStore
 from tests.chat_families import smollm2_family
 from tests.gguf_teachers import smollm2_chat_template, write_tiny_gguf
@@ -115,6 +115,53 @@ def test_the_teacher_writes_the_answers(tmp_path, teacher, family):
     before = kept.read_bytes()
     assert main(args) == 0  # a rerun reads the answers kept, and resumes the finished store
     assert kept.read_bytes() == before
+
+
+QUESTIONS = [f"Question {n}: what comes after {n}?" for n in range(7)] + ["Dis bonjour — 你好"]
+
+
+def answer_args(teacher, tmp_path, output: str, *extra: str) -> list[str]:
+    corpus = tmp_path / "questions.jsonl"
+    if not corpus.exists():
+        write_jsonl(corpus, [{"prompt": q} for q in QUESTIONS])
+    respond = ["--chat", "--prompt-field", "prompt", "--respond", "--respond-tokens", "6", "--max-docs", "8"]
+    return dump_args(teacher, corpus, tmp_path / output, *respond, *extra)
+
+
+@pytest.mark.slow  # four dumps of eight answers
+def test_answers_do_not_depend_on_the_batch_and_a_stopped_run_resumes(tmp_path, teacher, capsys):
+    """Greedy answers written three at a time equal those written one at a time; a partial file as a
+    run stopped in its third batch leaves it (two whole batches, one of the third's lines, a line cut
+    part-way) resumes to the same file, and the partial file is gone once the answers are complete."""
+    assert main(answer_args(teacher, tmp_path, "one", "--respond-batch", "1")) == 0
+    assert main(answer_args(teacher, tmp_path, "three", "--respond-batch", "3")) == 0
+    whole = answers_path(tmp_path / "three").read_text(encoding="utf-8")
+    assert answers_path(tmp_path / "one").read_text(encoding="utf-8") == whole
+    assert not partial_path(tmp_path / "three").exists()
+    lines = whole.splitlines(keepends=True)
+    assert len(lines) == 8
+    settings = {"max_tokens": 6, "temperature": 0.0, "seed": 0, "batch": 3}
+    stopped = json.dumps({"respond": settings}) + "\n" + "".join(lines[:7]) + lines[7][:9]
+    (tmp_path / "resumed.answers.jsonl.partial").write_text(stopped, encoding="utf-8")
+    assert main(answer_args(teacher, tmp_path, "resumed", "--respond-batch", "3")) == 0
+    assert answers_path(tmp_path / "resumed").read_text(encoding="utf-8") == whole
+    assert not partial_path(tmp_path / "resumed").exists()
+
+
+def test_a_partial_answers_file_of_other_settings_or_another_corpus_is_refused(tmp_path, teacher, capsys):
+    header = json.dumps({"respond": {"max_tokens": 6, "temperature": 0.0, "seed": 0, "batch": 1}}) + "\n"
+    partial = tmp_path / "store.answers.jsonl.partial"
+    partial.write_text(header + json.dumps({"key": "questions.jsonl@0", "messages": []}) + "\n", encoding="utf-8")
+    capsys.readouterr()
+    assert main(answer_args(teacher, tmp_path, "store", "--respond-batch", "2")) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("bytedistill dump: error: ")
+    assert "other settings" in err
+    partial.write_text(header + json.dumps({"key": "elsewhere.jsonl@0", "messages": []}) + "\n", encoding="utf-8")
+    assert main(answer_args(teacher, tmp_path, "store", "--respond-batch", "1")) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "another corpus" in err.strip().splitlines()[-1]
+    assert not answers_path(tmp_path / "store").exists() and not (tmp_path / "store").exists()
 
 
 def test_conversations_from_parquet_and_datasets(tmp_path):

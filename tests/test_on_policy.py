@@ -6,6 +6,7 @@ one, and a teacher that is not the store's is refused in one line."""
 
 from __future__ import annotations
 
+import json
 import math
 import subprocess
 from pathlib import Path
@@ -19,8 +20,8 @@ from bytedistill.cli import main as cli_main
 from bytestream.stream_kind import StreamKind
 from logit_store import LogitStore
 from students.models.architectures import student_cost
-from students.training.checkpoints import latest_checkpoint
-from students.training.on_policy import OnPolicy, on_policy_row, rows_due
+from students.training.checkpoints import ANSWERS, latest_checkpoint
+from students.training.on_policy import OnPolicy, on_policy_row, written_by_student
 from students.training.on_policy_config import OnPolicyConfig
 from students.training.on_policy_loss import generalized_jsd
 from students.training.on_policy_teacher import ScoringTeacher
@@ -79,8 +80,6 @@ def _on_policy(teacher_dir: Path, store: Path, stream: StreamKind, seq_len: int 
         batch_size=1,
         grad_accum=1,
         seed=0,
-        rank=0,
-        device=torch.device("cpu"),
         student_cost=student_cost(model),
     )
 
@@ -134,7 +133,7 @@ def test_the_teachers_distributions_on_a_text_equal_a_dump_of_it(stream, teacher
     torch_path = ScoringTeacher.load(str(teacher), str(store), torch.device("cpu"), on_device=True)
     (on_device,) = torch_path.score([SCORED], [torch_path.encode(SCORED)])  # the path a GPU teacher takes
     np.testing.assert_allclose(on_device.dense(), scored.dense(), atol=1e-9, rtol=1e-6)
-    row = on_policy_row(scored, 0, True, 256, StreamKind(stream))
+    row = on_policy_row(scored, Answer(b"", (), SCORED, True), 256, StreamKind(stream))
     n = scored.layout.num_positions
     np.testing.assert_allclose(row["probs"][:n], scored.dense(), rtol=1e-6)
 
@@ -181,10 +180,11 @@ def test_the_divergence_has_finite_gradients_off_the_support():
         assert logits.grad[0, 2] > 0  # mass off the support is pushed down
 
 
-def test_the_share_of_written_sequences_is_lambda_over_micro_batches():
-    assert [rows_due(0.5, 3, n) for n in range(4)] == [1, 2, 1, 2]
-    assert sum(rows_due(0.3, 16, n) for n in range(10)) == 48
-    assert rows_due(0.0, 16, 5) == 0 and rows_due(1.0, 16, 5) == 16
+def test_the_share_of_written_sequences_is_lambda_over_a_splits_windows():
+    assert [written_by_student(0.5, j) for j in range(4)] == [False, True, False, True]
+    assert sum(written_by_student(0.3, j) for j in range(160)) == 48
+    assert not any(written_by_student(0.0, j) for j in range(16))
+    assert all(written_by_student(1.0, j) for j in range(16))
 
 
 def test_a_prompt_is_a_windows_text_cut_before_a_word():
@@ -217,6 +217,11 @@ def _weights(out: Path) -> dict[str, torch.Tensor]:
     return load_file(latest_checkpoint(out) / "model.safetensors")
 
 
+def _answers(out: Path) -> list[dict]:
+    """The logging steps' records: step, loss and the answers written."""
+    return [json.loads(line) for line in (out / ANSWERS).read_text().splitlines()]
+
+
 def test_a_stopped_on_policy_run_resumes_to_the_weights_of_an_uninterrupted_one(teacher, stores, tmp_path, capsys):
     whole = _run(tmp_path / "whole", stores["fused"], teacher)
     assert whole.step == 4
@@ -224,9 +229,9 @@ def test_a_stopped_on_policy_run_resumes_to_the_weights_of_an_uninterrupted_one(
     assert "on-policy (lambda 0.5, beta 0.5): per step" in printed and "teacher forward" in printed
     _run(tmp_path / "resumed", stores["fused"], teacher, stop_at_step=2)
     assert latest_checkpoint(tmp_path / "resumed").name == "step-00000002"
-    assert (latest_checkpoint(tmp_path / "resumed") / "on_policy_rng_rank0.pt").is_file()
     resumed = _run(tmp_path / "resumed", stores["fused"], teacher, resume="latest")
     assert resumed.losses == {k: v for k, v in whole.losses.items() if k > 2}
+    assert _answers(tmp_path / "resumed") == _answers(tmp_path / "whole")  # the same answers, no sampling state
     first, second = _weights(tmp_path / "whole"), _weights(tmp_path / "resumed")
     assert all(torch.equal(first[k], second[k]) for k in first)
 
@@ -272,51 +277,36 @@ def test_a_teacher_that_is_not_the_stores_is_refused_in_one_line(teacher, stores
 
 
 @pytest.mark.slow
-def test_each_rank_of_two_processes_writes_and_scores_its_own_share(teacher, stores, tmp_path):
-    """Under ``accelerate launch`` with two processes every rank loads the teacher, writes and scores
-    its sequences, and keeps its own sampling state in the checkpoint."""
+def test_one_and_two_processes_write_the_same_answers_and_train_the_same_weights(teacher, stores, tmp_path):
+    """The same run's sequences, once in one process (two loader workers: two splits, two
+    micro-batches a step) and once under ``accelerate launch`` as two (one split and one micro-batch
+    each): every rank loads the teacher and writes and scores its own share, and the answers, the
+    loss of every step and the final weights are the same."""
+    settings = {"seq_len": 64, "batch_size": 4, "max_steps": 3, "on_policy": 0.5, "on_policy_bytes": 12}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as each launched rank runs
+    try:
+        one = _run(tmp_path / "one", stores["fused"], teacher, num_workers=2, grad_accum=2, **settings)
+    finally:
+        torch.set_num_threads(threads)
     launch, env = cpu_launch(2)
-    out = tmp_path / "ddp"
-    args = [
-        "-m",
-        "bytedistill",
-        "train",
-        "--train-stores",
-        str(stores["fused"]),
-        "--output-dir",
-        str(out),
-        "--max-steps",
-        "2",
-        "--seq-len",
-        "64",
-        "--batch-size",
-        "2",
-        "--preset",
-        "tiny",
-        "--hidden-size",
-        "32",
-        "--num-layers",
-        "2",
-        "--num-heads",
-        "2",
-        "--intermediate-size",
-        "64",
-        "--on-policy",
-        "0.5",
-        "--on-policy-bytes",
-        "8",
-        "--teacher",
-        str(teacher),
-        "--progress",
-        "false",
-    ]
+    out = tmp_path / "two"
+    args = ["-m", "bytedistill", "train", "--train-stores", str(stores["fused"]), "--output-dir", str(out)]
+    args += ["--preset", "tiny", "--hidden-size", "32", "--num-layers", "2", "--num-heads", "2"]
+    args += ["--intermediate-size", "64", "--warmup-steps", "1", "--lr", "3e-3", "--on-policy-beta", "0.5"]
+    args += ["--teacher", str(teacher), "--checkpoint-every", "2", "--log-every", "1", "--progress", "false"]
+    args += [f"--{key.replace('_', '-')}={value}" for key, value in settings.items()]
     result = subprocess.run(launch + args, check=False, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
-    assert "on-policy (lambda 0.5, beta 0): per step" in result.stdout
-    checkpoint = latest_checkpoint(out)
-    assert {p.name for p in checkpoint.glob("on_policy_rng_rank*.pt")} == {
-        "on_policy_rng_rank0.pt",
-        "on_policy_rng_rank1.pt",
-    }
-    states = [torch.load(checkpoint / f"on_policy_rng_rank{r}.pt", weights_only=True)["cpu"] for r in (0, 1)]
-    assert not torch.equal(states[0], states[1])  # each rank draws from its own generator
+    assert "on-policy (lambda 0.5, beta 0.5): per step" in result.stdout
+    records = {"one": _answers(tmp_path / "one"), "two": _answers(out)}
+    assert [r["step"] for r in records["two"]] == [1, 2, 3]
+    answers = [[(a["split"], a["window"], a["prompt"], a["answer"]) for a in r["answers"]] for r in records["two"]]
+    assert {split for step in answers for split, *_ in step} == {0, 1}  # both ranks wrote
+    assert answers == [
+        [(a["split"], a["window"], a["prompt"], a["answer"]) for a in r["answers"]] for r in records["one"]
+    ]
+    assert [r["loss"] for r in records["two"]] == pytest.approx([one.losses[step] for step in (1, 2, 3)], rel=1e-5)
+    first, second = _weights(tmp_path / "one"), _weights(out)
+    for key in first:
+        torch.testing.assert_close(first[key], second[key], rtol=1e-5, atol=1e-6)

@@ -249,3 +249,31 @@ def test_serve_refuses_an_address_in_use_in_one_line(folder, capsys):
     err = capsys.readouterr().err
     assert err.startswith("bytedistill serve: error: cannot listen on 127.0.0.1:") and err.count("\n") == 1
     assert ServeOptions().host == "127.0.0.1"  # by default this machine only
+
+
+@pytest.mark.slow
+def test_a_compiled_server_warms_up_then_answers_as_the_eager_one(server, folder, client):
+    """``serve --compile``: /health says 503 ``warming`` (completions too) while the graphs of every
+    batch width, greedy and sampled, compile; then 200, and answers equal the eager server's,
+    greedy and sampled, with no graph compiled after the warm-up."""
+    options = replace(OPTIONS, model_name="tiny", compile=True)
+    compiled = Server(load_served(folder, options)).start()
+    engine = compiled.served.engine
+    try:
+        warming = httpx.get(f"{compiled.url}/health")
+        assert warming.status_code == 503 and warming.json()["status"] == "warming"
+        early = httpx.post(f"{compiled.url}/v1/completions", json={"model": "tiny", "prompt": "x", "max_tokens": 2})
+        assert early.status_code == 503 and early.json()["error"]["code"] == "warming"
+        deadline = time.monotonic() + 600
+        while httpx.get(f"{compiled.url}/health").status_code != 200 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert httpx.get(f"{compiled.url}/health").json()["status"] == "ok"
+        keys = set(engine.graph_keys(options.warm_up_entries))
+        assert engine.warm == keys and {key[0] for key in keys} == {1, 2} and {key[1] for key in keys} == {False, True}
+        fast = openai.OpenAI(base_url=f"{compiled.url}/v1", api_key="unused", max_retries=0)
+        for settings in ({"temperature": 0}, {"temperature": 1.0, "seed": 3}):
+            ask = {"model": "tiny", "prompt": PROMPT, "max_tokens": 24, **settings}
+            assert fast.completions.create(**ask).choices[0].text == client.completions.create(**ask).choices[0].text
+        assert engine.warm == keys  # nothing compiled while serving
+    finally:
+        compiled.stop()

@@ -101,6 +101,8 @@ def test_real_workers_and_seeking_match_an_uninterrupted_epoch(store):
     expected = [by_split[w][r * 3 : r * 3 + 3] for r in range(int(counts.max())) for w in range(2) if r < counts[w]]
     for got, windows in zip(full, expected):
         np.testing.assert_array_equal(got["input_ids"], np.stack([w["input_ids"] for w in windows]))
+    origins = [(w, r * 3) for r in range(int(counts.max())) for w in range(2) if r < counts[w]]
+    assert [dataset.origin(n) for n in range(len(full))] == origins  # each batch's split and first window
     for start in (1, 4, int(counts.min()) * 2 + 1, len(full) - 1, len(full)):
         dataset.set_position(epoch, start)
         resumed = _batches(dataset)

@@ -183,7 +183,20 @@ class DumpConfig:
     respond_temperature: float = field(
         default=0.0, metadata={"help": "--respond sampling temperature (0: greedy)", "range": NON_NEGATIVE}
     )
-    respond_seed: int = field(default=0, metadata={"help": "--respond sampling seed", "range": NON_NEGATIVE})
+    respond_seed: int = field(
+        default=0,
+        metadata={
+            "help": "--respond sampling seed (a batch draws from it plus its first conversation's number)",
+            "range": NON_NEGATIVE,
+        },
+    )
+    respond_batch: int = field(
+        default=16,
+        metadata={
+            "help": "--respond: the conversations the teacher answers at once (a stopped run resumes from its last whole batch)",
+            "range": COUNT,
+        },
+    )
 
     def __post_init__(self) -> None:
         if problem := range_problem(type(self), flat_values(self)):  # a library caller gets the parser's checks too

@@ -94,12 +94,16 @@ class Conversation:
         """The student's answer to the user's ``text``, given the conversation so far; ``write`` is
         called with its text as it is generated. Both turns join the conversation."""
         self.messages.append({"role": "user", "content": text})
-        stream = StreamKind.of_config(self.model.config)
-        streamer = TextStreamer(write, stream) if write is not None else None
-        symbols = chat_stream(self.tokenizer, self.messages)
-        answer = continue_streams(self.model, [symbols], [b""], self.options, streamer=streamer)[0]
-        if streamer is not None:
-            streamer.finish()
+        answer = self.answer_bytes(chat_stream(self.tokenizer, self.messages), write)
         reply = answer.decode("utf-8", errors="replace")
         self.messages.append({"role": "assistant", "content": reply})
         return reply
+
+    def answer_bytes(self, symbols: list[int], write: Callable[[str], object] | None) -> bytes:
+        """The answer's bytes after the conversation's stream ``symbols`` (``write`` called with its
+        text as it is generated), through the model's ``generate``."""
+        streamer = TextStreamer(write, StreamKind.of_config(self.model.config)) if write is not None else None
+        answer = continue_streams(self.model, [symbols], [b""], self.options, streamer=streamer)[0]
+        if streamer is not None:
+            streamer.finish()
+        return answer

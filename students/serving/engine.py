@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -27,6 +28,7 @@ import torch
 
 from bytestream.stream_kind import StreamKind
 from bytestream.stream_tokenizer import STREAMS
+from common.errors import first_line
 from students.models.decode import compile_config, why_not_compiled
 from students.models.patched_model import PatchedStudent
 from students.serving.flat_step import FlatStepper, bucket
@@ -90,8 +92,10 @@ class Engine:
         compile: bool = False,
         stream: StreamKind | None = None,
         stop: frozenset[int] | None = None,
+        every_slot: bool = False,
     ):
         self.model = model.eval()
+        self.every_slot = every_slot  # every step runs all slots (compiled: no graph per narrower width)
         self.device = next(model.parameters()).device
         self.stream = stream or StreamKind.of_config(model.config)
         self.context = model.config.max_position_embeddings
@@ -112,9 +116,20 @@ class Engine:
         self.lock = threading.Condition()
         self.thread: threading.Thread | None = None
         self.stopping = False
+        self.ready = threading.Event()  # the loop runs (after any warm-up): requests are decoded
+        self.warming = (0, 0)  # graphs compiled so far, of those the warm-up compiles
         self.finished = 0  # requests that ran to their end
         self.cancelled = 0  # requests dropped because their caller left
         self.graph = self._compiled_graph() if compile else self._graph
+        self.compiled = self.graph != self._graph
+        if self.compiled:
+            self._allow_graphs()
+        self.warm: set[tuple] = set()  # the compiled graphs' keys (lane width, sampled, sizes) run once
+        self.byte_of = [self.stream.byte_value(s) for s in range(model.config.vocab_size)]
+        self.forced_host = self.sampling.forced.numpy() if self.device.type == "cpu" else None
+        if self.patched:  # whether each symbol closes a patch, looked up in Python after a step
+            symbols = torch.arange(model.config.vocab_size, device=self.device)
+            self.closes_of: list[bool] = model.closes(symbols).tolist()
 
     # ------------------------------------------------------------------ the caller's side
 
@@ -146,9 +161,12 @@ class Engine:
         while self.pending or any(row is not None for row in self.rows):
             self.step()
 
-    def start(self) -> None:
-        """Run the loop in a background thread until :meth:`close`."""
-        self.thread = threading.Thread(target=self._loop, name="bytedistill-engine", daemon=True)
+    def start(self, warm_up: list[tuple] = ()) -> None:
+        """Run the loop in a background thread until :meth:`close`, first compiling the graphs of
+        ``warm_up`` (:meth:`graph_keys`); :attr:`ready` is set once the loop runs."""
+        if not warm_up:
+            self.ready.set()
+        self.thread = threading.Thread(target=self._loop, args=(list(warm_up),), name="bytedistill-engine", daemon=True)
         self.thread.start()
 
     def close(self) -> None:
@@ -158,7 +176,15 @@ class Engine:
         if self.thread is not None:
             self.thread.join()
 
-    def _loop(self) -> None:
+    def _loop(self, warm_up: list[tuple]) -> None:
+        if self.compiled:
+            self._allow_graphs()
+        if warm_up:
+            try:
+                self.warm_up(warm_up)
+            except Exception as error:  # noqa: BLE001 - serve anyway: the graphs left compile when first met
+                print(f"warning: the warm-up stopped: {type(error).__name__}: {first_line(error)}", file=sys.stderr)
+        self.ready.set()
         while True:
             with self.lock:
                 while not self.stopping and not self.pending and all(row is None for row in self.rows):
@@ -170,6 +196,62 @@ class Engine:
             except Exception as error:  # noqa: BLE001 - every request hears of it; the engine goes on serving
                 print(f"engine: step failed: {type(error).__name__}: {error}", file=sys.stderr)
                 self._fail_all(f"{type(error).__name__}: {error}")
+
+    # ------------------------------------------------------------------ compiling before the first request
+
+    def graph_keys(self, entries: int | None = None) -> list[tuple]:
+        """The keys (lane width, sampled, sizes) of the compiled graphs the engine can reach with
+        its slots, for rows whose steps read at most ``entries`` cache entries (the flat step: the
+        row's symbols; the patched one: its global entries; None: the whole context); none eagerly.
+        Every lane width, greedy and sampled; a patched lane also every count of rows its global
+        model steps. Ordered by the cache entries read, then the width."""
+        if not self.compiled:
+            return []
+        capacity = self.stepper.capacity
+        limit = capacity if entries is None else max(1, min(entries, capacity))
+        widths = sorted({self._width([last]) for last in range(self.slots)})
+        keys = []
+        if not self.patched:
+            for used in sorted({self._used(n) for n in range(1, limit + 1)}):
+                keys += [(width, sampled, used) for width in widths for sampled in (False, True)]
+            return keys
+        used_by = sorted({self.stepper.global_bucket(n) for n in range(limit)})
+        for used in used_by:
+            for width in widths:
+                counts = sorted({min(width, 1 << (count - 1).bit_length()) for count in range(1, width + 1)})
+                stepping = ([0] if used == used_by[0] else []) + counts
+                keys += [(width, sampled, count, used) for count in stepping for sampled in (False, True)]
+        return keys
+
+    @torch.no_grad()
+    def warm_up(self, keys: list[tuple]) -> float:
+        """Compile the graphs of ``keys`` (:meth:`graph_keys`) by running each once over idle slots,
+        a progress bar on stderr; the engine's state is as it was after. Returns the seconds taken."""
+        from tqdm.auto import tqdm
+
+        start = time.perf_counter()
+        tensors = self._state_tensors()
+        saved = [tensor.clone() for tensor in tensors]
+        bar = tqdm(keys, desc="compiling the decode step", unit="graph", file=sys.stderr, mininterval=1.0)
+        try:
+            for done, (width, sampled, *sizes) in enumerate(bar):
+                if self.stopping or not self.compiled:  # closed, or compiling failed: decode eagerly
+                    break
+                self.warming = (done, len(keys))
+                self._run_graph(self._lane(width), sampled, *sizes)
+        finally:
+            bar.close()
+            for tensor, value in zip(tensors, saved):
+                tensor.copy_(value)
+        compiled = len(self.warm & set(keys))
+        self.warming = (compiled, len(keys))
+        seconds = time.perf_counter() - start
+        print(f"compiled {compiled} graphs of the decode step in {seconds:.1f} s", file=sys.stderr, flush=True)
+        return seconds
+
+    def _state_tensors(self) -> list[torch.Tensor]:
+        """Every tensor a step writes: caches, sampling state, positions, next symbols."""
+        return [*self.stepper.static_tensors(), *self.sampling.tensors(), self.positions, self.active, self.next_ids]
 
     # ------------------------------------------------------------------ one step boundary and one step
 
@@ -192,7 +274,7 @@ class Engine:
             self.next_closes[: lane.width] = closes
         else:
             longest = max(self.rows[slot].length for slot in running)
-            chosen = self.graph(lane, sampled, self._used(longest)).tolist()
+            chosen = self._run_graph(lane, sampled, self._used(longest)).tolist()
         for slot in running:
             self._take(slot, chosen[slot])
 
@@ -200,7 +282,9 @@ class Engine:
         """How many slots a step runs: the first ones, up to the last busy one (requests take the
         lowest free slot), rounded up to a power of two when compiled (a graph per width)."""
         last = running[-1] + 1
-        return last if self.graph == self._graph else min(self.slots, 1 << (last - 1).bit_length())
+        if self.every_slot:
+            return self.slots
+        return min(self.slots, 1 << (last - 1).bit_length()) if self.compiled else last
 
     def _lane(self, width: int) -> Lane:
         """The first ``width`` slots' state, as views of the engine's own tensors (made once per width)."""
@@ -209,7 +293,7 @@ class Engine:
             stepper = self.stepper.view(width)
             sampling = SamplingState(*(tensor[one] for tensor in self.sampling.tensors()))
             lane = Lane(width, stepper, sampling, self.positions[one], self.active[one], self.next_ids[one])
-            if self.graph != self._graph:  # the views a compiled step updates in place: fixed addresses too
+            if self.compiled:  # the views a compiled step updates in place: fixed addresses too
                 for tensor in [
                     *stepper.static_tensors(),
                     *sampling.tensors(),
@@ -222,19 +306,48 @@ class Engine:
         return self.lanes[width]
 
     def _run_patched(self, lane: Lane, closing: list[int], sampled: bool) -> tuple[list[int], list[bool]]:
-        if self.graph == self._graph:  # eager: the global model for exactly the closing rows
+        if not self.compiled:  # eager: the global model for exactly the closing rows
             logits = lane.stepper.eager_step(lane.next_ids, lane.positions, closing)
             chosen = self._choose_all(lane, logits, sampled)
         else:
             count = len(closing)
             stepping = min(lane.width, 1 << (count - 1).bit_length()) if count else 0
             used = self.stepper.global_bucket(max((self.rows[s].global_entries for s in closing), default=0))
-            chosen = self.graph(lane, sampled, stepping, used)
-        return chosen.tolist(), self.model.closes(chosen).tolist()
+            chosen = self._run_graph(lane, sampled, stepping, used)
+        chosen = chosen.tolist()
+        return chosen, [self.closes_of[symbol] for symbol in chosen]
 
     def _used(self, longest: int) -> int:
         """Cache entries the flat step reads: exactly the longest row's eagerly, a bucket compiled."""
-        return longest if self.graph == self._graph else bucket(longest, self.stepper.capacity)
+        return bucket(longest, self.stepper.capacity) if self.compiled else longest
+
+    def _run_graph(self, lane: Lane, sampled: bool, *args) -> torch.Tensor:
+        """The (compiled) step; eagerly from now on, with one warning, where compiling fails (the
+        same symbols either way: nothing ran before the compiler failed).
+
+        A compiled graph's key (the lane, whether a row samples, the sizes) names everything its
+        guards tell apart: the engine's tensors keep their addresses and shapes, the model its
+        weights. So once a key has run (its guards checked in full, compiling it), later steps of
+        that key check only the guards that tell the compiled graphs apart
+        (``skip_guard_eval_unsafe``): most of the guards' cost per step is gone."""
+        if not self.compiled:
+            return self._graph(lane, sampled, *args)
+        key = (lane.width, sampled, *args)
+        try:
+            if key in self.warm:
+                with torch.compiler.set_stance(skip_guard_eval_unsafe=True):
+                    return self.graph(lane, sampled, *args)
+            chosen = self.graph(lane, sampled, *args)
+            self.warm.add(key)
+            return chosen
+        except torch._dynamo.exc.BackendCompilerFailed as error:  # e.g. the C++ compiler fails
+            inner = error.inner_exception or error
+            print(
+                f"warning: decoding eagerly: compiling the step failed ({type(inner).__name__}: {first_line(inner)})",
+                file=sys.stderr,
+            )
+            self.graph, self.compiled = self._graph, False
+            return self._graph(lane, sampled, *args)
 
     def _graph(self, lane: Lane, sampled: bool, *args) -> torch.Tensor:
         """The step of ``lane``'s slots and the choice of each one's next symbol (the function that
@@ -265,12 +378,20 @@ class Engine:
         tensors = [*self.stepper.static_tensors(), *self.sampling.tensors(), self.positions, self.active, self.next_ids]
         for tensor in tensors:  # CUDA graphs replay only steps whose in-place updates have fixed addresses
             torch._dynamo.mark_static_address(tensor)
-        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
         return torch.compile(self._graph, **options)
+
+    def _allow_graphs(self) -> None:
+        """Let dynamo keep a graph per reachable key (its limits are per thread: called in the
+        thread that compiles)."""
+        config = torch._dynamo.config
+        config.recompile_limit = max(config.recompile_limit, 64, len(self.graph_keys()))
+        config.accumulated_recompile_limit = max(config.accumulated_recompile_limit, config.recompile_limit)
 
     # ------------------------------------------------------------------ requests in and out of slots
 
     def _admit(self) -> None:
+        if not self.pending:  # read without the lock: a request queued meanwhile joins at the next step
+            return
         while True:
             with self.lock:
                 free = next((slot for slot, row in enumerate(self.rows) if row is None), None)
@@ -312,7 +433,7 @@ class Engine:
         symbol = int(choose(logits.unsqueeze(0), view, self.rules, not row.request.sampling.greedy)[0])
         self.next_ids[slot] = symbol
         if self.patched:
-            self.next_closes[slot] = bool(self.model.closes(torch.tensor([symbol]))[0])
+            self.next_closes[slot] = self.closes_of[symbol]
         self._take(slot, symbol)
 
     def _window(self, symbols: list[int]) -> list[int]:
@@ -329,7 +450,7 @@ class Engine:
         row.chosen += 1
         if self.patched and self.next_closes[slot]:
             row.global_entries += 1
-        value = self.stream.byte_value(symbol)
+        value = self.byte_of[symbol] if 0 <= symbol < len(self.byte_of) else None
         if value is not None:
             row.produced += 1
             if row.produced > len(request.open_bytes):
@@ -367,7 +488,15 @@ class Engine:
         else:
             choices = [-1, -1]
         row.forced = choices[0] >= 0
-        self.sampling.forced[slot] = torch.tensor(choices, device=self.device)
+        self._write_forced(slot, choices)
+
+    def _write_forced(self, slot: int, choices) -> None:
+        """Set the slot's two allowed symbols (on the CPU through a NumPy view of the same memory:
+        no tensor made, no kernel run)."""
+        if self.forced_host is not None:
+            self.forced_host[slot] = choices
+        else:
+            self.sampling.forced[slot] = torch.tensor(choices, device=self.device)
 
     def _free(self, slot: int) -> None:
         with self.lock:
@@ -375,7 +504,7 @@ class Engine:
         self.active[slot] = False
         self.next_ids[slot] = self.stream.pad
         self.next_closes[slot] = False
-        self.sampling.forced[slot] = -1
+        self._write_forced(slot, (-1, -1))
 
     def _emit(self, request: Request, event: Event) -> None:
         if request.sink is not None and (event.data or event.finish_reason):

@@ -49,8 +49,17 @@ class ServeOptions:
     compile: bool = field(
         default=False,
         metadata={
-            "help": "compile the decode step (torch.compile: C++ on the CPU, CUDA graphs on a GPU); each batch "
-            "bucket compiles on first use (a minute or more on a CPU); eager, with a warning, where it cannot"
+            "help": "compile the decode step (torch.compile: C++ on the CPU, CUDA graphs on a GPU) before serving: "
+            "a graph per batch width, greedy and sampled, and cache size up to --warm-up-entries (seconds each on "
+            "a CPU; /health answers 503 'warming' meanwhile); eager, with a warning, where it cannot"
+        },
+    )
+    warm_up_entries: int = field(
+        default=1024,
+        metadata={
+            "help": "with --compile: compile before serving the graphs of rows up to this many cache entries "
+            "(symbols; a patched student's patches); a longer row compiles its graph when it first needs it",
+            "range": COUNT,
         },
     )
     device: str = field(default="cpu", metadata={"help": "where the model runs: cpu, cuda, cuda:1, ..."})

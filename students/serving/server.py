@@ -2,6 +2,9 @@
 
 Routes: ``GET /health``, ``GET /v1/models`` (and ``/v1/models/{id}``), ``POST /v1/completions``,
 ``POST /v1/chat/completions`` (with the folder's chat template; a folder without one answers 400).
+Started with ``compile``, the engine compiles the graphs its batch widths reach before it decodes
+(:meth:`~students.serving.engine.Engine.warm_up`): meanwhile ``/health`` answers 503 with the status
+``warming`` (and the graphs compiled so far) and completions 503 ``warming``; then 200 ``ok``.
 Prompts become the student's stream with the folder's own tokenizer, a completion prompt's last
 word healed as ``generate`` heals it; answers stream as server-sent events when asked
 (``stream: true``). Every refusal is an OpenAI-style error body: 400 for a malformed or oversized
@@ -110,6 +113,8 @@ def submit(served: Served, request: Request) -> AsyncIterator[Event]:
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[Event] = asyncio.Queue()
     request.sink = lambda event: loop.call_soon_threadsafe(queue.put_nowait, event)
+    if not served.engine.ready.is_set():
+        raise ApiError(503, "the server is compiling its decode step; retry later", kind="server_error", code="warming")
     try:
         served.engine.submit(request)
     except QueueFull as full:
@@ -150,7 +155,13 @@ def build_app(served: Served) -> Starlette:
         return {"id": served.name, "object": "model", "created": 0, "owned_by": "bytedistill"}
 
     async def health(http: HttpRequest) -> JSONResponse:
-        return JSONResponse({"status": "ok", "model": served.name, **served.engine.load()})
+        engine = served.engine
+        if not engine.ready.is_set():  # compiling its graphs: not yet in service (a load balancer waits)
+            done, total = engine.warming
+            body = {"status": "warming", "model": served.name, "graphs_compiled": done, "graphs": total}
+            return JSONResponse(body, status_code=503, headers={"Retry-After": "5"})
+        compiled = {"graphs_compiled": len(engine.warm)} if engine.compiled else {}
+        return JSONResponse({"status": "ok", "model": served.name, **engine.load(), **compiled})
 
     async def models(http: HttpRequest) -> JSONResponse:
         try:
@@ -279,7 +290,7 @@ def load_served(folder: Path, options: ServeOptions) -> Served:
     require_same_stream(model, tokenizer)
     model = model.to(torch.device(options.device))
     engine = Engine(model, slots=options.slots, max_queue=options.max_queue, compile=options.compile)
-    engine.start()
+    engine.start(warm_up=engine.graph_keys(options.warm_up_entries))
     name = options.model_name or Path(folder).resolve().name
     return Served(engine, tokenizer, name, options)
 

@@ -174,10 +174,12 @@ STORE_SOURCE = DataSource(build=_store_dataset, describe=_describe_stores, check
 
 
 class BatchStream:
-    """Endless micro-batches over epochs, starting at (epoch, batches consumed in the epoch)."""
+    """Endless micro-batches over epochs, starting at (epoch, batches consumed in the epoch);
+    :attr:`origin` names the last one: (epoch, split, index of its first window in the split)."""
 
     def __init__(self, dataset: SplitBatches, epoch: int = 0, batches: int = 0):
         self.dataset, self.epoch, self.batches = dataset, epoch, batches
+        self.origin: tuple[int, int, int] | None = None
         self._loader = dataset.loader()  # its workers live as long as the stream
         self._iterator: Iterator | None = None
 
@@ -188,6 +190,7 @@ class BatchStream:
                 self._iterator = iter(self._loader)
             batch = next(self._iterator, None)
             if batch is not None:
+                self.origin = (self.epoch, *self.dataset.origin(self.batches))
                 self.batches += 1
                 return batch
             self._iterator, self.epoch, self.batches = None, self.epoch + 1, 0

@@ -17,7 +17,6 @@ import dataclasses
 import json
 import logging
 import shutil
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ from students.models.architectures import architecture_of_config
 CHECKPOINTS = "checkpoints"
 METRICS = "metrics.jsonl"
 RUN_INFO = "run_info.json"
+ANSWERS = "on_policy_answers.jsonl"  # an on-policy run's logging steps: loss and the answers written
 DATA_ORDER = "data_order.json"
 TRAINER_STATE = "trainer_state.json"
 MODEL_CONFIG = "config.json"
@@ -148,10 +148,8 @@ def save_checkpoint(
     position: dict,
     data_order: dict,
     run_info: dict,
-    rank_state: Callable[[Path], None] | None = None,
 ) -> None:
-    """Everything needed to continue exactly, written beside ``path`` and renamed to it when complete;
-    ``rank_state`` writes each rank's own further state into the folder (on-policy sampling)."""
+    """Everything needed to continue exactly, written beside ``path`` and renamed to it when complete."""
     partial = path.with_name(path.name + ".partial")
     if accelerator.is_main_process:
         shutil.rmtree(partial, ignore_errors=True)
@@ -160,8 +158,6 @@ def save_checkpoint(
         with _tied_weights_expected(accelerator.unwrap_model(model)):
             accelerator.save_state(str(partial), safe_serialization=True)
         write_json(partial / f"data_position_rank{accelerator.process_index}.json", position)
-        if rank_state is not None:
-            rank_state(partial)
         accelerator.wait_for_everyone()
         if accelerator.is_main_process:
             accelerator.unwrap_model(model).config.to_json_file(partial / MODEL_CONFIG)

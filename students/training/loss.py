@@ -46,18 +46,20 @@ class LossConfig:
         default=AUTO_LOSS_ON,
         metadata={
             "help": "the targets the loss counts in stores of conversations: assistant (only the assistant's "
-            "turns, its end-of-turn symbol included), all, or auto: assistant for conversations, all for "
-            "plain text (a plain store has no roles: assistant is refused there)",
+            "turns, its end-of-turn symbol included), all (every target), or auto: all (measured ahead of "
+            "assistant on the assistant's own bytes and end-of-turn probability; a plain store has no roles: "
+            "assistant is refused there)",
             "choices": [AUTO_LOSS_ON, *LOSS_ON],
         },
     )
 
 
 def resolved_loss_on(loss_on: str, chat: bool) -> str:
-    """``--loss-on`` once ``auto`` is resolved: assistant for stores of conversations (``chat``), else all;
-    assistant on plain stores, which have no roles, is refused."""
+    """``--loss-on`` once ``auto`` is resolved: all, for stores of conversations (``chat``) as for plain
+    text (docs/DESIGN.md, "Conversations", says why); assistant on plain stores, which have no roles,
+    is refused."""
     if loss_on == AUTO_LOSS_ON:
-        return "assistant" if chat else "all"
+        return "all"
     if loss_on == "assistant" and not chat:
         raise UserError("--loss-on assistant needs stores of conversations (roles per target); these hold plain text")
     return loss_on

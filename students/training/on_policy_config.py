@@ -81,15 +81,14 @@ def prompt_budget(config: OnPolicyConfig, seq_len: int, stream: StreamKind) -> i
 
 
 def check_on_policy(config: OnPolicyConfig, seq_len: int, stream: StreamKind, chat: bool) -> None:
-    """Refuse, in one line, settings on-policy training cannot run with."""
+    """Refuse, in one line, settings on-policy training cannot run with (``chat``: on a store of
+    conversations, whose answers end with a special, one symbol more)."""
     if not config.enabled:
         return
     if not config.teacher:
         raise UserError("--on-policy needs --teacher: the teacher of the training stores, which scores the answers")
-    if chat:
-        raise UserError("--on-policy reads plain-text stores; these hold conversations")
-    if prompt_budget(config, seq_len, stream) < 1:
-        need = config.max_bytes + 2 if stream is StreamKind.FUSED else 2 * config.max_bytes + 3
+    if prompt_budget(config, seq_len, stream) - chat < 1:
+        need = config.max_bytes + 2 + chat if stream is StreamKind.FUSED else 2 * config.max_bytes + 3 + 2 * chat
         raise UserError(
             f"--on-policy-bytes {config.max_bytes} does not fit a --seq-len {seq_len} sequence of the {stream.shown} "
             f"stream with a prompt: give --seq-len at least {need} or fewer --on-policy-bytes"

@@ -8,13 +8,16 @@ next-symbol distributions over the store's stream with the dump's own code: the 
 (:class:`distill.teacher.encode.DocumentEncoder`), the store's teacher windows
 (:func:`distill.teacher.windows.plan_windows` with its ``max_length`` and ``stride``), the dump's
 batches and head chunks (:mod:`distill.dump.teacher_pass`) and the conversion (Numba on the CPU,
-:mod:`distill.conversion.device` next to a GPU teacher).
+:mod:`distill.conversion.device` next to a GPU teacher). For a store of conversations the teacher
+reads with the store's reserved symbols kept (its vocabulary as ``dump --chat`` made it) and its
+chat template (recorded in the manifest), and a text comes in pieces: text read as ``dump --chat``
+reads the text between two specials, and specials as their ids.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +30,7 @@ from distill.conversion.converter import Converter, DocumentDistributions
 from distill.conversion.device import torch_conversion
 from distill.dump.plan import PlannedDocument
 from distill.dump.teacher_pass import head_chunks, window_batches
+from distill.teacher.chat import ChatEncoder, ChatTemplate, special_texts
 from distill.teacher.encode import DocumentEncoder, UnencodableDocument
 from distill.teacher.identity import hub_revision, teacher_name, weights_hash
 from distill.teacher.model import Teacher, load_teacher
@@ -73,6 +77,24 @@ def refuse_other_reading(teacher: Teacher, manifest: dict, store: str) -> None:
         )
 
 
+def with_chat(teacher: Teacher, manifest: dict, store: str) -> tuple[Teacher, ChatEncoder]:
+    """A teacher reading as ``dump --chat`` read the store of conversations ``manifest`` describes:
+    the store's reserved symbols kept in its vocabulary, its chat template for the end of a turn."""
+    settings = manifest.get("settings", {})
+    kept = [int(entry["teacher_id"]) for entry in manifest["reserved_symbols"]]
+    specials = special_texts(teacher.tokenizer, teacher.vocab)
+    vocab = teacher.vocab.with_kept(kept) if all(i in teacher.vocab.special_ids for i in kept) else None
+    if vocab is None or list(vocab.kept_ids) != kept or "chat_template" not in settings:
+        raise UserError(
+            f"--teacher {teacher.name} cannot read the store {store}'s conversations as it was dumped "
+            "(its reserved symbols are not the teacher's specials): on-policy answers are scored by the "
+            "store's own teacher"
+        )
+    tokens = settings.get("chat_template_tokens") or {}
+    template = ChatTemplate(settings["chat_template"], tokens.get("bos_token") or None, tokens.get("eos_token") or None)
+    return replace(teacher, vocab=vocab), ChatEncoder(template, DocumentEncoder(teacher.tokenizer, vocab), specials)
+
+
 def teacher_device(name: str, training_device: torch.device) -> torch.device:
     """``--teacher-device``: ``auto`` is the training device."""
     if name == "auto":
@@ -100,13 +122,21 @@ class ScoringTeacher:
     """A loaded teacher that converts texts into the store's stream exactly as ``dump`` would."""
 
     def __init__(
-        self, teacher: Teacher, stream: StreamKind, max_length: int, stride: int, on_device: bool | None = None
+        self,
+        teacher: Teacher,
+        stream: StreamKind,
+        max_length: int,
+        stride: int,
+        on_device: bool | None = None,
+        chat: ChatEncoder | None = None,
     ):
         """``on_device``: convert with the torch path on the teacher's device (default: on a GPU; on the
-        CPU it is how the tests run that path, as ``dump --conversion torch`` does)."""
+        CPU it is how the tests run that path, as ``dump --conversion torch`` does). ``chat``: the
+        chat encoder of a store of conversations (``teacher``'s vocabulary is then its)."""
         self.converter = Converter(teacher.vocab)
         self.teacher = teacher.with_sorted_head(self.converter.sorted_columns)
-        self.encoder = DocumentEncoder(teacher.tokenizer, teacher.vocab)
+        self.chat = chat
+        self.encoder = chat.encoder if chat is not None else DocumentEncoder(teacher.tokenizer, teacher.vocab)
         self.stream, self.max_length, self.stride = stream, max_length, stride
         self.on_device = self.teacher.device.type == "cuda" if on_device is None else on_device
         self.times = ScoreTimes()
@@ -121,18 +151,50 @@ class ScoringTeacher:
 
         manifest = refuse_other_teacher(source, store)
         teacher = load_teacher(source, device=device)
+        chat = None
+        if manifest.get("reserved_symbols"):
+            teacher, chat = with_chat(teacher, manifest, store)
         refuse_other_reading(teacher, manifest, store)
         settings = manifest.get("settings", {})
         stream = manifest_stream(manifest)
-        return cls(teacher, stream, int(settings["max_length"]), int(settings["stride"]), on_device)
+        return cls(teacher, stream, int(settings["max_length"]), int(settings["stride"]), on_device, chat)
 
     def encode(self, text: bytes) -> np.ndarray | None:
         """The teacher's ids of ``text`` as ``dump`` encodes a document; None when it cannot be
         encoded exactly (a byte without a token, a lossy normalizer)."""
+        return self.encode_pieces([text] if text else [])
+
+    def encode_pieces(self, pieces: list[bytes | int]) -> np.ndarray | None:
+        """The teacher's ids of a document given as pieces, as ``dump --chat`` encodes a rendered
+        conversation: text pieces (the first as a document starts, the others as text after a
+        special) and specials (ints: their teacher ids); None when a piece cannot be encoded exactly."""
+        ids = []
         try:
-            return self.encoder.encode(text)
+            for n, piece in enumerate(pieces):
+                if isinstance(piece, bytes):
+                    ids.append(self.encoder.encode_part(piece, first=n == 0))
+                else:
+                    ids.append(np.array([piece], dtype=np.int64))
         except UnencodableDocument:
             return None
+        return np.concatenate(ids) if ids else np.zeros(0, dtype=np.int64)
+
+    def reserved_ids(self) -> tuple[int, ...]:
+        """The teacher ids of the store's reserved symbols, in symbol order (none for plain text)."""
+        return self.teacher.vocab.kept_ids
+
+    def special_text(self, teacher_id: int) -> str:
+        """A special's text (a store of conversations' reserved symbol), as the template writes it."""
+        return self.chat.ids_special[teacher_id] if self.chat is not None else f"<special {teacher_id}>"
+
+    def turn_end_symbols(self) -> tuple[int, ...]:
+        """The reserved symbols that end an assistant turn (the template's end of turn; none for
+        plain text): with ``<eos>``, where the student's answer stops."""
+        if self.chat is None:
+            return ()
+        kept = list(self.reserved_ids())
+        ends = [i for i in self.chat.end_of_turn_ids() if i in kept]
+        return tuple(self.stream.alphabet_size + kept.index(i) for i in ends)
 
     def absent_bytes(self) -> list[int]:
         """The bytes no token of the teacher holds: the teacher gives them probability 0 in every context."""

@@ -31,13 +31,30 @@ from pathlib import Path
 
 from common.errors import UserError
 from common.files import check_own, lock_file
-from students.training.checkpoints import CHECKPOINTS, METRICS, RUN_INFO, latest_checkpoint, read_json, write_json
+from students.training.checkpoints import (
+    ANSWERS,
+    CHECKPOINTS,
+    METRICS,
+    RUN_INFO,
+    latest_checkpoint,
+    read_json,
+    write_json,
+)
 
 RUN_RECORD = "bytedistill_run.json"
 LOCK_FILE = ".train.lock"
 TRACKER = "bytedistill"  # the trackers' project name: its logs go to LOG_DIR/bytedistill
 # what a run writes in its directory besides the record; "logs" holds only the trackers' own folder
-RUN_FILES = (CHECKPOINTS, METRICS, RUN_INFO, "metrics.tmp", "run_info.tmp", f"logs/{TRACKER}")
+RUN_FILES = (
+    CHECKPOINTS,
+    METRICS,
+    RUN_INFO,
+    ANSWERS,
+    "metrics.tmp",
+    "run_info.tmp",
+    "on_policy_answers.tmp",
+    f"logs/{TRACKER}",
+)
 MARKERS = (CHECKPOINTS, METRICS, RUN_INFO)  # any of them: the directory has held a run
 
 

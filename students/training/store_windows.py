@@ -143,9 +143,10 @@ class SplitBatches(IterableDataset):
     def num_batches(self) -> int:
         return int(self.batch_counts().sum())
 
-    def seek(self) -> tuple[np.ndarray, int]:
-        """(batches each worker has given, the worker due next) after ``self.batches`` batches."""
-        counts, n = self.batch_counts(), self.batches
+    def seek(self, batches: int | None = None) -> tuple[np.ndarray, int]:
+        """(batches each worker has given, the worker due next) after ``batches`` batches of this
+        rank's epoch (default: ``self.batches``)."""
+        counts, n = self.batch_counts(), self.batches if batches is None else batches
         if n == int(counts.sum()):
             return counts, 0
         # the last full round R: Σ min(counts, R) <= n
@@ -158,6 +159,13 @@ class SplitBatches(IterableDataset):
         extra = n - int(given.sum())
         given[still[:extra]] += 1
         return given, int(still[extra])
+
+    def origin(self, batches: int) -> tuple[int, int]:
+        """Where batch ``batches`` of this rank's current epoch comes from: its split and the index of
+        its first window in that split (so every sequence of a run is named by epoch, split and
+        window, whatever the number of processes the splits are dealt to)."""
+        given, due = self.seek(batches)
+        return self.rank * self.workers + due, int(given[due]) * self.batch_size
 
     def loader(self) -> DataLoader:
         """A DataLoader over this dataset. Its workers persist across iterations: keep it, and

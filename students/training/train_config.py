@@ -81,6 +81,14 @@ class TrainConfig:
     resume: str | None = field(
         default=None, metadata={"help": "'latest' (newest checkpoint in OUTPUT_DIR, if any) or a checkpoint directory"}
     )
+    init_from: str | None = field(
+        default=None,
+        metadata={
+            "help": "start this new run from the weights of a trained student: a training output directory (its "
+            "newest checkpoint), a checkpoint or an exported model folder; optimizer, schedule and step count start "
+            "fresh; the student flags must describe its model (architecture, stream, sizes)"
+        },
+    )
     overwrite: bool = field(
         default=False,
         metadata={"help": "start a new run in an OUTPUT_DIR that holds one, removing that run's files (only those)"},

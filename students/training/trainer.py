@@ -28,7 +28,9 @@ and one ``train`` at a time works in it (a lock).
 
 A resumed run (``resume="latest"`` or a checkpoint path) restores weights, optimiser, RNG and
 every rank's data position and seeks there (:mod:`students.training.batch_source`), so it continues exactly as if
-never stopped; evaluation records after the checkpoint's step are dropped from metrics.jsonl.
+never stopped; evaluation records after the checkpoint's step are dropped from metrics.jsonl. A new run may start
+from a trained student's weights instead of fresh ones (``init_from``, :mod:`students.training.init_from`):
+a second stage, with its own optimiser, schedule and counters.
 A loss that is not finite (NaN, Inf) stops the run with an error before the next checkpoint, as
 do weights that are not finite when a checkpoint is due: the newest checkpoint stays the last good one.
 """
@@ -63,6 +65,7 @@ from students.training.batch_source import (
     utf8_bytes,
 )
 from students.training.checkpoints import (
+    ANSWERS,
     METRICS,
     RUN_INFO,
     TrainerState,
@@ -79,6 +82,14 @@ from students.training.checkpoints import (
     write_json,
 )
 from students.training.evaluation import ChatEvalMetrics, EvalMetrics, evaluate
+from students.training.init_from import (
+    check_source,
+    load_initial_weights,
+    recorded_start,
+    require_same_start,
+    source_folder,
+    start_record,
+)
 from students.training.loss import counted_targets, distill_loss, resolved_loss_on
 from students.training.on_policy import OnPolicy, check_before_run
 from students.training.optim import adamw, check_schedule, learning_rate
@@ -114,6 +125,7 @@ class Run:
     losses: dict[int, float] = field(default_factory=dict)  # step -> this process's mean loss
     window: tuple[float, int] = (0.0, 0)  # throughput window: start time, bytes since
     on_policy: OnPolicy | None = None  # the student's own sequences (--on-policy)
+    init_from: dict[str, Any] | None = None  # the weights the run started from (--init-from), as run_info records it
 
     @property
     def output_dir(self) -> Path:
@@ -144,15 +156,23 @@ class TrainPlan:
     config: TrainConfig  # with the student's stream and ``--loss-on`` settled (never ``auto``)
     reserved: tuple[str, ...]  # the stores' reserved symbols (a teacher's chat specials), after the stream's
     resume_from: Path | None  # the checkpoint ``--resume`` names, found once
+    init_from: Path | None = None  # the folder whose weights ``--init-from`` names, found once
 
 
 def settle(config: TrainConfig) -> TrainPlan:
-    """``config``'s plan: the checkpoint it resumes, its stream and its chat settings."""
+    """``config``'s plan: the checkpoint it resumes or the weights it starts from, its stream and its
+    chat settings."""
     resume_from = resolve_resume(config.resume, Path(config.output_dir))
     stream = resolved_stream(config, resume_from)
     config = dataclasses.replace(config, student=dataclasses.replace(config.student, stream=stream.value))
     config, reserved = with_chat_settings(config)
-    return TrainPlan(config, reserved, resume_from)
+    init_from = None
+    if config.init_from is not None:
+        init_from = source_folder(config.init_from)
+        check_source(init_from, config.student.architecture, stream, Path(config.output_dir))
+        if resume_from is not None:
+            require_same_start(resume_from, init_from)
+    return TrainPlan(config, reserved, resume_from, init_from)
 
 
 def train(config: TrainConfig, source: DataSource = STORE_SOURCE) -> TrainResult:
@@ -250,7 +270,8 @@ def start_run(plan: TrainPlan, source: DataSource, accelerator: Any) -> tuple[Ru
     output_dir = Path(config.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     set_seed(config.seed)
-    model, optimizer = accelerator.prepare(*_model_and_optimizer(config, reserved))
+    starts_from = plan.init_from if resume_from is None else None
+    model, optimizer = accelerator.prepare(*_model_and_optimizer(config, reserved, starts_from))
     common = {
         "rank": accelerator.process_index,
         "world_size": accelerator.num_processes,
@@ -289,6 +310,7 @@ def start_run(plan: TrainPlan, source: DataSource, accelerator: Any) -> tuple[Ru
         state, position = load_checkpoint(accelerator, model, resume_from, train_set.order_settings())
         if accelerator.is_main_process:
             keep_metrics_until(output_dir / METRICS, state.step)
+            keep_metrics_until(output_dir / ANSWERS, state.step)
     accelerator.init_trackers(TRACKER, config=_hparams(config))
     data = source.describe(config.train_stores)
     cost = student_cost(accelerator.unwrap_model(model))
@@ -315,10 +337,12 @@ def start_run(plan: TrainPlan, source: DataSource, accelerator: Any) -> tuple[Ru
         bar,
         window=(time.perf_counter(), 0),
     )
+    if starts_from is not None:
+        run.init_from = start_record(starts_from)
+    elif resume_from is not None:
+        run.init_from = recorded_start(resume_from)
     if config.on_policy.enabled:
         run.on_policy = OnPolicy.start(config, accelerator, model)
-        if resume_from is not None:
-            run.on_policy.load(resume_from)
     model.train()
     return run, resume_from is not None
 
@@ -333,11 +357,10 @@ def train_step(run: Run) -> StepStats:
     step_bytes = torch.zeros((), dtype=torch.int64, device=accelerator.device)
     if run.on_policy is not None:
         run.on_policy.step_started()
-    for micro in range(config.batches.grad_accum):
+    for _ in range(config.batches.grad_accum):
         batch = next(run.stream)
         if run.on_policy is not None:
-            micro_batch = state.step * config.batches.grad_accum + micro
-            batch = run.on_policy.mix(batch, accelerator.unwrap_model(model), micro_batch)
+            batch = run.on_policy.mix(batch, accelerator.unwrap_model(model), run.stream.origin)
         batch = to_device(batch, accelerator.device)
         with accelerator.accumulate(model):
             logits = model(input_ids=batch["input_ids"], use_cache=False).logits
@@ -392,6 +415,7 @@ def log_training(run: Run, stats: StepStats) -> None:
         values["train/kl"] = float(mean["kl"])
     if run.on_policy is not None:
         values |= run.on_policy.log_values()
+        run.on_policy.record(run.accelerator, run.output_dir / ANSWERS, run.state.step, values["train/loss"])
     run.accelerator.log(values, step=run.state.step)
     run.bar.set_postfix(loss=f"{float(mean['total']):.4f}", bytes_s=f"{rate:,.0f}")
 
@@ -445,7 +469,6 @@ def save(run: Run) -> Path:
         run.stream.position(),
         run.stream.dataset.order_settings(),
         run_info(run),
-        run.on_policy.save if run.on_policy is not None else None,
     )
     if run.accelerator.is_main_process:
         prune_checkpoints(run.output_dir, run.config.checkpoints.keep)
@@ -473,6 +496,7 @@ def run_info(run: Run) -> dict[str, Any]:
         "parameters": count_parameters(model),
         "student": dataclasses.asdict(student_cost(model)),
         **({"on_policy": run.on_policy.totals()} if run.on_policy is not None else {}),
+        **({"init_from": run.init_from} if run.init_from is not None else {}),
         **dataclasses.asdict(run.state),
     }
 
@@ -506,10 +530,13 @@ def _hparams(config: TrainConfig) -> dict[str, Any]:
 
 
 def _model_and_optimizer(
-    config: TrainConfig, reserved: tuple[str, ...] = ()
+    config: TrainConfig, reserved: tuple[str, ...] = (), init_from: Path | None = None
 ) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """The run's student, freshly initialised or with the weights of ``init_from``, and its optimiser."""
     architecture = architecture_named(config.student.architecture)
     model = architecture.build(config.student, seq_len=config.batches.seq_len, seed=config.seed, reserved=reserved)
+    if init_from is not None:
+        load_initial_weights(model, init_from)
     return model, adamw(model, config.optim)
 
 
