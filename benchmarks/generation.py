@@ -127,22 +127,27 @@ def stream_rates(tokenizer: ByteStreamTokenizer, data: list[bytes]) -> tuple[Str
     )
 
 
-def matmul_rate(device: str, smoke: bool) -> float:
-    """FLOP/s of a square float32 matrix product on ``device`` (the threads set): the best of five
-    windows, so that a moment of other work on the machine does not lower the rate."""
-    n = 256 if smoke else 1024
-    a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
-    a @ b
+def peak_rate(work, amount: float, device: str, smoke: bool) -> float:
+    """``amount`` per second of ``work()`` repeated on ``device``: the best of five timed windows, so
+    that a moment of other work on the machine does not lower the rate."""
+    work()
     best = 0.0
     for _ in range(5):
         _sync(device)
         start, runs = time.perf_counter(), 0
         while time.perf_counter() - start < (0.01 if smoke else 0.2):
-            a @ b
+            work()
             runs += 1
         _sync(device)
-        best = max(best, 2 * n**3 * runs / (time.perf_counter() - start))
+        best = max(best, amount * runs / (time.perf_counter() - start))
     return best
+
+
+def matmul_rate(device: str, smoke: bool) -> float:
+    """FLOP/s of a square float32 matrix product on ``device`` (the threads set), at its peak."""
+    n = 256 if smoke else 1024
+    a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
+    return peak_rate(lambda: a @ b, 2 * n**3, device, smoke)
 
 
 def _sync(device: str) -> None:

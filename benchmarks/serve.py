@@ -52,6 +52,7 @@ from benchmarks.generation import (
     flat_student,
     matmul_rate,
     patched_student,
+    peak_rate,
     stream_rates,
     streams,
     texts,
@@ -104,22 +105,12 @@ def _sync(device: str) -> None:
 
 
 def copy_rate(device: str, smoke: bool) -> float:
-    """Bytes per second a large tensor copy reads (the memory bound of a step that reads its weights):
-    the best of five windows, so that a moment of other work on the machine does not lower the bound."""
+    """Bytes per second a large tensor copy reads (the memory bound of a step that reads its
+    weights), at its peak."""
     n = (1 << 20) if smoke else (64 << 20)
     a = torch.empty(n // 4, device=device)
     b = torch.empty_like(a)
-    b.copy_(a)
-    best = 0.0
-    for _ in range(5):
-        _sync(device)
-        start, runs = time.perf_counter(), 0
-        while time.perf_counter() - start < (0.01 if smoke else 0.2):
-            b.copy_(a)
-            runs += 1
-        _sync(device)
-        best = max(best, n * runs / (time.perf_counter() - start))
-    return best
+    return peak_rate(lambda: b.copy_(a), n, device, smoke)
 
 
 def step_bytes(model, batch: int, context: float, patches_per_symbol: float) -> float:
