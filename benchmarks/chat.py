@@ -48,6 +48,7 @@ from benchmarks.results import markdown_table, write_section
 from bytedistill.cli import main as bytedistill
 from bytestream.stream_kind import StreamKind
 from examples.quickstart import flags
+from students.models.llama import PRESETS
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "chat"
 INSTRUCTIONS = (
@@ -142,7 +143,10 @@ def plain_stores(args, work: Path, chat: dict[str, Path]) -> dict[str, Path]:
 
 
 def train_and_export(args, work: Path, name: str, stores: dict[str, Path], *extra: str) -> Path:
-    run, folder = work / "runs" / name, work / "models" / name
+    """Train student ``name`` (cached under the workdir; a size other than the default gets its own
+    run and folder) and export it."""
+    sized = name if args.preset is None else f"{name}-{args.preset}"
+    run, folder = work / "runs" / sized, work / "models" / sized
     recipe = flags(
         train_stores=stores["train"],
         eval_store=stores["heldout"],
@@ -314,12 +318,14 @@ def compare(args) -> list[str]:
     work = args.workdir
     chat = chat_stores(args, work)
     plain = plain_stores(args, work, chat)
-    folders = {
-        "chat-assistant": train_and_export(args, work, "chat-assistant", chat, "--loss-on", "assistant"),
-        "chat-all": train_and_export(args, work, "chat-all", chat, "--loss-on", "all"),
-        "plain": train_and_export(args, work, "plain", plain),
+    recipes = {
+        "chat-assistant": (chat, "--loss-on", "assistant"),
+        "chat-all": (chat, "--loss-on", "all"),
+        "plain": (plain,),
     }
-    tokenizer = load_stream_tokenizer(folders["chat-assistant"])
+    folders = {name: train_and_export(args, work, name, *recipes[name]) for name in args.students}
+    first_chat = next(name for name in args.students if name != "plain")
+    tokenizer = load_stream_tokenizer(folders[first_chat])
     (end_of_turn,) = tokenizer.end_of_turn_ids[:1]
     marker = tokenizer.reserved_symbols[end_of_turn - tokenizer.stream.alphabet_size]
     conversations = answered(chat["heldout"])
@@ -357,7 +363,7 @@ def compare(args) -> list[str]:
         for name, f in figures.items()
     ]
     teacher_own = liked["teacher"]
-    teacher = figures["chat-assistant"]
+    teacher = figures[first_chat]
     teacher_stop = sum(teacher_stops) / len(teacher_stops)
     rows.append(
         [
@@ -390,7 +396,8 @@ def compare(args) -> list[str]:
             f"{best.assistant_bpb:.3f} vs {plain_figure.assistant_bpb:.3f}",
         ),
     ]
-    summary = f"summary: chat student ({STUDENTS[DEFAULT].split(', ')[1]}, train's default): " + "; ".join(
+    size = f"{args.preset} students" if args.preset else "the default size"
+    summary = f"summary: chat student ({STUDENTS[DEFAULT].split(', ')[1]}, train's default; {size}): " + "; ".join(
         f"{goal} {'met' if met else 'MISSED'} ({value})" for goal, met, value in goals
     )
     print(table)
@@ -411,17 +418,32 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seq-len", type=int, default=512, help="symbols per sequence")
     parser.add_argument("--lr", type=float, default=3e-3, help="peak learning rate")
     parser.add_argument(
+        "--preset",
+        choices=list(PRESETS),
+        default=None,
+        help="student size (default: train's default size); another size trains in runs of its own",
+    )
+    parser.add_argument(
+        "--students",
+        nargs="+",
+        choices=list(STUDENTS),
+        default=list(STUDENTS),
+        help=f"which students to train and measure (the goals need {DEFAULT} and plain)",
+    )
+    parser.add_argument(
         "--device", default="cpu", help="cpu or cuda (dumps and measurements; train takes the GPU it finds)"
     )
     parser.add_argument("--markdown", action="store_true", help="also write the table to docs/RESULTS.md")
     parser.add_argument("--smoke", action="store_true", help="toy sizes in a temporary folder (seconds): a check")
     args = parser.parse_args(argv)
-    args.student = []  # the default size
+    if not {DEFAULT, "plain"} <= set(args.students):
+        parser.error(f"--students must include {DEFAULT} and plain (the goals compare them)")
+    args.student = [] if args.preset is None else ["--preset", args.preset]
     if not args.smoke:
         args.teacher = args.teacher or str(smollm2_gguf())
         table, summary = compare(args)
         if args.markdown:
-            write_section("chat", f"{table}\n\n{summary}")
+            write_section("chat" if args.preset is None else f"chat-{args.preset}", f"{table}\n\n{summary}")
         return
     from benchmarks.smoke import STUDENT, tiny_teacher
 

@@ -133,12 +133,12 @@ def peak_rate(work, amount: float, device: str, smoke: bool) -> float:
     work()
     best = 0.0
     for _ in range(5):
-        _sync(device)
+        sync(device)
         start, runs = time.perf_counter(), 0
         while time.perf_counter() - start < (0.01 if smoke else 0.2):
             work()
             runs += 1
-        _sync(device)
+        sync(device)
         best = max(best, amount * runs / (time.perf_counter() - start))
     return best
 
@@ -150,14 +150,15 @@ def matmul_rate(device: str, smoke: bool) -> float:
     return peak_rate(lambda: a @ b, 2 * n**3, device, smoke)
 
 
-def _sync(device: str) -> None:
+def sync(device: str) -> None:
+    """Wait for the device's queued work (a GPU's): timings end when the work does."""
     if device.startswith("cuda"):
         torch.cuda.synchronize()
 
 
 @torch.no_grad()
 def timed_generate(model, prompts, targets, new: int, device: str, decoding: dict) -> float:
-    _sync(device)
+    sync(device)
     start = time.perf_counter()
     model.generate(
         **decoding,
@@ -170,7 +171,7 @@ def timed_generate(model, prompts, targets, new: int, device: str, decoding: dic
         pad_token_id=PAD,
         logits_processor=LogitsProcessorList([Replay(targets, prompts.shape[1])]),
     )
-    _sync(device)
+    sync(device)
     return time.perf_counter() - start
 
 

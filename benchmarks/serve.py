@@ -23,7 +23,11 @@ start; the time it took printed, and the graphs compiled later while serving), a
 official ``openai`` client: 1, 8 and 32 concurrent
 clients, each streaming answers of 256 bytes (``max_tokens`` counts bytes; ``<eos>`` suppressed so
 every answer is whole): bytes per second in all and per client, time to first byte and latency
-(p50, p99). Then a line starting ``summary`` with the goals, each met or MISSED.
+(p50, p99), and the CPU cores the clients' process and the server's used (on a machine of few
+cores, the clients' share is taken from the server). Beside the engine, the flat students' step
+exported to ONNX Runtime (``benchmarks/onnx_step.py``; the ``onnx`` extra) decodes the same
+replays: the existing engine measured beside ours. Then a line starting ``summary`` with the
+goals, each met or MISSED.
 ``--smoke`` runs toy sizes in seconds (a test).
 
     python -m benchmarks.serve [--markdown]                 # the engine compiled at batch 1 and 8: minutes
@@ -35,11 +39,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
+import importlib.util
+import math
 import multiprocessing
 import os
 import statistics
+import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -47,7 +56,6 @@ from benchmarks.generation import (
     SIZES,
     SMOKE_SIZES,
     TEACHER_VOCAB,
-    Replay,
     Shape,
     flat_student,
     matmul_rate,
@@ -55,7 +63,9 @@ from benchmarks.generation import (
     peak_rate,
     stream_rates,
     streams,
+    sync,
     texts,
+    timed_generate,
     token_model,
 )
 from benchmarks.results import markdown_table, write_section
@@ -97,11 +107,8 @@ class LoadRow:
     latency_p50: float
     latency_p99: float
     answers: int
-
-
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
+    client_cores: float  # CPU seconds per second the clients' process used while loading
+    server_cores: float  # the same for the server's process (nan: the server runs in the clients' process)
 
 
 def copy_rate(device: str, smoke: bool) -> float:
@@ -132,31 +139,15 @@ def step_bytes(model, batch: int, context: float, patches_per_symbol: float) -> 
     return element * (weights + cache)
 
 
-@torch.no_grad()
-def generate_time(model, prompts, targets, new: int) -> float:
-    start = time.perf_counter()
-    model.generate(
-        input_ids=prompts,
-        attention_mask=torch.ones_like(prompts),
-        max_new_tokens=new,
-        min_new_tokens=new,
-        do_sample=False,
-        eos_token_id=None,
-        pad_token_id=0,
-        logits_processor=[Replay(targets, prompts.shape[1])],
-    )
-    return time.perf_counter() - start
-
-
 def engine_time(engine: Engine, prompts, targets, new: int, device: str) -> float:
     requests = [
         Request(p.tolist(), b"", max_new_bytes=1 << 30, max_symbols=new, replay=tuple(t.tolist()))
         for p, t in zip(prompts, targets)
     ]
-    _sync(device)
+    sync(device)
     start = time.perf_counter()
     engine.run(requests)
-    _sync(device)
+    sync(device)
     return time.perf_counter() - start
 
 
@@ -166,7 +157,9 @@ def best_of(timed, repeats: int) -> float:
     return min(timed() for _ in range(max(1, repeats)))
 
 
-def measure_engine(name, model, args, batch: int, path: str, rate: float, bandwidth: float, token: bool) -> EngineRow:
+def measure_engine(
+    name, model, args, batch: int, path: str, rate: float, bandwidth: float, token: bool, size: Shape
+) -> EngineRow:
     per_byte = args.tokens_per_byte if token else args.rates.symbols_per_byte
     prompt, new = max(1, round(args.prompt_bytes * per_byte)), max(4, round(args.new_bytes * per_byte))
     prompts, targets = streams(args.tokenizer, args.data, batch, prompt, new, token)
@@ -175,10 +168,13 @@ def measure_engine(name, model, args, batch: int, path: str, rate: float, bandwi
     model.to(args.device)
     first_run = None
     if path == "generate":
-        generate_time(model, prompts, targets, 2)  # warm up
+        timed_generate(model, prompts, targets, 2, args.device, {})  # warm up
         total, prefill = (
-            best_of(lambda n=n: generate_time(model, prompts, targets, n), args.repeats) for n in (new, 1)
+            best_of(lambda n=n: timed_generate(model, prompts, targets, n, args.device, {}), args.repeats)
+            for n in (new, 1)
         )
+    elif path == "onnxruntime":
+        total, prefill = onnx_times(args, size, prompts, targets, new)
     else:
         torch._dynamo.reset()
         stream = StreamKind.EOT if token else None  # a token model's ids are no stream's: nothing stops it
@@ -193,7 +189,7 @@ def measure_engine(name, model, args, batch: int, path: str, rate: float, bandwi
     patches = args.rates.patches_per_byte / args.rates.symbols_per_byte
     flops = cost.generate_flops_per_symbol(args.rates, prompt + new / 2) * batch
     bound_s = max(flops / rate, step_bytes(model, batch, prompt + new / 2, patches) / bandwidth)
-    label = "generate (eager)" if path == "generate" else f"engine ({path})"
+    label = {"generate": "generate (eager)", "onnxruntime": "onnxruntime"}.get(path, f"engine ({path})")
     return EngineRow(
         name,
         count_parameters(model),
@@ -207,16 +203,56 @@ def measure_engine(name, model, args, batch: int, path: str, rate: float, bandwi
     )
 
 
+def onnx_wanted(parser, args) -> bool:
+    """Whether to measure ONNX Runtime: on the CPU, where it is installed (asked for: it must be)."""
+    if args.device != "cpu" or args.onnxruntime is False:
+        return False
+    if importlib.util.find_spec("onnxruntime") and importlib.util.find_spec("onnxscript"):
+        return True
+    if args.onnxruntime:
+        parser.error("--onnxruntime needs the onnx extra: pip install -e '.[onnx]'")
+    print("ONNX Runtime rows skipped: the onnx extra is not installed (pip install -e '.[onnx]')", flush=True)
+    return False
+
+
+def onnx_times(args, size: Shape, prompts, targets, new: int) -> tuple[float, float]:
+    """Seconds of ONNX Runtime's replay of ``new`` and of 1 symbol (the shortest of ``--repeats``)
+    for the flat student of ``size``, in a process of its own: with ONNX Runtime loaded, this
+    process's later torch steps ran up to 2.3 times slower (measured), so no other row shares it."""
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=context) as pool:
+        job = pool.submit(onnx_replay, size, args.onnx_dir, prompts, targets, new, args.repeats)
+        return job.result()
+
+
+def onnx_replay(size: Shape, folder: Path, prompts, targets, new: int, repeats: int) -> tuple[float, float]:
+    """The child process of :func:`onnx_times`: the flat student's step exported (once per size,
+    into ``folder``) and replayed on one thread."""
+    from benchmarks.onnx_step import OnnxDecoder, export_step
+
+    torch.set_num_threads(1)
+    model = flat_student(size)
+    path = folder / f"flat-{size.name}.onnx"
+    if not path.is_file():
+        start = time.perf_counter()
+        export_step(model, path)
+        print(f"flat {size.name}: step exported to ONNX in {time.perf_counter() - start:.1f} s", flush=True)
+    decoder = OnnxDecoder(model, path, prompts.shape[0])
+    decoder.replay(prompts, targets, 2)  # warm up
+    total, prefill = (best_of(lambda n=n: decoder.replay(prompts, targets, n), repeats) for n in (new, 1))
+    return total, prefill
+
+
 def engine_models(args):
-    """(name, builder, token model?): flat and patched students and the token model of each
+    """(name, builder, token model?, size): flat and patched students and the token model of each
     patched student's global shape."""
     sizes: list[Shape] = (SMOKE_SIZES if args.smoke else SIZES)[: args.sizes]
     vocab = 512 if args.smoke else TEACHER_VOCAB
     for size in sizes:
         shape = {"hidden_size": size.hidden, "num_hidden_layers": size.layers, "num_attention_heads": size.heads}
-        yield f"flat {size.name}", lambda size=size: flat_student(size), False
-        yield f"patched {size.name}", lambda size=size: patched_student(size), False
-        yield f"token model {size.name}", lambda shape=shape: token_model(shape, vocab), True
+        yield f"flat {size.name}", lambda size=size: flat_student(size), False, size
+        yield f"patched {size.name}", lambda size=size: patched_student(size), False, size
+        yield f"token model {size.name}", lambda shape=shape: token_model(shape, vocab), True, size
 
 
 # ------------------------------------------------------------------ the server under load
@@ -273,9 +309,14 @@ async def one_client(client, prompt: str, answers: int, max_bytes: int, record: 
         record.append((first or float("nan"), time.perf_counter() - start, size))
 
 
-async def load(url: str, clients: int, answers: int, max_bytes: int, prompts: list[str]) -> LoadRow:
+async def load(url: str, clients: int, answers: int, max_bytes: int, prompts: list[str], server_pid=None) -> LoadRow:
+    """``clients`` concurrent clients, each streaming ``answers`` answers one after another; what
+    they measured, and the CPU the clients' and (given its pid) the server's process used."""
     import httpx
     import openai
+    import psutil
+
+    server = psutil.Process(server_pid) if server_pid else None
 
     limits = httpx.Limits(max_connections=clients + 4, max_keepalive_connections=clients + 4)
     async with openai.AsyncOpenAI(
@@ -287,11 +328,12 @@ async def load(url: str, clients: int, answers: int, max_bytes: int, prompts: li
     ) as client:
         await one_client(client, prompts[0], 1, 8, [])  # warm: a connection, the first step
         record: list = []
-        start = time.perf_counter()
+        start, client_cpu, server_cpu = time.perf_counter(), time.process_time(), _cpu_seconds(server)
         await asyncio.gather(
             *(one_client(client, prompts[i % len(prompts)], answers, max_bytes, record) for i in range(clients))
         )
         wall = time.perf_counter() - start
+        client_cpu, server_cpu = time.process_time() - client_cpu, _cpu_seconds(server) - server_cpu
     ttfb = sorted(r[0] for r in record)
     latency = sorted(r[1] for r in record)
     total = sum(r[2] for r in record)
@@ -305,7 +347,17 @@ async def load(url: str, clients: int, answers: int, max_bytes: int, prompts: li
         _quantile(latency, 0.5),
         _quantile(latency, 0.99),
         len(record),
+        client_cpu / wall,
+        server_cpu / wall,
     )
+
+
+def _cpu_seconds(process) -> float:
+    """CPU seconds (user and system) ``process`` has used so far (nan: none)."""
+    if process is None:
+        return math.nan
+    times = process.cpu_times()
+    return times.user + times.system
 
 
 def _quantile(values: list[float], q: float) -> float:
@@ -340,7 +392,7 @@ def measure_server(args, size: Shape) -> list[LoadRow]:
         prompts = [text[:200].decode("utf-8", errors="ignore") for text in args.data[:32]]
         rows = []
         for clients in args.clients:
-            row = asyncio.run(load(url, clients, args.answers, args.answer_bytes, prompts))
+            row = asyncio.run(load(url, clients, args.answers, args.answer_bytes, prompts, child.pid))
             print(load_table([row])[-1], flush=True)
             rows.append(row)
         if graphs:  # a row past the warmed cache sizes compiles while clients wait
@@ -398,6 +450,7 @@ def load_table(rows: list[LoadRow]) -> list[str]:
         "TTFB p99 s",
         "latency p50 s",
         "latency p99 s",
+        "CPU cores: clients / server",
     ]
     body = [
         [
@@ -409,6 +462,7 @@ def load_table(rows: list[LoadRow]) -> list[str]:
             f"{r.ttfb_p99:.3f}",
             f"{r.latency_p50:.2f}",
             f"{r.latency_p99:.2f}",
+            f"{r.client_cores:.2f} / " + ("(one process)" if math.isnan(r.server_cores) else f"{r.server_cores:.2f}"),
         ]
         for r in rows
     ]
@@ -461,6 +515,7 @@ def summary(engine_rows: list[EngineRow], load_rows: list[LoadRow]) -> str:
         )
     except KeyError as missing:
         parts.append(f"engine goals: not measured ({missing} missing)")
+    parts += onnx_comparison(rows)
     by_clients = {r.clients: r for r in load_rows}
     if 1 in by_clients and max(by_clients) > 1:
         most = max(by_clients)
@@ -473,6 +528,24 @@ def summary(engine_rows: list[EngineRow], load_rows: list[LoadRow]) -> str:
         p99 = by_clients[8].ttfb_p99
         goal(f"TTFB p99 at 8 clients {p99:.3f} s (goal < {GOAL_TTFB_S:.0f} s)", p99 < GOAL_TTFB_S)
     return "summary: " + "; ".join(parts)
+
+
+def onnx_comparison(rows: dict) -> list[str]:
+    """ONNX Runtime's bytes/s against the engine's on the same flat models and batches, and the
+    engine the numbers choose."""
+    ratios = {
+        (model, batch): rows[(model, batch, "engine")].decode_bps / row.decode_bps
+        for (model, batch, path), row in rows.items()
+        if path == "onnxruntime" and (model, batch, "engine") in rows
+    }
+    if not ratios:
+        return []
+    each = ", ".join(f"{model} batch {batch} {ratio:.2f}x" for (model, batch), ratio in ratios.items())
+    mean = statistics.geometric_mean(ratios.values())
+    behind = [f"{model} batch {batch}" for (model, batch), ratio in ratios.items() if ratio < 1]
+    chosen = "the engine kept" if mean >= 1 else "ONNX Runtime ahead"
+    where = f"; ONNX Runtime ahead at {', '.join(behind)}" if behind else ""
+    return [f"engine / onnxruntime, flat students: {each} (geometric mean {mean:.2f}x: {chosen}{where})"]
 
 
 def main() -> None:
@@ -504,6 +577,13 @@ def main() -> None:
         "clients start, the time it took printed: 60 graphs for 32 slots, several minutes on 2 CPU cores)",
     )
     parser.add_argument("--server-threads", type=int, default=1, help="torch threads of the server process")
+    parser.add_argument(
+        "--onnxruntime",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="also decode the flat students' step on ONNX Runtime (CPU only, exported once per model; default: "
+        "where the onnx extra is installed)",
+    )
     parser.add_argument("--markdown", action="store_true", help="also write the tables into docs/RESULTS.md")
     parser.add_argument("--smoke", action="store_true", help="toy sizes and lengths: seconds")
     args = parser.parse_args()
@@ -514,20 +594,24 @@ def main() -> None:
     from benchmarks.common import llama3_tokenizer_json
 
     torch.set_num_threads(1)
+    args.onnxruntime = onnx_wanted(parser, args)
+    onnx_dir = tempfile.TemporaryDirectory()
+    args.onnx_dir = Path(onnx_dir.name)
     args.tokenizer = ByteStreamTokenizer(teacher_tokenizer_file=str(llama3_tokenizer_json()))
     args.data = texts(args.smoke)
     args.rates, args.tokens_per_byte = stream_rates(args.tokenizer, args.data)
     rate, bandwidth = matmul_rate(args.device, args.smoke), copy_rate(args.device, args.smoke)
     print(f"1 thread: matrix products at {rate / 1e9:.1f} GFLOP/s, copies at {bandwidth / 1e9:.1f} GB/s", flush=True)
     engine_rows = []
-    for name, build, token in engine_models(args):
+    for name, build, token, size in engine_models(args):
         model = build().eval()
         model.generation_config.suppress_tokens = None
         for batch in args.batches:
             compiled = args.compiled_batches is None or batch in args.compiled_batches
             paths = ([] if token else ["generate"]) + ["eager"] + (["compiled"] if compiled else [])
+            paths += ["onnxruntime"] if args.onnxruntime and name.startswith("flat") else []
             for path in paths:
-                row = measure_engine(name, model, args, batch, path, rate, bandwidth, token)
+                row = measure_engine(name, model, args, batch, path, rate, bandwidth, token, size)
                 engine_rows.append(row)
                 print(engine_table([row])[-1], flush=True)
     sizes = SMOKE_SIZES if args.smoke else SIZES

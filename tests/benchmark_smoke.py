@@ -25,7 +25,7 @@ SMOKED_TRAINING = {
     "fused": "summary: flat steps per text byte on the quickstart",
     "serve": "per-step overhead at batch 1",
     "on_policy": "summary: best on-policy run",
-    "chat": "summary: chat student (loss on all, train's default)",
+    "chat": "summary: chat student (loss on all, train's default; the default size)",
 }
 SMOKED_DUMPING = {
     "convert": "ratio numba(sorted columns)/floor",

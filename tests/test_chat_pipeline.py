@@ -10,6 +10,7 @@ remote code, patched with the folder's), ``bytedistill chat`` through standard i
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -123,6 +124,13 @@ def test_flat_chat_student_end_to_end(stores, tmp_path, monkeypatch, capsys):
     tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
     new = stock_answer(model, tokenizer, [SYSTEM, {"role": "user", "content": "Say hello."}])
     assert new[-1] == IM_END and tokenizer.decode(new, skip_special_tokens=True) == ANSWER
+
+    card = (folder / "README.md").read_text()
+    code = re.search(r"## Chatting.*?```python\n(.*?)```", card, re.DOTALL).group(1)
+    scope: dict = {}
+    exec(code.replace('"your-name/byte-student"', repr(str(folder))), scope)  # noqa: S102 - the card's own chat snippet
+    assert scope["output"].shape[1] <= model.config.max_position_embeddings  # the answer stays in the trained context
+    assert scope["messages"][-1] == {"role": "assistant", "content": scope["answer"]}
 
     script = "import sys; from bytedistill.cli import main; sys.exit(main(sys.argv[1:]))"
     chat = subprocess.run(  # noqa: PLW1510 (its status is checked below)

@@ -101,7 +101,8 @@ tokenizer = AutoTokenizer.from_pretrained(repo, trust_remote_code=True)
 
 messages = [{{"role": "user", "content": "What is the capital of France?"}}]
 inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt")
-output = model.generate(**inputs, max_new_tokens=400, do_sample=False)  # stops at the end of its turn
+room = model.config.max_position_embeddings - inputs["input_ids"].shape[1]  # the rest of the trained context
+output = model.generate(**inputs, max_new_tokens=room, do_sample=False)  # stops at the end of its turn
 answer = tokenizer.decode(output[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
 messages.append({{"role": "assistant", "content": answer}})  # the next turn reads the whole conversation
 ```
