@@ -19,6 +19,7 @@ from bytestream.stream_kind import StreamKind
 from students.release.export import export_student
 from students.release.generate import GenerateOptions, generate_bytes
 from students.serving.engine import Engine
+from students.serving.openai_api import read_request
 from students.serving.serve_options import ServeOptions
 from students.serving.server import Served, Server, listening_socket, load_served
 from students.training.synthetic import SYNTHETIC_SOURCE
@@ -70,6 +71,19 @@ def test_the_openai_client_lists_the_model_and_completes_as_generate_does(server
     assert answer.usage.prompt_tokens == len(PROMPT) and answer.usage.completion_tokens == len(expected)
     assert answer.choices[0].finish_reason == ("length" if len(expected) == 24 else "stop")
     assert httpx.get(f"{server.url}/health").json()["status"] == "ok"
+
+
+def test_a_last_word_longer_than_half_the_context_is_healed_as_generate_heals_it(server, client):
+    """``generate`` heals a prompt's last word over at most half the trained context (what the window
+    keeps once it slides); the server does the same, so greedy it answers what ``generate`` gives."""
+    served = server.served
+    half = served.engine.model.config.max_position_embeddings // 2
+    prompt = "And God said " + "Let" * (half // 3 + 8)  # one word of more than half the context
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": 12, "temperature": 0}
+    asked = read_request(body, served.options, chat=False)
+    assert 0 < len(served.completion_request(asked).open_bytes) <= half
+    answer = client.completions.create(model="tiny", prompt=prompt, max_tokens=12, temperature=0)
+    assert answer.choices[0].text == greedy(server, prompt, 12).decode("utf-8", errors="replace")
 
 
 def test_streaming_gives_the_same_text_in_chunks_with_usage_last(server, client):

@@ -64,9 +64,15 @@ def generate_batch(model, tokenizer, prompts: list[str], options: GenerateOption
     """Each prompt's continuation, the prompts generated together as one left-padded batch (each
     healed on its own; greedy, a row's continuation is the one it gets alone)."""
     require_same_stream(model, tokenizer)
-    heal = max(model.config.max_position_embeddings // 2, 1)  # what the window keeps once it slides
-    encoded = [tokenizer.encode_prompt(prompt.encode("utf-8"), max_open=heal) for prompt in prompts]
+    encoded = [encode_prompt(model, tokenizer, prompt.encode("utf-8")) for prompt in prompts]
     return continue_streams(model, [s for s, _ in encoded], [o for _, o in encoded], options)
+
+
+def encode_prompt(model, tokenizer, prompt: bytes) -> tuple[list[int], bytes]:
+    """A completion prompt's stream and its open last word, healed over at most half the trained
+    context (what the window keeps once it slides): the same for ``generate``, the engine and the server."""
+    heal = max(model.config.max_position_embeddings // 2, 1)
+    return tokenizer.encode_prompt(prompt, max_open=heal)
 
 
 def continue_stream(model, symbols: list[int], open_bytes: bytes, options: GenerateOptions) -> bytes:

@@ -137,8 +137,7 @@ def generate_batch(model, tokenizer, prompts: list[str], options: GenerateOption
     if not on_engine(model):
         return release_generate.generate_batch(model, tokenizer, prompts, options)
     require_same_stream(model, tokenizer)
-    heal = max(model.config.max_position_embeddings // 2, 1)  # what the window keeps once it slides
-    encoded = [tokenizer.encode_prompt(prompt.encode("utf-8"), max_open=heal) for prompt in prompts]
+    encoded = [release_generate.encode_prompt(model, tokenizer, prompt.encode("utf-8")) for prompt in prompts]
     engine = engine_for(model, options, len(prompts))
     done = run_streams(engine, [s for s, _ in encoded], [o for _, o in encoded], options)
     return [bytes(row.data) for row in done]

@@ -30,6 +30,7 @@ from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 from students.release.chat import chat_stream
+from students.release.generate import encode_prompt
 from students.serving import openai_api as api
 from students.serving.engine import Engine, QueueFull
 from students.serving.openai_api import ApiError
@@ -49,7 +50,7 @@ class Served:
 
     def completion_request(self, asked: api.Asked) -> Request:
         data = asked.prompt.encode("utf-8", errors="surrogatepass")
-        symbols, open_bytes = self.tokenizer.encode_prompt(data)
+        symbols, open_bytes = encode_prompt(self.engine.model, self.tokenizer, data)
         return self._request(asked, symbols, open_bytes, len(data))
 
     def chat_request(self, asked: api.Asked) -> Request:
