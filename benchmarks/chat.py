@@ -49,6 +49,7 @@ from bytedistill.cli import main as bytedistill
 from bytestream.stream_kind import StreamKind
 from examples.quickstart import flags
 from students.models.llama import PRESETS
+from students.training.loss import ASSISTANT
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "chat"
 INSTRUCTIONS = (
@@ -208,7 +209,7 @@ def chat_figures(model, store: Path, end_of_turn: int, device: str) -> Figures:
         symbols = doc.layout.symbols.astype(np.int64)
         stream = stream or StreamKind.of_layout(doc.layout)
         targets = symbols[1:]
-        assistant = doc.roles == 3
+        assistant = doc.roles == ASSISTANT
         student = target_logprobs(model, symbols, context, device)
         dense = densify(doc.layout, doc.values)
         teacher = np.log(dense[np.arange(len(targets)), targets].astype(np.float64))
@@ -301,7 +302,7 @@ def teacher_bpb_of_answers(args, work: Path, questions: list[list[dict]], said: 
         for i in range(k * len(questions), (k + 1) * len(questions)):
             doc = store.document(i)
             targets = doc.layout.symbols[1:].astype(np.int64)
-            assistant = doc.roles == 3
+            assistant = doc.roles == ASSISTANT
             dense = densify(doc.layout, doc.values)
             nll -= float(np.log(dense[np.arange(len(targets)), targets].astype(np.float64))[assistant].sum())
             count += int((assistant & (targets < StreamKind.of_layout(doc.layout).text_symbols)).sum())
@@ -324,8 +325,7 @@ def compare(args) -> list[str]:
         "plain": (plain,),
     }
     folders = {name: train_and_export(args, work, name, *recipes[name]) for name in args.students}
-    first_chat = next(name for name in args.students if name != "plain")
-    tokenizer = load_stream_tokenizer(folders[first_chat])
+    tokenizer = load_stream_tokenizer(folders[DEFAULT])
     (end_of_turn,) = tokenizer.end_of_turn_ids[:1]
     marker = tokenizer.reserved_symbols[end_of_turn - tokenizer.stream.alphabet_size]
     conversations = answered(chat["heldout"])
@@ -363,7 +363,7 @@ def compare(args) -> list[str]:
         for name, f in figures.items()
     ]
     teacher_own = liked["teacher"]
-    teacher = figures[first_chat]
+    teacher = figures[DEFAULT]  # the teacher's figures: the same from every chat student's measurement
     teacher_stop = sum(teacher_stops) / len(teacher_stops)
     rows.append(
         [

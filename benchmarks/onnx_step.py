@@ -21,6 +21,8 @@ import numpy as np
 import torch
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
+from students.serving.flat_step import model_cache
+
 
 class ExportedStep(torch.nn.Module):
     """The decode step as exported: ``(ids (B,), positions (B,), keys_0, values_0, …)``, each cache
@@ -68,13 +70,17 @@ class ExportedStep(torch.nn.Module):
         return x, k, v
 
 
+def cache_entry(config) -> tuple[int, int]:
+    """(key/value heads, head size) of one cache position of a Llama of ``config``."""
+    width = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return config.num_key_value_heads, width
+
+
 def export_step(model, path: Path) -> Path:
     """Export ``model``'s decode step to ``path`` (ONNX), batch and cache length dynamic."""
-    config = model.config
-    layers, heads = config.num_hidden_layers, config.num_key_value_heads
-    width = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    layers = model.config.num_hidden_layers
     batch, entries = 2, 4
-    caches = [torch.zeros(entries, batch, heads, width) for _ in range(2 * layers)]
+    caches = [torch.zeros(entries, batch, *cache_entry(model.config)) for _ in range(2 * layers)]
     example = (torch.zeros(batch, dtype=torch.long), torch.full((batch,), entries), *caches)
     names = [f"{kind}_{i}" for i in range(layers) for kind in ("keys", "values")]
     dynamic = {"ids": {0: "batch"}, "positions": {0: "batch"}}
@@ -82,19 +88,21 @@ def export_step(model, path: Path) -> Path:
     exporter_log = logging.getLogger("torch.onnx")
     level = exporter_log.level
     exporter_log.setLevel(logging.ERROR)  # the exporter's notes (optional packages it skips)
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        warnings.simplefilter("ignore", FutureWarning)
-        program = torch.onnx.export(
-            ExportedStep(model).eval(),
-            example,
-            dynamo=True,
-            input_names=["ids", "positions", *names],
-            output_names=["logits", "new_keys", "new_values"],
-            dynamic_shapes=dynamic,
-            verbose=False,
-        )
-    exporter_log.setLevel(level)
+    try:
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            warnings.simplefilter("ignore", FutureWarning)
+            program = torch.onnx.export(
+                ExportedStep(model).eval(),
+                example,
+                dynamo=True,
+                input_names=["ids", "positions", *names],
+                output_names=["logits", "new_keys", "new_values"],
+                dynamic_shapes=dynamic,
+                verbose=False,
+            )
+    finally:
+        exporter_log.setLevel(level)
     program.save(str(path))
     return path
 
@@ -112,9 +120,7 @@ class OnnxDecoder:
         self.session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         self.model, self.batch = model, batch
         config = model.config
-        heads = config.num_key_value_heads
-        width = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        shape = (config.max_position_embeddings, batch, heads, width)
+        shape = (config.max_position_embeddings, batch, *cache_entry(config))
         self.caches = [np.zeros(shape, np.float32) for _ in range(2 * config.num_hidden_layers)]
         self.names = [i.name for i in self.session.get_inputs()][2:]
         self.rows = np.arange(batch)
@@ -123,7 +129,7 @@ class OnnxDecoder:
     def prefill(self, prompts: torch.Tensor) -> np.ndarray:
         """Run the prompts (B, P) through the model's own forward, their keys/values into the caches; the last logits."""
         output = self.model(input_ids=prompts, use_cache=True)
-        cache = getattr(output, "cache", None) or output.past_key_values
+        cache = model_cache(output)
         length = prompts.shape[1]
         for index, layer in enumerate(cache.layers):
             self.caches[2 * index][:length] = layer.keys.permute(2, 0, 1, 3).numpy()

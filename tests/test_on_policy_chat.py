@@ -20,10 +20,11 @@ from logit_store import LogitStore
 from students.models.architectures import architecture_named, student_cost
 from students.models.shape import StudentShape
 from students.training.checkpoints import ANSWERS, latest_checkpoint
+from students.training.loss import ASSISTANT
 from students.training.on_policy import OnPolicy
 from students.training.on_policy_config import OnPolicyConfig
 from students.training.on_policy_teacher import ScoringTeacher
-from students.training.on_policy_writer import ASSISTANT, Answer, chat_prompt_of, written
+from students.training.on_policy_writer import Answer, chat_prompt_of, written
 from students.training.trainer import train
 from tests.gguf_teachers import write_tiny_gguf
 from tests.teachers import dump_args

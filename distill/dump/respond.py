@@ -239,9 +239,9 @@ def teacher_answers(teacher, prompts: list[list[int]], stops: list[int], setting
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(settings.seed + seed_offset)
         out = teacher.model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
-    answers = []
+    answers, ends = [], set(stops)
     for row in out[:, width:].tolist():
-        produced = list(itertools.takewhile(lambda token: token not in stops, row))
+        produced = list(itertools.takewhile(lambda token: token not in ends, row))
         answers.append(teacher.vocab.bytes_of(np.asarray(produced, np.int64)).decode("utf-8", errors="replace"))
     return answers
 

@@ -375,8 +375,9 @@ class Engine:
             return self._graph
         options = compile_config(self.device).to_dict()
         options["dynamic"] = False  # one graph per bucket, never a symbolic length
-        tensors = [*self.stepper.static_tensors(), *self.sampling.tensors(), self.positions, self.active, self.next_ids]
-        for tensor in tensors:  # CUDA graphs replay only steps whose in-place updates have fixed addresses
+        for (
+            tensor
+        ) in self._state_tensors():  # CUDA graphs replay only steps whose in-place updates have fixed addresses
             torch._dynamo.mark_static_address(tensor)
         return torch.compile(self._graph, **options)
 

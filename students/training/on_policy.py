@@ -39,11 +39,10 @@ from bytestream.stream_kind import StreamKind
 from common.errors import UserError
 from common.files import append_text
 from students.models.cost import StreamRates
-from students.training.loss import LossConfig, LossOutput
+from students.training.loss import ASSISTANT, LossConfig, LossOutput
 from students.training.on_policy_config import OnPolicyConfig, check_on_policy, prompt_budget
 from students.training.on_policy_loss import mixed_loss
 from students.training.on_policy_writer import (
-    ASSISTANT,
     Answer,
     chat_prompt_of,
     prompt_of,

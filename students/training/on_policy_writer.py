@@ -32,11 +32,9 @@ import torch
 from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
 from bytestream.stream_kind import StreamKind
+from students.training.loss import ASSISTANT
 
 WORD_STARTS = (ord(" "), ord("\n"))  # bytes a prompt is cut before
-
-
-ASSISTANT = 3  # the role of an assistant's targets in a store of conversations
 
 
 @dataclass(frozen=True)
