@@ -17,14 +17,17 @@ for the graphs of a batch of 8 on a CPU); ``generate`` decodes eagerly (the issu
 ``generate`` figures are in docs/RESULTS.md, "Generation").
 
 Then the server: a flat student served by ``bytedistill serve``'s server (in a process of its
-own, one engine thread, as many slots as the most clients), its step eager or (``--server-decode
-compiled``) compiled as ``serve --compile`` deploys it (every graph compiled before the clients
-start; the time it took printed, and the graphs compiled later while serving), and loaded by the
-official ``openai`` client: 1, 8 and 32 concurrent
-clients, each streaming answers of 256 bytes (``max_tokens`` counts bytes; ``<eos>`` suppressed so
-every answer is whole): bytes per second in all and per client, time to first byte and latency
-(p50, p99), and the CPU cores the clients' process and the server's used (on a machine of few
-cores, the clients' share is taken from the server). Beside the engine, the flat students' step
+own, one engine thread, as many slots as the most clients), once with its step eager and once
+compiled as ``serve --compile`` deploys it (every graph compiled before the clients start; the time
+it took printed, and the graphs compiled later while serving; ``--server-decode`` picks either),
+and loaded by the official ``openai`` client: 1, 8 and 32 concurrent clients, each streaming
+answers of 256 bytes (``max_tokens`` counts bytes; ``<eos>`` suppressed so every answer is whole):
+bytes per second in all, beside the bytes per second of decode steps at the FLOPs-and-bytes bound
+with every client's row in each (each row at the mean context the answers reach), and per client,
+time to first byte and latency (p50, p99), and the CPU cores the clients' process and the server's
+used (on a machine of few cores, the clients' share is taken from the server). The summary puts
+beside the goal on 32 clients what steps at the bound would give over one client's measured
+bytes/s: a fast one-client step leaves less to gain. Beside the engine, the flat students' step
 exported to ONNX Runtime (``benchmarks/onnx_step.py``; the ``onnx`` extra) decodes the same
 replays: the existing engine measured beside ours. Then a line starting ``summary`` with the
 goals, each met or MISSED.
@@ -99,6 +102,7 @@ class EngineRow:
 
 @dataclass
 class LoadRow:
+    step: str  # the served engine's step: "eager" or "compiled"
     clients: int
     total_bps: float
     client_bps: float
@@ -109,6 +113,11 @@ class LoadRow:
     answers: int
     client_cores: float  # CPU seconds per second the clients' process used while loading
     server_cores: float  # the same for the server's process (nan: the server runs in the clients' process)
+    bound_bps: float = math.nan  # bytes/s of decode steps at the FLOPs-and-bytes bound, every client's row in each
+
+    @property
+    def of_bound(self) -> float:
+        return self.total_bps / self.bound_bps
 
 
 def copy_rate(device: str, smoke: bool) -> float:
@@ -137,6 +146,14 @@ def step_bytes(model, batch: int, context: float, patches_per_symbol: float) -> 
         weights = cost.parameters
         cache = batch * cost.global_layers * cost.kv_width * context
     return element * (weights + cache)
+
+
+def bound_step_s(model, rates, batch: int, context: float, rate: float, bandwidth: float) -> float:
+    """The least time a decode step of ``batch`` rows ``context`` symbols long can take: its FLOPs at
+    the measured matrix-product rate or the bytes it reads at the measured copy rate, the larger."""
+    patches = rates.patches_per_byte / rates.symbols_per_byte
+    flops = student_cost(model).generate_flops_per_symbol(rates, context) * batch
+    return max(flops / rate, step_bytes(model, batch, context, patches) / bandwidth)
 
 
 def engine_time(engine: Engine, prompts, targets, new: int, device: str) -> float:
@@ -185,10 +202,7 @@ def measure_engine(
         )
     decode_s = max(total - prefill, 1e-9)
     step_s = decode_s / (new - 1)
-    cost = student_cost(model)
-    patches = args.rates.patches_per_byte / args.rates.symbols_per_byte
-    flops = cost.generate_flops_per_symbol(args.rates, prompt + new / 2) * batch
-    bound_s = max(flops / rate, step_bytes(model, batch, prompt + new / 2, patches) / bandwidth)
+    bound_s = bound_step_s(model, args.rates, batch, prompt + new / 2, rate, bandwidth)
     label = {"generate": "generate (eager)", "onnxruntime": "onnxruntime"}.get(path, f"engine ({path})")
     return EngineRow(
         name,
@@ -309,7 +323,9 @@ async def one_client(client, prompt: str, answers: int, max_bytes: int, record: 
         record.append((first or float("nan"), time.perf_counter() - start, size))
 
 
-async def load(url: str, clients: int, answers: int, max_bytes: int, prompts: list[str], server_pid=None) -> LoadRow:
+async def load(
+    url: str, step: str, clients: int, answers: int, max_bytes: int, prompts: list[str], server_pid=None
+) -> LoadRow:
     """``clients`` concurrent clients, each streaming ``answers`` answers one after another; what
     they measured, and the CPU the clients' and (given its pid) the server's process used."""
     import httpx
@@ -339,6 +355,7 @@ async def load(url: str, clients: int, answers: int, max_bytes: int, prompts: li
     total = sum(r[2] for r in record)
     per_client = statistics.mean(r[2] / r[1] for r in record)
     return LoadRow(
+        step,
         clients,
         total / wall,
         per_client,
@@ -364,7 +381,31 @@ def _quantile(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, round(q * (len(values) - 1)))]
 
 
-def measure_server(args, size: Shape) -> list[LoadRow]:
+def load_bound_bps(args, size: Shape, clients: int, prompts: list[str]) -> float:
+    """Bytes/s of decode steps over ``clients`` rows at the FLOPs-and-bytes bound, each row at the
+    mean context the answers reach (its prompt and half its answer)."""
+    asked = [prompts[i % len(prompts)] for i in range(clients)]
+    prompt_bytes = statistics.mean(len(prompt.encode()) for prompt in asked)
+    per_byte = args.rates.symbols_per_byte
+    context = 1 + (prompt_bytes + args.answer_bytes / 2) * per_byte
+    step_s = bound_step_s(served_model(size), args.rates, clients, context, args.rate, args.bandwidth)
+    return clients / per_byte / step_s
+
+
+def load_rows(args, size: Shape, step: str, url: str, prompts: list[str], server_pid=None) -> list[LoadRow]:
+    """A load row per count of clients, printed as it comes, with its bound."""
+    rows = []
+    for clients in args.clients:
+        row = asyncio.run(load(url, step, clients, args.answers, args.answer_bytes, prompts, server_pid))
+        row.bound_bps = load_bound_bps(args, size, clients, prompts)
+        print(load_table([row])[-1], flush=True)
+        rows.append(row)
+    return rows
+
+
+def measure_server(args, size: Shape, step: str) -> list[LoadRow]:
+    """The load rows of a server of its own process whose engine runs its ``step`` eager or compiled
+    (as ``serve --compile``: its graphs compiled before the clients start, the time it took kept)."""
     from benchmarks.common import llama3_tokenizer_json
 
     slots = max(args.clients)
@@ -376,7 +417,7 @@ def measure_server(args, size: Shape) -> list[LoadRow]:
             size,
             str(llama3_tokenizer_json()),
             slots,
-            args.server_decode == "compiled",
+            step == "compiled",
             args.device,
             args.server_threads,
             queue,
@@ -387,14 +428,12 @@ def measure_server(args, size: Shape) -> list[LoadRow]:
     try:
         port, graphs = queue.get(timeout=300)
         url = f"http://127.0.0.1:{port}"
-        args.warm_up = (graphs, wait_ready(url))
-        print(f"server ready after {args.warm_up[1]:.1f} s ({graphs} graphs compiled first)", flush=True)
+        ready_s = wait_ready(url)
+        if graphs:
+            args.warm_up = (graphs, ready_s)
+        print(f"{step} server ready after {ready_s:.1f} s ({graphs} graphs compiled first)", flush=True)
         prompts = [text[:200].decode("utf-8", errors="ignore") for text in args.data[:32]]
-        rows = []
-        for clients in args.clients:
-            row = asyncio.run(load(url, clients, args.answers, args.answer_bytes, prompts, child.pid))
-            print(load_table([row])[-1], flush=True)
-            rows.append(row)
+        rows = load_rows(args, size, step, url, prompts, child.pid)
         if graphs:  # a row past the warmed cache sizes compiles while clients wait
             import httpx
 
@@ -442,9 +481,12 @@ def engine_table(rows: list[EngineRow]) -> list[str]:
 
 def load_table(rows: list[LoadRow]) -> list[str]:
     header = [
+        "server step",
         "clients",
         "answers",
         "B/s in all",
+        "bound B/s",
+        "of bound",
         "B/s per client",
         "TTFB p50 s",
         "TTFB p99 s",
@@ -454,9 +496,12 @@ def load_table(rows: list[LoadRow]) -> list[str]:
     ]
     body = [
         [
+            r.step,
             str(r.clients),
             str(r.answers),
             f"{r.total_bps:,.0f}",
+            f"{r.bound_bps:,.0f}",
+            f"{100 * r.of_bound:.0f}%",
             f"{r.client_bps:,.0f}",
             f"{r.ttfb_p50:.3f}",
             f"{r.ttfb_p99:.3f}",
@@ -481,27 +526,27 @@ def summary(engine_rows: list[EngineRow], load_rows: list[LoadRow]) -> str:
     batches = sorted({r.batch for r in engine_rows})
     one, b8 = batches[0], (8 if 8 in batches else batches[-1])
     parts = []
-
-    def goal(text: str, met: bool) -> None:
-        parts.append(f"{text}: {'met' if met else 'MISSED'}")
-
     try:
         small = sizes[0]
         overheads = {kind: rows[(f"{kind} {small}", one, path)].overhead_ms for kind in ("flat", "patched")}
         stock = {kind: rows[(f"{kind} {small}", one, "generate (eager)")].step_ms for kind in ("flat", "patched")}
         which = rows[(f"flat {small}", one, path)].path
-        goal(
-            f"{which} per-step overhead at batch {one}, size {small}, 1 thread: flat {overheads['flat']:.3f} ms, patched "
-            f"{overheads['patched']:.3f} ms (stock generate's whole step {stock['flat']:.2f} / {stock['patched']:.2f} ms; "
-            f"goal <= {GOAL_OVERHEAD_MS} ms)",
-            max(overheads.values()) <= GOAL_OVERHEAD_MS,
+        parts.append(
+            verdict(
+                f"{which} per-step overhead at batch {one}, size {small}, 1 thread: flat {overheads['flat']:.3f} ms, patched "
+                f"{overheads['patched']:.3f} ms (stock generate's whole step {stock['flat']:.2f} / {stock['patched']:.2f} ms; "
+                f"goal <= {GOAL_OVERHEAD_MS} ms)",
+                max(overheads.values()) <= GOAL_OVERHEAD_MS,
+            )
         )
         large = sizes[-1]
         shares = {kind: rows[(f"{kind} {large}", b8, path)].of_bound for kind in ("flat", "patched")}
-        goal(
-            f"{rows[(f'flat {large}', b8, path)].path}, batch {b8}, size {large}: flat {100 * shares['flat']:.0f}%, patched {100 * shares['patched']:.0f}% of "
-            f"the FLOPs-and-bytes bound (goal >= {100 * GOAL_BOUND:.0f}%)",
-            min(shares.values()) >= GOAL_BOUND,
+        parts.append(
+            verdict(
+                f"{rows[(f'flat {large}', b8, path)].path}, batch {b8}, size {large}: flat {100 * shares['flat']:.0f}%, patched {100 * shares['patched']:.0f}% of "
+                f"the FLOPs-and-bytes bound (goal >= {100 * GOAL_BOUND:.0f}%)",
+                min(shares.values()) >= GOAL_BOUND,
+            )
         )
         ratios = [
             rows[(f"patched {s}", b, path)].decode_bps / rows[(f"token model {s}", b, path)].decode_bps
@@ -509,25 +554,47 @@ def summary(engine_rows: list[EngineRow], load_rows: list[LoadRow]) -> str:
             for b in batches
             if b <= 8
         ]
-        goal(
-            f"patched / token model of its global shape, same engine: {min(ratios):.2f}x at worst (goal >= 1x)",
-            min(ratios) >= 1.0,
+        parts.append(
+            verdict(
+                f"patched / token model of its global shape, same engine: {min(ratios):.2f}x at worst (goal >= 1x)",
+                min(ratios) >= 1.0,
+            )
         )
     except KeyError as missing:
         parts.append(f"engine goals: not measured ({missing} missing)")
     parts += onnx_comparison(rows)
-    by_clients = {r.clients: r for r in load_rows}
-    if 1 in by_clients and max(by_clients) > 1:
-        most = max(by_clients)
-        scaling = by_clients[most].total_bps / by_clients[1].total_bps
-        goal(
-            f"{most} clients / 1 client: {scaling:.1f}x the bytes/s (goal >= {GOAL_SCALING:.0f}x)",
-            scaling >= GOAL_SCALING,
-        )
-    if 8 in by_clients:
-        p99 = by_clients[8].ttfb_p99
-        goal(f"TTFB p99 at 8 clients {p99:.3f} s (goal < {GOAL_TTFB_S:.0f} s)", p99 < GOAL_TTFB_S)
+    parts += load_goals(load_rows)
     return "summary: " + "; ".join(parts)
+
+
+def verdict(text: str, met: bool) -> str:
+    return f"{text}: {'met' if met else 'MISSED'}"
+
+
+def load_goals(load_rows: list[LoadRow]) -> list[str]:
+    """The server's goals (scaling with clients, time to first byte at 8) for each served step; what
+    the bound allows beside the first."""
+    steps = list(dict.fromkeys(r.step for r in load_rows))
+    by_step = {step: {r.clients: r for r in load_rows if r.step == step} for step in steps}
+    parts, scalings, ceilings = [], {}, {}
+    for step, by_clients in by_step.items():
+        if 1 in by_clients and max(by_clients) > 1:
+            most = max(by_clients)
+            scalings[step] = by_clients[most].total_bps / by_clients[1].total_bps
+            ceilings[step] = by_clients[most].bound_bps / by_clients[1].total_bps
+    if scalings:
+        each = ", ".join(
+            f"{step} step {scalings[step]:.1f}x (steps at the bound: {ceilings[step]:.1f}x)" for step in scalings
+        )
+        text = f"{most} clients / 1 client, bytes/s: {each} (goal >= {GOAL_SCALING:.0f}x)"
+        parts.append(verdict(text, max(scalings.values()) >= GOAL_SCALING))
+    p99 = {step: by_clients[8].ttfb_p99 for step, by_clients in by_step.items() if 8 in by_clients}
+    if p99:
+        each = ", ".join(f"{step} step {value:.3f} s" for step, value in p99.items())
+        parts.append(
+            verdict(f"TTFB p99 at 8 clients: {each} (goal < {GOAL_TTFB_S:.0f} s)", max(p99.values()) < GOAL_TTFB_S)
+        )
+    return parts
 
 
 def onnx_comparison(rows: dict) -> list[str]:
@@ -571,10 +638,12 @@ def main() -> None:
     parser.add_argument("--answer-bytes", type=int, default=256, help="max_tokens (bytes) of each answer")
     parser.add_argument(
         "--server-decode",
-        choices=["compiled", "eager"],
-        default="eager",
-        help="the served engine's step (eager; compiled: as `serve --compile`, its graphs compiled before the "
-        "clients start, the time it took printed: 60 graphs for 32 slots, several minutes on 2 CPU cores)",
+        choices=["eager", "compiled"],
+        nargs="+",
+        default=["eager", "compiled"],
+        help="the served engine's step, a server for each (compiled: as `serve --compile`, its graphs compiled "
+        "before the clients start, the time it took printed: 60 graphs for 32 slots, minutes on 2 CPU cores "
+        "the first time)",
     )
     parser.add_argument("--server-threads", type=int, default=1, help="torch threads of the server process")
     parser.add_argument(
@@ -601,6 +670,7 @@ def main() -> None:
     args.data = texts(args.smoke)
     args.rates, args.tokens_per_byte = stream_rates(args.tokenizer, args.data)
     rate, bandwidth = matmul_rate(args.device, args.smoke), copy_rate(args.device, args.smoke)
+    args.rate, args.bandwidth = rate, bandwidth
     print(f"1 thread: matrix products at {rate / 1e9:.1f} GFLOP/s, copies at {bandwidth / 1e9:.1f} GB/s", flush=True)
     engine_rows = []
     for name, build, token, size in engine_models(args):
@@ -617,14 +687,14 @@ def main() -> None:
     sizes = SMOKE_SIZES if args.smoke else SIZES
     args.warm_up = (0, 0.0)
     if args.smoke:  # the server in this process: no second interpreter to start
-        load_rows = smoke_server(args, sizes[0])
+        served_rows = smoke_server(args, sizes[0])
     else:
-        load_rows = measure_server(args, sizes[0])
+        served_rows = [row for step in args.server_decode for row in measure_server(args, sizes[0], step)]
     device = (
         torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else f"cpu ({os.cpu_count()} cores)"
     )
     served = (
-        f"server: flat {sizes[0].name}, {max(args.clients)} slots, {args.server_decode} step, "
+        f"server: flat {sizes[0].name}, {max(args.clients)} slots, {' and '.join(args.server_decode)} step, "
         f"{args.server_threads} thread(s), {args.answer_bytes}-byte answers"
         + (f", ready after compiling {args.warm_up[0]} graphs in {args.warm_up[1]:.0f} s" if args.warm_up[0] else "")
     )
@@ -632,8 +702,8 @@ def main() -> None:
         f"{device}; engine: {args.new_bytes} bytes after {args.prompt_bytes}, 1 thread (compiled at batches "
         f"{'all' if args.compiled_batches is None else args.compiled_batches}); {served}"
     )
-    lines = engine_table(engine_rows) + [""] + load_table(load_rows)
-    line = summary(engine_rows, load_rows)
+    lines = engine_table(engine_rows) + [""] + load_table(served_rows)
+    line = summary(engine_rows, served_rows)
     print("\n".join(lines))
     print(line)
     if args.markdown and not args.smoke:
@@ -651,9 +721,7 @@ def smoke_server(args, size: Shape) -> list[LoadRow]:
     engine.start()
     server = Server(Served(engine, tokenizer, "student", ServeOptions())).start()
     try:
-        return [
-            asyncio.run(load(server.url, c, args.answers, args.answer_bytes, ["In the begi"])) for c in args.clients
-        ]
+        return load_rows(args, size, "eager", server.url, ["In the begi"])
     finally:
         server.stop()
 
