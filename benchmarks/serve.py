@@ -174,9 +174,7 @@ def best_of(timed, repeats: int) -> float:
     return min(timed() for _ in range(max(1, repeats)))
 
 
-def measure_engine(
-    name, model, args, batch: int, path: str, rate: float, bandwidth: float, token: bool, size: Shape
-) -> EngineRow:
+def measure_engine(name, model, args, batch: int, path: str, token: bool, size: Shape) -> EngineRow:
     per_byte = args.tokens_per_byte if token else args.rates.symbols_per_byte
     prompt, new = max(1, round(args.prompt_bytes * per_byte)), max(4, round(args.new_bytes * per_byte))
     prompts, targets = streams(args.tokenizer, args.data, batch, prompt, new, token)
@@ -202,7 +200,7 @@ def measure_engine(
         )
     decode_s = max(total - prefill, 1e-9)
     step_s = decode_s / (new - 1)
-    bound_s = bound_step_s(model, args.rates, batch, prompt + new / 2, rate, bandwidth)
+    bound_s = bound_step_s(model, args.rates, batch, prompt + new / 2, args.rate, args.bandwidth)
     label = {"generate": "generate (eager)", "onnxruntime": "onnxruntime"}.get(path, f"engine ({path})")
     return EngineRow(
         name,
@@ -381,23 +379,23 @@ def _quantile(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, round(q * (len(values) - 1)))]
 
 
-def load_bound_bps(args, size: Shape, clients: int, prompts: list[str]) -> float:
-    """Bytes/s of decode steps over ``clients`` rows at the FLOPs-and-bytes bound, each row at the
-    mean context the answers reach (its prompt and half its answer)."""
+def load_bound_bps(args, model, clients: int, prompts: list[str]) -> float:
+    """Bytes/s of the served ``model``'s decode steps over ``clients`` rows at the FLOPs-and-bytes
+    bound, each row at the mean context the answers reach (its prompt and half its answer)."""
     asked = [prompts[i % len(prompts)] for i in range(clients)]
     prompt_bytes = statistics.mean(len(prompt.encode()) for prompt in asked)
     per_byte = args.rates.symbols_per_byte
     context = 1 + (prompt_bytes + args.answer_bytes / 2) * per_byte
-    step_s = bound_step_s(served_model(size), args.rates, clients, context, args.rate, args.bandwidth)
+    step_s = bound_step_s(model, args.rates, clients, context, args.rate, args.bandwidth)
     return clients / per_byte / step_s
 
 
 def load_rows(args, size: Shape, step: str, url: str, prompts: list[str], server_pid=None) -> list[LoadRow]:
     """A load row per count of clients, printed as it comes, with its bound."""
-    rows = []
+    model, rows = served_model(size), []  # its shape for the bound: the server holds its own copy
     for clients in args.clients:
         row = asyncio.run(load(url, step, clients, args.answers, args.answer_bytes, prompts, server_pid))
-        row.bound_bps = load_bound_bps(args, size, clients, prompts)
+        row.bound_bps = load_bound_bps(args, model, clients, prompts)
         print(load_table([row])[-1], flush=True)
         rows.append(row)
     return rows
@@ -576,10 +574,10 @@ def load_goals(load_rows: list[LoadRow]) -> list[str]:
     the bound allows beside the first."""
     steps = list(dict.fromkeys(r.step for r in load_rows))
     by_step = {step: {r.clients: r for r in load_rows if r.step == step} for step in steps}
+    most = max((r.clients for r in load_rows), default=1)
     parts, scalings, ceilings = [], {}, {}
     for step, by_clients in by_step.items():
-        if 1 in by_clients and max(by_clients) > 1:
-            most = max(by_clients)
+        if 1 in by_clients and most in by_clients and most > 1:
             scalings[step] = by_clients[most].total_bps / by_clients[1].total_bps
             ceilings[step] = by_clients[most].bound_bps / by_clients[1].total_bps
     if scalings:
@@ -669,9 +667,11 @@ def main() -> None:
     args.tokenizer = ByteStreamTokenizer(teacher_tokenizer_file=str(llama3_tokenizer_json()))
     args.data = texts(args.smoke)
     args.rates, args.tokens_per_byte = stream_rates(args.tokenizer, args.data)
-    rate, bandwidth = matmul_rate(args.device, args.smoke), copy_rate(args.device, args.smoke)
-    args.rate, args.bandwidth = rate, bandwidth
-    print(f"1 thread: matrix products at {rate / 1e9:.1f} GFLOP/s, copies at {bandwidth / 1e9:.1f} GB/s", flush=True)
+    args.rate, args.bandwidth = matmul_rate(args.device, args.smoke), copy_rate(args.device, args.smoke)
+    print(
+        f"1 thread: matrix products at {args.rate / 1e9:.1f} GFLOP/s, copies at {args.bandwidth / 1e9:.1f} GB/s",
+        flush=True,
+    )
     engine_rows = []
     for name, build, token, size in engine_models(args):
         model = build().eval()
@@ -681,7 +681,7 @@ def main() -> None:
             paths = ([] if token else ["generate"]) + ["eager"] + (["compiled"] if compiled else [])
             paths += ["onnxruntime"] if args.onnxruntime and name.startswith("flat") else []
             for path in paths:
-                row = measure_engine(name, model, args, batch, path, rate, bandwidth, token, size)
+                row = measure_engine(name, model, args, batch, path, token, size)
                 engine_rows.append(row)
                 print(engine_table([row])[-1], flush=True)
     sizes = SMOKE_SIZES if args.smoke else SIZES

@@ -375,9 +375,8 @@ class Engine:
             return self._graph
         options = compile_config(self.device).to_dict()
         options["dynamic"] = False  # one graph per bucket, never a symbolic length
-        for (
-            tensor
-        ) in self._state_tensors():  # CUDA graphs replay only steps whose in-place updates have fixed addresses
+        # CUDA graphs replay only steps whose in-place updates have fixed addresses
+        for tensor in self._state_tensors():
             torch._dynamo.mark_static_address(tensor)
         return torch.compile(self._graph, **options)
 
