@@ -18,3 +18,13 @@ FUSED_PAD = 514
 FUSED_ALPHABET_SIZE = 515
 
 FUSED_SPECIAL_NAMES = {FUSED_BOS: "<bos>", FUSED_EOS: "<eos>", FUSED_PAD: "<pad>"}
+
+# The bytes stream (docs/DESIGN.md, "The bytes stream"): plain text bytes, no boundary of the
+# teacher's, read by a tokenizer-free student. Its target is the fused row with each byte's two
+# halves summed.
+BYTES_BOS = 256
+BYTES_EOS = 257
+BYTES_PAD = 258
+BYTES_ALPHABET_SIZE = 259
+
+BYTES_SPECIAL_NAMES = {BYTES_BOS: "<bos>", BYTES_EOS: "<eos>", BYTES_PAD: "<pad>"}
