@@ -6,6 +6,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from common.devices import parse_device
 from common.errors import UserError
 from students.serving.serve_options import ServeOptions
 
@@ -26,8 +27,7 @@ def serve(config: ServeConfig) -> int:
         raise UserError(
             f"--default-max-tokens {config.default_max_tokens} is more than --max-tokens-limit {config.max_tokens_limit}"
         )
-    if not config.device.startswith(("cpu", "cuda")):
-        raise UserError(f"--device must be cpu or cuda[:N], got {config.device!r}")
+    parse_device(config.device, "--device")  # refused before the model loads
     from students.serving.server import Server, listening_socket, load_served
 
     try:  # before the model loads: an address in use is refused at once

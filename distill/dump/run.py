@@ -33,6 +33,7 @@ import torch
 from tqdm.auto import tqdm
 
 from bytestream.stream_kind import StreamKind
+from common.devices import parse_device
 from common.errors import UserError
 from distill.conversion.converter import Converter
 from distill.corpus.conversations import ConversationFields
@@ -94,21 +95,6 @@ def _validate(config: DumpConfig) -> None:
         raise UserError("--respond, --chat-template and --prompt-field read conversations: add --chat")
 
 
-def _device(name: str, state) -> torch.device:
-    """The device ``--device`` names (``auto``: the accelerate process's)."""
-    if name == "auto":
-        return state.device
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise UserError(f"--device {name!r} is not a device (cpu, cuda, cuda:N or auto)") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise UserError(f"--device {name}: CUDA is not available on this machine (use --device cpu)")
-    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
-        raise UserError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA devices")
-    return device
-
-
 def run_dump(config: DumpConfig) -> DumpSummary:
     from accelerate import PartialState
 
@@ -119,7 +105,7 @@ def run_dump(config: DumpConfig) -> DumpSummary:
         refuse_other_corpus(config)
     started = time.perf_counter()
     state = PartialState(cpu=config.device == "cpu" or not torch.cuda.is_available())
-    device = _device(config.device, state)
+    device = parse_device(config.device, "--device", auto=state.device)
     worker = config.job_index * state.num_processes + state.process_index
     plan = settle(config, device, worker, config.job_count * state.num_processes)
     stage(config, f"loading the teacher {config.teacher}")

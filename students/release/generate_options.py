@@ -30,7 +30,7 @@ class GenerateOptions:
         default=False,
         metadata={
             "help": "compile the decode step (static caches, torch.compile: C++ on the CPU, CUDA graphs on a GPU): "
-            "one to two minutes to compile on a CPU (the window sliding past the context compiles again), "
-            "then 1.4-2.3x faster steps; eager, with a warning, where it cannot compile"
+            "the first steps wait for the compiler (again when the window slides past the context), later ones "
+            "run faster (docs/RESULTS.md, \"Generation\"); eager, with a warning, where it cannot compile"
         },
     )

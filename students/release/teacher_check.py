@@ -49,11 +49,6 @@ class TeacherChat:
 PLAIN = TeacherChat([], None, {}, "")
 
 
-def teacher_tokenizer_json(source: str | None, info: dict[str, Any]) -> str:
-    """The teacher's ``tokenizer.json`` text (:func:`teacher_files`)."""
-    return teacher_files(source, info)[0]
-
-
 def teacher_files(source: str | None, info: dict[str, Any]) -> tuple[str, TeacherChat]:
     """The teacher's ``tokenizer.json`` text: from ``source`` (tokenizer.json, model folder or .gguf),
     else the teacher recorded in the training store; checked against the store's vocabulary, with

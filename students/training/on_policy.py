@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from bytestream.stream_kind import StreamKind
+from common.devices import parse_device
 from common.errors import UserError
 from common.files import append_text
 from students.models.cost import StreamRates
@@ -181,9 +182,9 @@ class OnPolicy:
     def start(cls, config, accelerator, model) -> OnPolicy:
         """The on-policy part of a run (``config``: its :class:`TrainConfig`), its teacher loaded."""
         from students.models.architectures import student_cost
-        from students.training.on_policy_teacher import ScoringTeacher, teacher_device
+        from students.training.on_policy_teacher import ScoringTeacher
 
-        device = teacher_device(config.on_policy.teacher_device, accelerator.device)
+        device = parse_device(config.on_policy.teacher_device, "--teacher-device", auto=accelerator.device)
         teacher = ScoringTeacher.load(config.on_policy.teacher, config.train_stores[0], device)
         return cls(
             config.on_policy,
@@ -246,7 +247,7 @@ class OnPolicy:
             if ids is None:  # a prompt the teacher cannot read exactly: the student writes from the start
                 prompts[i], ids = Answer(b"", (), b"", False), np.zeros(0, dtype=np.int64)
             contexts.append(self.teacher.layout(ids).symbols[:-1].astype(np.int64).tolist())
-        written = write_answers(
+        drawn = write_answers(
             model,
             contexts,
             [prompt.prompt for prompt in prompts],
@@ -259,17 +260,17 @@ class OnPolicy:
         )
         answers = [
             dataclasses.replace(answer, prompt_specials=prompt.prompt_specials, turn_end=self.turn_end(answer))
-            for prompt, answer in zip(prompts, written)
+            for prompt, answer in zip(prompts, drawn)
         ]
         device = next(model.parameters()).device
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        written = sum(len(a.symbols) for a in answers)
+        written_symbols = sum(len(a.symbols) for a in answers)
         read = sum(map(len, contexts))
         rates = self.rates()
-        context = read / max(len(contexts), 1) + written / max(2 * len(contexts), 1)
+        context = read / max(len(contexts), 1) + written_symbols / max(2 * len(contexts), 1)
         flops = read * self.cost.train_flops_per_symbol(rates, max(int(context), 1)) / 3
-        flops += written * self.cost.generate_flops_per_symbol(rates, max(int(context), 1))
+        flops += written_symbols * self.cost.generate_flops_per_symbol(rates, max(int(context), 1))
         self._add("write", time.perf_counter() - started, flops)
         return answers
 

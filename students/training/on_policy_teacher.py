@@ -95,19 +95,6 @@ def with_chat(teacher: Teacher, manifest: dict, store: str) -> tuple[Teacher, Ch
     return replace(teacher, vocab=vocab), ChatEncoder(template, DocumentEncoder(teacher.tokenizer, vocab), specials)
 
 
-def teacher_device(name: str, training_device: torch.device) -> torch.device:
-    """``--teacher-device``: ``auto`` is the training device."""
-    if name == "auto":
-        return torch.device(training_device)
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise UserError(f"--teacher-device {name!r} is not a device (auto, cpu, cuda or cuda:N)") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise UserError(f"--teacher-device {name}: CUDA is not available on this machine")
-    return device
-
-
 @dataclass
 class ScoreTimes:
     """Seconds spent, and the work done, since the last :meth:`ScoringTeacher.take_times`."""
