@@ -6,6 +6,8 @@ prompts, and greedy decoding writes the same bytes, for a plain and a chat bytes
 from __future__ import annotations
 
 import functools
+import json
+import shutil
 import subprocess
 import sys
 from contextlib import contextmanager
@@ -239,6 +241,19 @@ def test_a_folder_without_a_byte_tokenizer_is_refused_and_nothing_is_written(pla
     with pytest.raises(UserError, match="one token per byte"):
         export_gguf(other, tmp_path / "out.gguf")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["other"]
+
+
+def test_a_folder_that_ships_its_tokenizer_code_is_refused(plain, tmp_path):
+    """A fused or ``<eot>`` student's tokenizer is a class of its own (``auto_map``): refused by name."""
+    folder, _ = plain
+    other = tmp_path / "ships-code"
+    shutil.copytree(folder, other)
+    settings = json.loads((other / "tokenizer_config.json").read_text())
+    settings["auto_map"] = {"AutoTokenizer": [None, "tokenizer.StreamTokenizerFast"]}
+    (other / "tokenizer_config.json").write_text(json.dumps(settings))
+    with pytest.raises(UserError, match="tokenizer_config.json names code the folder ships"):
+        export_gguf(other, tmp_path / "out.gguf")
+    assert not (tmp_path / "out.gguf").exists()
 
 
 @pytest.mark.slow

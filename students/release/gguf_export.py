@@ -10,6 +10,7 @@ byte-level characters and which has no merge that can ever apply, the specials a
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from dataclasses import dataclass
@@ -57,6 +58,8 @@ def export_gguf(folder: Path, out: Path, gguf_type: str = "f32") -> Path:
         raise UserError(f"unknown GGUF type {gguf_type!r}; choose one of {', '.join(GGUF_TYPES)}")
     if not (folder / "config.json").is_file():
         raise UserError(f"{folder} is not a model folder (no config.json)")
+    refuse_shipped_code(folder)
+    require_gguf()
     config = llama_config(folder)
     vocab = byte_vocab(folder, config.vocab_size)
     tensors = gguf_tensors(folder, config, gguf_type)
@@ -70,6 +73,26 @@ def export_gguf(folder: Path, out: Path, gguf_type: str = "f32") -> Path:
     finally:
         Path(partial).unlink(missing_ok=True)
     return out
+
+
+def refuse_shipped_code(folder: Path) -> None:
+    """Refuse a folder whose model or tokenizer is a class it ships (``auto_map``): a fused, an
+    ``<eot>`` or a patched student, which need code of ours to read a prompt."""
+    for name in ["config.json", "tokenizer_config.json"]:
+        path = folder / name
+        if path.is_file() and "auto_map" in json.loads(path.read_text()):
+            raise UserError(
+                f"{folder}: its {name} names code the folder ships (auto_map); GGUF export takes a bytes student, "
+                "whose model and tokenizer are stock"
+            )
+
+
+def require_gguf() -> None:
+    """The ``gguf`` package, or a one-line refusal saying how to install it."""
+    try:
+        import gguf  # noqa: F401
+    except ImportError:
+        raise UserError("GGUF export needs the gguf package: pip install 'bytedistill[gguf]'") from None
 
 
 def llama_config(folder: Path):
