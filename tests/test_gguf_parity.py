@@ -161,6 +161,7 @@ def test_llama_cpp_reads_each_byte_as_its_own_token(plain):
             assert runtime.detokenize(ids) == text.encode()
             assert runtime.tokenize(text.encode()) == [BYTES_BOS, *text.encode()]
             assert runtime.tokenize(text.encode(), special=True) == tokenizer(text)["input_ids"]
+        assert runtime.detokenize(list(range(256))) == bytes(range(256))  # any bytes out, valid UTF-8 or not
     assert tokenizer(TEXTS[-1])["input_ids"][:3] == [BYTES_BOS, BYTES_BOS, ord(" ")]
 
 

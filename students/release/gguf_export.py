@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,13 +64,12 @@ def export_gguf(folder: Path, out: Path, gguf_type: str = "f32") -> Path:
     tensors = gguf_tensors(folder, config, gguf_type)
     if not out.parent.is_dir():
         raise UserError(f"{out.parent} is not a folder")
-    fd, partial = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent)
-    os.close(fd)
+    partial = out.parent / f".{out.name}.{os.getpid()}.partial"  # this process's own name beside the output
     try:
-        write_gguf(Path(partial), config, vocab, tensors, gguf_type, name=folder.resolve().name)
+        write_gguf(partial, config, vocab, tensors, gguf_type, name=folder.resolve().name)
         os.replace(partial, out)
     finally:
-        Path(partial).unlink(missing_ok=True)
+        partial.unlink(missing_ok=True)
     return out
 
 
@@ -118,7 +116,7 @@ def rope_parameters(config) -> dict:
 
 def byte_vocab(folder: Path, vocab_size: int) -> ByteVocab:
     """The folder's tokenizer as GGUF metadata, refused in one line unless it reads each byte as
-    the token of that id and names the bytes stream's specials."""
+    the token of that id, names the bytes stream's specials and has one id per model row."""
     from gguf import TokenType
     from transformers import AutoTokenizer, GenerationConfig
 
@@ -128,13 +126,14 @@ def byte_vocab(folder: Path, vocab_size: int) -> ByteVocab:
     names = tokenizer.convert_ids_to_tokens(list(range(NUM_BYTES, len(tokenizer))))
     specials = {name: NUM_BYTES + i for i, name in enumerate(names)}
     missing = [name for name in BYTES_SPECIAL_NAMES.values() if name not in specials]
-    if missing or len(tokenizer) > vocab_size:
-        raise UserError(f"{folder}: its tokenizer lacks {missing or 'nothing'} or has more ids than model rows")
-    unused = [f"[PAD{i}]" for i in range(vocab_size - len(tokenizer))]  # rows the tokenizer never names
+    if missing:
+        raise UserError(f"{folder}: its tokenizer lacks the bytes stream's {', '.join(missing)}")
+    if len(tokenizer) != vocab_size:
+        raise UserError(f"{folder}: its tokenizer has {len(tokenizer)} ids but the model {vocab_size} rows")
     bos, eos, pad = (specials[BYTES_SPECIAL_NAMES[symbol]] for symbol in sorted(BYTES_SPECIAL_NAMES))
     return ByteVocab(
-        tokens=[*byte_level_chars(), *names, *unused],
-        types=[TokenType.NORMAL] * NUM_BYTES + [TokenType.CONTROL] * len(names) + [TokenType.UNUSED] * len(unused),
+        tokens=[*byte_level_chars(), *names],
+        types=[TokenType.NORMAL] * NUM_BYTES + [TokenType.CONTROL] * len(names),
         bos=bos,
         eos=eos,
         pad=pad,
