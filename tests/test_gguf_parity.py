@@ -138,6 +138,15 @@ def kl_bits(reference: np.ndarray, other: np.ndarray) -> np.ndarray:
     return (np.exp(p) * (p - q)).sum(axis=1) / np.log(2)
 
 
+def compared_ids(folder, chats) -> list[int]:
+    """The ids whose next-byte distributions are compared: a text of many scripts after ``<bos>``,
+    or a chat student's first conversation's prompt and its greedy answer."""
+    _, tokenizer = hf_model(folder)
+    if chats:
+        return chat_ids(tokenizer, chats[0]) + hf_greedy(folder, chats[0])
+    return tokenizer(PROMPT + TEXTS[2])["input_ids"]
+
+
 def position_kl(folder, path, ids: list[int]) -> np.ndarray:
     """The per-position KL of llama.cpp's next-byte distributions from ``transformers``' on ``ids``."""
     model, _ = hf_model(folder)
@@ -189,22 +198,18 @@ def test_the_gguf_carries_the_chat_template_and_end_of_turn(chat):
 @pytest.mark.parametrize("student", ["plain", "chat"])
 def test_f32_next_byte_distributions_match_transformers(student, request):
     folder, ggufs, *chats = request.getfixturevalue(student)
-    _, tokenizer = hf_model(folder)
-    if chats:  # the prompt and the answer to it
-        ids = chat_ids(tokenizer, chats[0]) + hf_greedy(folder, chats[0])
-    else:
-        ids = tokenizer(PROMPT + TEXTS[2])["input_ids"]
+    ids = compared_ids(folder, chats)
     kl = position_kl(folder, ggufs["f32"], ids)
     print(f"{student} f32: KL max {kl.max():.2e}, mean {kl.mean():.2e} bits per byte over {len(ids)} positions")
     assert kl.max() <= F32_KL_BITS
 
 
 @pytest.mark.parametrize("kind", ["f16", "q8_0"])
-def test_quantized_distributions_stay_close(plain, kind):
-    folder, ggufs = plain
-    _, tokenizer = hf_model(folder)
-    kl = position_kl(folder, ggufs[kind], tokenizer(PROMPT + TEXTS[2])["input_ids"])
-    print(f"plain {kind}: KL max {kl.max():.2e}, mean {kl.mean():.2e} bits per byte over {len(kl)} positions")
+@pytest.mark.parametrize("student", ["plain", "chat"])
+def test_quantized_distributions_stay_close(student, kind, request):
+    folder, ggufs, *chats = request.getfixturevalue(student)
+    kl = position_kl(folder, ggufs[kind], compared_ids(folder, chats))
+    print(f"{student} {kind}: KL max {kl.max():.2e}, mean {kl.mean():.2e} bits per byte over {len(kl)} positions")
     assert kl.mean() <= QUANTIZED_KL_BITS
 
 
