@@ -18,7 +18,20 @@ from collections.abc import Callable
 
 from jsonargparse import ArgumentParser
 
-from bytedistill import chat, check_teacher, dump, export, generate, push, score, serve, store, threads, train
+from bytedistill import (
+    chat,
+    check_teacher,
+    dump,
+    export,
+    export_gguf,
+    generate,
+    push,
+    score,
+    serve,
+    store,
+    threads,
+    train,
+)
 from bytedistill.config import check_config_files, config_files_first, config_from_namespace, config_parser, error_line
 from common.errors import UserError
 from configs.fields import leaves
@@ -32,6 +45,7 @@ COMMANDS: dict[str, Callable[[typing.Any], int]] = {
     "verify": store.verify,
     "train": train.train,
     "export": export.export,
+    "export-gguf": export_gguf.export_gguf,
     "generate": generate.generate,
     "chat": chat.chat,
     "score": score.score,
