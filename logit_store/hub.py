@@ -11,8 +11,9 @@ fetched again. A fetched file whose size or SHA-256 is not the list's is removed
 (its snapshot link and its blob) before the error: a rerun fetches it again.
 
 Downloads go to huggingface_hub's endpoint (``HF_ENDPOINT``, else the Hub) with the token it
-finds there, time out (:data:`common.hub.TIMEOUT_S`) and are retried (:data:`common.hub.RETRIES`);
-huggingface_hub resumes a download a failure cut from its ``.incomplete`` file.
+finds there (the token rule of :mod:`common.hub`), with huggingface_hub's own timeouts
+(``HF_HUB_ETAG_TIMEOUT``, ``HF_HUB_DOWNLOAD_TIMEOUT``) and retries: a download cut midway resumes
+from its ``.incomplete`` file, in the same run or the next.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from common.errors import UserError, first_line
-from common.hub import RETRIES, TIMEOUT_S, check_repo_id, hub_endpoint, hub_timeout, with_retries
+from common.hub import check_repo_id, hub_endpoint, with_retries
 from logit_store.hub_files import HUB_FILES, FileEntry, FileList, parse, read_file_list, sha256_of, shard_ends
 
 PREFIX = "hf://datasets/"
@@ -85,19 +86,16 @@ def _fetch(repo: HubName, filename: str) -> Path:
     file is there); every failure is a UserError of one line."""
     from huggingface_hub import hf_hub_download
 
-    where = f"{repo.shown} at {hub_endpoint()}"
-    try:
-        with hub_timeout(TIMEOUT_S):
-            path = with_retries(
-                lambda: hf_hub_download(repo.repo_id, filename, repo_type=REPO_TYPE, revision=repo.revision),
-                filename,
-                f"fetching {filename} of {where}",
-                RETRIES,
-            )
+    endpoint = hub_endpoint()
+    where = f"{repo.shown} at {endpoint}"
+
+    def download() -> str:
+        return hf_hub_download(repo.repo_id, filename, repo_type=REPO_TYPE, revision=repo.revision, endpoint=endpoint)
+
+    try:  # huggingface_hub retries and resumes a download itself: no tries of ours on top
+        path = with_retries(download, filename, f"fetching {filename} of {where}", retries=0)
     except UserError as exc:
         raise UserError(_hub_failure(exc.__cause__, repo, filename, where) or str(exc)) from None
-    except OSError as exc:  # a full disk or an unwritable cache
-        raise UserError(f"cannot fetch {filename} of {where} into the Hub cache: {exc.strerror or exc}") from None
     return Path(path)
 
 
