@@ -19,8 +19,11 @@ from its ``.incomplete`` file, in the same run or the next.
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -52,6 +55,8 @@ def parse_name(name: str) -> HubName:
     if not name.startswith(PREFIX):
         raise UserError(f"{name!r}: a store on the Hub is named {PREFIX}OWNER/NAME[@REVISION]")
     repo_id, _, revision = name[len(PREFIX) :].partition("@")
+    if repo_id.count("/") != 1:
+        raise UserError(f"{name!r}: a store on the Hub is named {PREFIX}OWNER/NAME[@REVISION]")
     check_repo_id(repo_id, "your-name/kjv-logits")
     if "@" in name[len(PREFIX) :] and not revision:
         raise UserError(f"{name!r}: no revision after '@'")
@@ -93,10 +98,23 @@ def _fetch(repo: HubName, filename: str) -> Path:
         return hf_hub_download(repo.repo_id, filename, repo_type=REPO_TYPE, revision=repo.revision, endpoint=endpoint)
 
     try:  # huggingface_hub retries and resumes a download itself: no tries of ours on top
-        path = with_retries(download, filename, f"fetching {filename} of {where}", retries=0)
+        with quiet_hub_logs():
+            path = with_retries(download, filename, f"fetching {filename} of {where}", retries=0)
     except UserError as exc:
         raise UserError(_hub_failure(exc.__cause__, repo, filename, where) or str(exc)) from None
     return Path(path)
+
+
+@contextmanager
+def quiet_hub_logs() -> Iterator[None]:
+    """huggingface_hub's warnings (each retry of a download) kept off stderr: a failure is one line."""
+    hub_logger = logging.getLogger("huggingface_hub")
+    level = hub_logger.level
+    hub_logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        hub_logger.setLevel(level)
 
 
 def _hub_failure(exc: BaseException | None, repo: HubName, filename: str, where: str) -> str | None:

@@ -5,7 +5,8 @@ branch, validate-yaml, preupload, commit, tree) and those hf_hub_download calls 
 memory; one that answers every request with an error, one that never answers, and a closed port.
 Each server records every request it gets (path, body, Authorization header) and every file it
 serves. Faults to serve, by file name: ``corrupt`` (other bytes than committed), ``cut`` (the
-connection closed after that many bytes, the given number of times)."""
+connection closed after that many bytes, the given number of times), ``stall`` (no more bytes after
+that many); ``commits_left`` makes the commits after the first few fail."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import json
 import re
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -61,6 +63,8 @@ class FakeHub(BaseHTTPRequestHandler):
     served: ClassVar[list] = []  # (file, first byte) of every download
     corrupt: ClassVar[dict] = {}  # file -> the bytes served instead of the committed ones
     cut: ClassVar[dict] = {}  # file -> [bytes sent before the connection is closed, times left]
+    stall: ClassVar[dict] = {}  # file -> bytes sent before the server stops answering (for 30 s)
+    commits_left: ClassVar[list] = []  # [n]: n more commits are taken, then each is answered 500
 
     def log_message(self, *args):  # keep the test output quiet
         pass
@@ -139,6 +143,12 @@ class FakeHub(BaseHTTPRequestHandler):
             return
         self.served.append((name, start))
         body = served[start:]
+        if name in self.stall:
+            self.wfile.write(body[: self.stall[name]])
+            self.wfile.flush()
+            self.stall[name] = 0  # a resumed download gets nothing more
+            time.sleep(30)
+            return
         cut = self.cut.get(name)
         if cut is not None and cut[1] > 0:
             cut[1] -= 1
@@ -169,6 +179,10 @@ class FakeHub(BaseHTTPRequestHandler):
             return self._reply(
                 {"files": [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False} for f in files]}
             )
+        if "/commit/" in path and self.commits_left:
+            if self.commits_left[0] <= 0:
+                return self._reply({"error": "Internal Server Error"}, status=500)
+            self.commits_left[0] -= 1
         if "/commit/" in path:
             lines = [json.loads(line) for line in body.decode().splitlines() if line]
             header = next(item["value"] for item in lines if item["key"] == "header")
@@ -182,14 +196,14 @@ class FakeHub(BaseHTTPRequestHandler):
             if repo is not None:
                 oid = repo.add(unquote(match["rest"]), files)
             return self._reply(
-                {"commitUrl": f"http://{self.headers['Host']}/me/student/commit/{oid[:7]}", "commitOid": oid}
+                {"commitUrl": f"http://{self.headers['Host']}/me/student/commit/abc", "commitOid": oid}
             )
         return self._reply({"error": f"not faked: {path}"}, status=404)
 
     @classmethod
     def clear(cls) -> None:
         cls.requests, cls.commits, cls.tokens, cls.served = [], [], [], []
-        cls.repos, cls.corrupt, cls.cut = {}, {}, {}
+        cls.repos, cls.corrupt, cls.cut, cls.stall, cls.commits_left = {}, {}, {}, {}, []
 
 
 class ServerError(FakeHub):
