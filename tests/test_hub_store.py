@@ -273,25 +273,28 @@ def test_a_server_that_stops_mid_shard_is_one_line_and_a_rerun_resumes(hub, stor
 
 @pytest.mark.slow
 def test_a_killed_download_resumes_and_a_full_cache_is_one_line(hub, stores, tmp_path):
-    """Subprocesses: a verify killed mid-shard, rerun, resumes from the part it had; a cache on a disk
-    too small (a file-size limit) ends in one line and leaves no file a rerun trusts; offline, a
-    pinned commit in the cache is read with no request."""
+    """Subprocesses: a verify killed mid-shard leaves nothing a rerun trusts, and the rerun fetches
+    only the shards it lacks (huggingface_hub resumes a cut download within a run; a killed one's
+    part is its own and is fetched again); a cache on a disk too small (a file-size limit) ends in
+    one line; offline, a pinned commit in the cache is read with no request."""
     assert push(stores[0], "me/kjv") == 0
-    shard = min(p.name for p in stores[0].glob("shard-*.bds"))
+    first, second, *_ = sorted(p.name for p in stores[0].glob("shard-*.bds"))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     command = [sys.executable, "-m", "bytedistill", "verify", "hf://datasets/me/kjv"]
-    FakeHub.stall = {shard: 2000}
+    FakeHub.stall = {second: 40_000}
     proc = subprocess.Popen(command, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.time() + 60
-    while (shard, 0) not in FakeHub.served and time.time() < deadline:
+    while (second, 0) not in FakeHub.served and time.time() < deadline:
         time.sleep(0.1)
     time.sleep(0.5)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
+    repo = tmp_path / "hf" / "hub" / "datasets--me--kjv"
+    assert list(repo.glob(f"snapshots/*/{first}")) and not list(repo.glob(f"snapshots/*/{second}"))
     FakeHub.stall = {}
     done = subprocess.run(command, check=False, env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert (shard, 2000) in FakeHub.served
+    assert shards_served().count(first) == 1 and shards_served().count(second) == 2
 
     full_env = {**env, "HF_HOME": str(tmp_path / "small")}
 
