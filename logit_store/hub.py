@@ -29,7 +29,16 @@ from pathlib import Path
 
 from common.errors import UserError, first_line
 from common.hub import check_repo_id, hub_endpoint, with_retries
-from logit_store.hub_files import HUB_FILES, FileEntry, FileList, parse, read_file_list, sha256_of, shard_ends
+from logit_store.hub_files import (
+    HUB_FILES,
+    MAX_LIST_BYTES,
+    FileEntry,
+    FileList,
+    parse,
+    read_file_list,
+    sha256_of,
+    shard_ends,
+)
 
 PREFIX = "hf://datasets/"
 COMMIT = re.compile(r"^[0-9a-f]{40}$")
@@ -223,6 +232,8 @@ def resolve(name: str) -> Path:
     pinned = repo_of_snapshot(directory)
     if pinned is None:
         raise UserError(f"{repo.shown}: the Hub cache put {HUB_FILES} outside a snapshot folder ({directory})")
+    if listed_path.stat().st_size > MAX_LIST_BYTES:
+        raise UserError(f"{HUB_FILES} of {pinned.shown} is larger than a file list can be")
     listing = parse(listed_path.read_bytes(), f"{HUB_FILES} of {pinned.shown}")
     for entry in listing.entries.values():
         if entry.ends is None:

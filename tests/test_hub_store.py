@@ -19,6 +19,7 @@ import torch
 from safetensors.torch import load_file
 
 from bytedistill.cli import main
+from students.training.checkpoints import latest_checkpoint
 from students.training.trainer import train
 from tests.fake_hub import FakeHub, serve
 from tests.stores import random_texts, write_random_store
@@ -324,3 +325,28 @@ def test_a_killed_download_resumes_and_a_full_cache_is_one_line(hub, stores, tmp
     )
     assert offline.returncode == 0, offline.stderr
     assert len(FakeHub.requests) == served
+
+
+@pytest.mark.slow
+def test_two_processes_with_two_workers_train_the_same_weights_from_the_hub(hub, stores, tmp_path):
+    """``accelerate launch`` with two gloo ranks on the CPU, two data-loader workers each: training
+    from the Hub copy gives the weights of the same launch on the store on disk."""
+    from configs.fields import flat_values
+    from tests.launch import cpu_launch
+
+    train_store, eval_store, _ = stores
+    assert push(train_store, "me/kjv") == 0 and push(eval_store, "me/kjv-eval") == 0
+    launch, env = cpu_launch(2)
+
+    def run(out: Path, train_stores, held_out) -> dict:
+        config = _config(out, train_stores, held_out, max_steps=4, eval_every=2, checkpoint_every=2)
+        flags = [f"--{k.replace('_', '-')}={v}" for k, v in flat_values(config).items() if v is not None]
+        flags = [f for f in flags if not f.startswith("--train-stores=")]
+        command = [*launch, "-m", "bytedistill", "train", "--train-stores", str(train_stores[0]), *flags]
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env, cwd=ROOT, check=False)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return load_file(latest_checkpoint(out) / "model.safetensors")
+
+    local = run(tmp_path / "local", [train_store], eval_store)
+    remote = run(tmp_path / "hub", ["hf://datasets/me/kjv"], "hf://datasets/me/kjv-eval")
+    assert local.keys() == remote.keys() and all(torch.equal(local[k], remote[k]) for k in local)
