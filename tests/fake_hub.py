@@ -195,9 +195,7 @@ class FakeHub(BaseHTTPRequestHandler):
             oid = "a" * 40
             if repo is not None:
                 oid = repo.add(unquote(match["rest"]), files)
-            return self._reply(
-                {"commitUrl": f"http://{self.headers['Host']}/me/student/commit/abc", "commitOid": oid}
-            )
+            return self._reply({"commitUrl": f"http://{self.headers['Host']}/me/student/commit/abc", "commitOid": oid})
         return self._reply({"error": f"not faked: {path}"}, status=404)
 
     @classmethod
