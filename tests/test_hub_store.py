@@ -148,6 +148,16 @@ def test_push_store_refuses_a_shard_reached_through_a_link(hub, stores, tmp_path
     assert "symbolic link" in error_line(capsys) and FakeHub.requests == []
 
 
+def test_push_store_to_a_branch_of_a_private_repo_is_read_at_that_branch(hub, stores, capsys):
+    assert push(stores[2], "me/branched", "--revision", "v1", "--private") == 0
+    created = next(json.loads(body) for path, body in FakeHub.requests if path.startswith("/api/repos/create"))
+    assert created["type"] == "dataset" and created["visibility"] == "private"
+    assert main(["inspect", "hf://datasets/me/branched@v1"]) == 0
+    capsys.readouterr()
+    assert main(["inspect", "hf://datasets/me/branched"]) == 2
+    assert "holds no hub_files.json" in error_line(capsys)
+
+
 # ------------------------------------------------------------------------------------ reading
 
 
