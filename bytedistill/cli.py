@@ -50,6 +50,7 @@ COMMANDS: dict[str, Callable[[typing.Any], int]] = {
     "chat": chat.chat,
     "score": score.score,
     "push": push.push,
+    "push-store": store.push_store,
     "serve": serve.serve,
 }
 

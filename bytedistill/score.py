@@ -15,7 +15,8 @@ class ScoreConfig(ScoreOptions):
     model: str = field(metadata={"help": "exported model folder", "positional": True})
     sources: list[str] = field(
         metadata={
-            "help": "text files (.txt/.md: one document each), .jsonl/.jsonl.zst/.parquet files or logit store folders",
+            "help": "text files (.txt/.md: one document each), .jsonl/.jsonl.zst/.parquet files, logit store folders "
+            "or stores on the Hub (hf://datasets/OWNER/NAME[@REVISION])",
             "positional": True,
         }
     )
@@ -23,9 +24,10 @@ class ScoreConfig(ScoreOptions):
 
 def score(config: ScoreConfig) -> int:
     """Bits per byte of an exported student on text, record files or logit stores."""
+    from logit_store.hub import local_store
     from students.release.score import score as score_sources
 
-    results = score_sources(Path(config.model), [Path(s) for s in config.sources], config)
+    results = score_sources(Path(config.model), [local_store(s) for s in config.sources], config)
     print(f"{'source':<32} {'documents':>9} {'bytes':>12} {'student BPB':>11} {'teacher BPB':>11}")
     for r in results:
         teacher = f"{r.teacher_bpb:.4f}" if r.teacher_bpb is not None else "-"

@@ -116,3 +116,44 @@ def read_regular(path: Path) -> bytes:
     """The bytes of ``path``, a regular file (:func:`open_regular`)."""
     with open_regular(path) as f:
         return f.read()
+
+
+NOFOLLOW = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def open_inside(folder: Path, folder_fd: int, name: str, action: str, writer: str, remedy: str):
+    """The file ``name`` (relative, forward slashes) opened part by part from the folder's descriptor
+    with no symlink followed, and checked as opened: a regular file with one link (a hard link could
+    be a file from outside the folder). A refusal reads ``cannot {action} {folder}: …`` and, for a
+    file missing or unfit, names what ``writer`` wrote and the ``remedy``."""
+    parts, fd, held = name.split("/"), folder_fd, []
+    try:
+        for part in parts[:-1]:
+            fd = os.open(part, NOFOLLOW | os.O_DIRECTORY, dir_fd=fd)
+            held.append(fd)
+        opened = os.open(parts[-1], NOFOLLOW | os.O_NONBLOCK, dir_fd=fd)  # a FIFO put there never blocks
+    except FileNotFoundError:
+        raise UserError(f"{folder} lacks {name}, which {writer} wrote: {remedy}") from None
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise UserError(
+                f"cannot {action} {folder}: {name} is reached through a symbolic link: {action} sends only files "
+                "inside the folder (nothing was uploaded)"
+            ) from None
+        raise UserError(f"cannot {action} {folder}: cannot open {name}: {exc.strerror}") from None
+    finally:
+        for fd in held:
+            os.close(fd)
+    info = os.fstat(opened)
+    problem = (
+        "is not a regular file"
+        if not stat.S_ISREG(info.st_mode)
+        else f"has {info.st_nlink} links (a hard link: its data may be a file outside the folder)"
+        if info.st_nlink != 1
+        else None
+    )
+    if problem:
+        os.close(opened)
+        raise UserError(f"cannot {action} {folder}: {name} {problem}; {remedy} (nothing was uploaded)")
+    os.set_blocking(opened, True)
+    return os.fdopen(opened, "rb")

@@ -12,6 +12,7 @@ from pathlib import Path
 from common.errors import UserError
 from common.files import read_regular
 from logit_store.file_names import COMPLETION_RECORD, SHARD
+from logit_store.hub_files import store_names
 from logit_store.manifest import write_atomic
 from logit_store.shard import ShardReader
 
@@ -51,11 +52,13 @@ def read_completion(directory: Path, writer_id: int) -> Completion | None:
 
 
 def shard_sequences(directory: Path) -> dict[int, list[int]]:
-    """Writer id → sorted sequence numbers of its complete shards in ``directory``."""
+    """Writer id → sorted sequence numbers of its complete shards in ``directory`` (a Hub copy's: those
+    its file list names, fetched or not)."""
     found: dict[int, list[int]] = {}
-    for path in SHARD.paths(directory):
-        writer_id, sequence = SHARD.numbers(path.name)
-        found.setdefault(writer_id, []).append(sequence)
+    for name in store_names(directory):
+        if (numbers := SHARD.numbers(name)) is not None:
+            writer_id, sequence = numbers
+            found.setdefault(writer_id, []).append(sequence)
     return {w: sorted(seqs) for w, seqs in sorted(found.items())}
 
 
@@ -104,7 +107,9 @@ def check_writer(directory: Path, writer_id: int, shards: list[ShardReader], ide
 
 def completed_writers(directory: Path) -> list[int]:
     """Writer ids that left a completion record (whether or not any of their shards remain)."""
-    return sorted(COMPLETION_RECORD.numbers(path.name)[0] for path in COMPLETION_RECORD.paths(directory))
+    return sorted(
+        numbers[0] for name in store_names(directory) if (numbers := COMPLETION_RECORD.numbers(name)) is not None
+    )
 
 
 def recorded_writers(manifest: dict) -> int | None:

@@ -20,6 +20,8 @@ from common.files import read_regular
 from logit_store.chunk import ChunkData, EncodedDocument
 from logit_store.encodings import get_encoding
 from logit_store.file_names import MANIFEST, SHARD, VOCAB_FILE
+from logit_store.hub import hub_shards
+from logit_store.hub_files import read_file_list
 from logit_store.integrity import (
     WriterStates,
     check_sequence,
@@ -104,7 +106,8 @@ class StoreBase:
 
 class LogitStore(StoreBase):
     """A logit-store directory opened for reading. Opening checks every shard's index and the
-    store's integrity (gap-free writer sequences, shard records, completion records)."""
+    store's integrity (gap-free writer sequences, shard records, completion records). A Hub copy's
+    directory (:mod:`logit_store.hub`) is read the same way, each shard fetched when first read."""
 
     def __init__(
         self,
@@ -147,12 +150,13 @@ class LogitStore(StoreBase):
     def _open_shards(self) -> tuple[list[ShardReader], list[int]]:
         sequences = shard_sequences(self.directory)
         identity = identity_hash(self.manifest) if self.format_version >= 2 else None
+        listing = read_file_list(self.directory)  # a Hub copy: its shards are fetched when first read
+        remote = hub_shards(self.directory, listing) if listing is not None else {}
         shards, unfinished = [], []
         for writer_id in sorted(set(sequences) | set(completed_writers(self.directory))):
             check_sequence(self.directory, writer_id, sequences.get(writer_id, []))
-            own = [
-                ShardReader(self.directory / SHARD(writer_id, s), self.encoding) for s in sequences.get(writer_id, [])
-            ]
+            names = [SHARD(writer_id, s) for s in sequences.get(writer_id, [])]
+            own = [ShardReader(self.directory / name, self.encoding, remote.get(name)) for name in names]
             for shard in own:
                 if shard.version != self.format_version:
                     raise UserError(

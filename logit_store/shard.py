@@ -20,7 +20,9 @@ import hashlib
 import os
 import struct
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import zstandard
@@ -155,50 +157,95 @@ def fsync_directory(path: Path) -> None:
         os.close(fd)
 
 
-class ShardReader:
-    """The index of one complete shard (read and checked on open) and access to its chunks."""
+def _index_in_ends(ends: bytes, size: int, offset: int, length: int) -> bytes:
+    """The index a trailer places at ``offset`` of a ``size``-byte file, read from the file's ends
+    (header, index, trailer); empty if the ends do not hold it there."""
+    tail = ends[HEADER_SIZE:-TRAILER_SIZE]
+    return tail[len(tail) - length :] if offset == size - TRAILER_SIZE - length and length <= len(tail) else b""
 
-    def __init__(self, path: Path, encoding: Encoding):
+
+class RemoteShard(Protocol):
+    """A shard not yet on disk: its size and ends (header, index, trailer) known, its bytes fetched
+    (and checked) on first read."""
+
+    size: int
+    ends: bytes
+
+    def local_path(self) -> Path: ...
+
+
+class ShardReader:
+    """The index of one complete shard (read and checked on open) and access to its chunks. A
+    ``remote`` shard's index is read from its known ends, its chunks from the file it fetches."""
+
+    def __init__(self, path: Path, encoding: Encoding, remote: RemoteShard | None = None):
         self.path = Path(path)
         self.name = self.path.name
         self.encoding = encoding
+        self.remote = remote
+        if remote is None:
+            size, header, trailer, read_index = self._ends_on_disk()
+        else:
+            size, header, trailer = remote.size, remote.ends[:HEADER_SIZE], remote.ends[-TRAILER_SIZE:]
+            read_index = partial(_index_in_ends, remote.ends, size)
+        try:
+            head, index = self._read_index(size, header, trailer, read_index)
+        except OSError as exc:
+            raise UserError(f"cannot read shard {self.path}: {exc.strerror or exc}") from None
+        self._parse_index(head, index)
+        self.size = size
+        self._check_index()
+
+    def _ends_on_disk(self):
         try:
             size = self.path.stat().st_size
             with open_regular(self.path) as handle:
                 header = handle.read(HEADER_SIZE)
-                if size < HEADER_SIZE + TRAILER_SIZE:
-                    raise UserError(f"shard {self.name} is truncated ({size} bytes, no room for its footer)")
-                handle.seek(size - TRAILER_SIZE)
+                handle.seek(max(0, size - TRAILER_SIZE))
                 trailer = handle.read(TRAILER_SIZE)
-                if trailer[-8:] != TRAILER_MAGIC:
-                    raise UserError(
-                        f"shard {self.name} is truncated or its footer is corrupt (no end marker in the last bytes)"
-                    )
-                if header[:8] != SHARD_MAGIC:
-                    raise UserError(f"shard {self.name}: header corrupt (not a bytedistill shard)")
-                version = struct.unpack("<I", header[8:12])[0]
-                head = trailer[:48]
-                if checksum(head, 8) != trailer[48:56]:
-                    raise UserError(f"shard {self.name}: index/footer corrupt (footer checksum mismatch)")
-                if version not in READABLE_VERSIONS:
-                    known = ", ".join(map(str, READABLE_VERSIONS))
-                    raise UserError(
-                        f"shard {self.name}: unknown shard format version {version} (this reader knows {known})"
-                    )
-                offset, length, num_chunks, num_docs = struct.unpack("<QQQQ", head[:32])
-                record_size = RECORD_DTYPE.itemsize if version >= 2 else 0
-                expected = record_size + num_chunks * CHUNK_DTYPE.itemsize + num_docs * DOC_DTYPE.itemsize
-                if offset + length + TRAILER_SIZE != size or length != expected:
-                    raise UserError(f"shard {self.name}: index/footer corrupt (index bounds do not match the file)")
-                handle.seek(offset)
-                index = handle.read(length)
         except OSError as exc:
             raise UserError(f"cannot read shard {self.path}: {exc.strerror or exc}") from None
+
+        def read_index(offset: int, length: int) -> bytes:
+            with open_regular(self.path) as handle:
+                handle.seek(offset)
+                return handle.read(length)
+
+        return size, header, trailer, read_index
+
+    def _read_index(self, size: int, header: bytes, trailer: bytes, read_index) -> tuple[bytes, bytes]:
+        """The trailer's first 48 bytes and the index, each checked against the file's size."""
+        if size < HEADER_SIZE + TRAILER_SIZE:
+            raise UserError(f"shard {self.name} is truncated ({size} bytes, no room for its footer)")
+        if trailer[-8:] != TRAILER_MAGIC:
+            raise UserError(
+                f"shard {self.name} is truncated or its footer is corrupt (no end marker in the last bytes)"
+            )
+        if header[:8] != SHARD_MAGIC:
+            raise UserError(f"shard {self.name}: header corrupt (not a bytedistill shard)")
+        version = struct.unpack("<I", header[8:12])[0]
+        head = trailer[:48]
+        if checksum(head, 8) != trailer[48:56]:
+            raise UserError(f"shard {self.name}: index/footer corrupt (footer checksum mismatch)")
+        if version not in READABLE_VERSIONS:
+            known = ", ".join(map(str, READABLE_VERSIONS))
+            raise UserError(f"shard {self.name}: unknown shard format version {version} (this reader knows {known})")
+        offset, length, num_chunks, num_docs = struct.unpack("<QQQQ", head[:32])
+        record_size = RECORD_DTYPE.itemsize if version >= 2 else 0
+        expected = record_size + num_chunks * CHUNK_DTYPE.itemsize + num_docs * DOC_DTYPE.itemsize
+        if offset + length + TRAILER_SIZE != size or length != expected:
+            raise UserError(f"shard {self.name}: index/footer corrupt (index bounds do not match the file)")
+        index = read_index(offset, length)
         if checksum(index) != head[32:48]:
             raise UserError(f"shard {self.name}: index/footer corrupt (index checksum mismatch)")
         self.version = version
+        return head, index
+
+    def _parse_index(self, head: bytes, index: bytes) -> None:
+        offset, _, num_chunks, _ = struct.unpack("<QQQQ", head[:32])
+        record_size = RECORD_DTYPE.itemsize if self.version >= 2 else 0
         self.record = None
-        if version >= 2:
+        if self.version >= 2:
             r = np.frombuffer(index[:record_size], dtype=RECORD_DTYPE)[0]
             self.record = ShardRecord(
                 int(r["writer_id"]), int(r["sequence"]), int(r["first_document"]), bytes(r["identity"])
@@ -207,8 +254,6 @@ class ShardReader:
         self.chunks = np.frombuffer(index[record_size:split], dtype=CHUNK_DTYPE)
         self.docs = np.frombuffer(index[split:], dtype=DOC_DTYPE)
         self.index_offset = offset
-        self.size = size
-        self._check_index()
 
     def _check_index(self) -> None:
         end = HEADER_SIZE
@@ -238,7 +283,8 @@ class ShardReader:
         chunk = self.chunks[c]
         where = f"shard {self.name} chunk {c}"
         try:
-            with open_regular(self.path) as handle:
+            path = self.path if self.remote is None else self.remote.local_path()
+            with open_regular(path) as handle:
                 handle.seek(int(chunk["offset"]))
                 frame = handle.read(int(chunk["length"]))
         except OSError as exc:

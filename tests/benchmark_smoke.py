@@ -26,6 +26,7 @@ SMOKED_TRAINING = {
     "serve": "per-step overhead at batch 1",
     "on_policy": "summary: best on-policy run",
     "chat": "summary: chat student (loss on all, train's default; the default size)",
+    "hub_store": "summary: Hub/disk positions/s after the first epoch",
 }
 SMOKED_DUMPING = {
     "convert": "ratio numba(sorted columns)/floor",

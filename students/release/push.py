@@ -14,17 +14,11 @@ foreign ``auto_map`` refused): the model on the meta device (config, the weights
 shapes and length; no tensor is read), the plain tokenizer and the stream tokenizer. The upload is one ``create_commit`` of those files, after
 ``create_repo`` and, for a non-main revision, ``create_branch``.
 
-**Where the token goes.** The Hugging Face token (``HF_TOKEN`` or the saved login) is sent only to
-the Hub: ``https://huggingface.co``, or the endpoint ``HF_ENDPOINT`` names (huggingface_hub's own
-setting for a mirror or a private Hub). An ``--endpoint`` that is neither, as a shared command line
-or config file could give, gets no Hugging Face token: it gets the token in
-``BYTEDISTILL_ENDPOINT_TOKEN`` if the user set one, else the push is refused before any request.
-No token is sent over plain ``http`` except to this machine (127.0.0.1, ::1, localhost).
-
-**Network.** Every request has a timeout (``timeout`` seconds to connect, and for each read or
-write), and each Hub call is tried at most ``1 + retries`` times (on a network error, a timeout, a
-429 or a 5xx answer), waiting 0.5 s, 1 s, 2 s… between tries; huggingface_hub also retries its own
-upload requests (at most 5 times). Any failure is one line naming the endpoint and the call.
+**Where the token goes, and the network.** As :mod:`common.hub` rules for every talk with the Hub:
+the Hugging Face token only to the Hub (another endpoint gets ``BYTEDISTILL_ENDPOINT_TOKEN`` or
+nothing), a timeout on every request, each Hub call tried at most ``1 + retries`` times;
+huggingface_hub also retries its own upload requests (at most 5 times). Any failure is one line
+naming the endpoint and the call.
 
 Tested against small local HTTP servers on 127.0.0.1 (tests/test_export_push.py,
 tests/test_edges_export.py); no real Hub is contacted in the tests.
@@ -32,31 +26,33 @@ tests/test_edges_export.py); no real Hub is contacted in the tests.
 
 from __future__ import annotations
 
-import errno
-import ipaddress
 import os
-import stat
-import time
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Self, TypeVar
-from urllib.parse import urlsplit
 
 from bytestream.stream_kind import StreamKind
 from common.errors import UserError, first_line
+from common.files import open_inside
+from common.hub import (  # noqa: F401 - ENDPOINT_TOKEN and resolve_target: push's API, as before
+    ENDPOINT_TOKEN,
+    RETRIES,
+    TIMEOUT_S,
+    Target,
+    check_network_options,
+    check_repo_id,
+    hub_timeout,
+    offline,
+    open_repo,
+    resolve_target,
+    with_retries,
+)
 from students.release.export_record import recorded_files
 from students.release.export_staging import export_lock
 
-HUB = "https://huggingface.co"
-ENDPOINT_TOKEN = "BYTEDISTILL_ENDPOINT_TOKEN"
-LOCAL_HOSTS = {"localhost"}
-DEFAULT_PORTS = {"http": 80, "https": 443}
-TRANSIENT_STATUS = {408, 429, 500, 502, 503, 504}
 COMMIT_MESSAGE = "Upload byte student"  # the Hub commit's message (--commit-message)
-TIMEOUT_S = 60.0  # seconds to connect, and for each read or write (--timeout)
-RETRIES = 3  # tries after the first of each Hub call (--retries)
 
 T = TypeVar("T")
 
@@ -65,13 +61,6 @@ T = TypeVar("T")
 class UploadFile:
     path: str  # relative, with forward slashes
     size: int
-
-
-@dataclass(frozen=True)
-class Target:
-    endpoint: str
-    token: str | None  # None only for a dry run: push refuses to start without one
-    token_note: str  # "with the token from …", or (no token) why push refuses
 
 
 @dataclass
@@ -100,44 +89,6 @@ class PushPlan:
 # ------------------------------------------------------------------------------ what is uploaded
 
 
-NOFOLLOW = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
-
-
-def open_inside(folder: Path, folder_fd: int, name: str) -> BinaryIO:
-    """The recorded file ``name``, opened part by part from the folder's descriptor with no symlink
-    followed, and checked as opened: a regular file with one link."""
-    parts, fd, held = name.split("/"), folder_fd, []
-    try:
-        for part in parts[:-1]:
-            fd = os.open(part, NOFOLLOW | os.O_DIRECTORY, dir_fd=fd)
-            held.append(fd)
-        opened = os.open(parts[-1], NOFOLLOW | os.O_NONBLOCK, dir_fd=fd)  # a FIFO put there never blocks
-    except FileNotFoundError:
-        raise UserError(f"{folder} lacks {name}, which export wrote: export again") from None
-    except OSError as exc:
-        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-            raise UserError(
-                f"cannot push {folder}: {name} is reached through a symbolic link: push sends only files inside "
-                "the folder (nothing was uploaded)"
-            ) from None
-        raise UserError(f"cannot push {folder}: cannot open {name}: {exc.strerror}") from None
-    finally:
-        for fd in held:
-            os.close(fd)
-    info = os.fstat(opened)
-    problem = (
-        "is not a regular file"
-        if not stat.S_ISREG(info.st_mode)
-        else f"has {info.st_nlink} links (a hard link: its data may be a file outside the folder)"
-        if info.st_nlink != 1
-        else None
-    )
-    if problem:
-        os.close(opened)
-        raise UserError(f"cannot push {folder}: {name} {problem}; export again (nothing was uploaded)")
-    return os.fdopen(opened, "rb")
-
-
 def open_plan(folder: Path, resources: ExitStack) -> tuple[list[UploadFile], dict[str, BinaryIO]]:
     """The files export wrote (checked: regular files inside the folder), sorted by path, each opened
     once (:func:`open_inside`) and closed with ``resources``."""
@@ -147,7 +98,7 @@ def open_plan(folder: Path, resources: ExitStack) -> tuple[list[UploadFile], dic
     resources.callback(os.close, folder_fd)
     opened: dict[str, BinaryIO] = {}
     for name in planned:
-        opened[name] = resources.enter_context(open_inside(folder, folder_fd, name))
+        opened[name] = resources.enter_context(open_inside(folder, folder_fd, name, "push", "export", "export again"))
     return [UploadFile(name, os.fstat(opened[name].fileno()).st_size) for name in planned], opened
 
 
@@ -189,74 +140,16 @@ def check_loadable(folder: Path) -> None:
         raise UserError(f"cannot push {folder}: its byte tokenizer does not load: {first_line(exc)}") from exc
 
 
-# ---------------------------------------------------------------------------- where it goes
-
-
-def _origin(url: str, what: str) -> str:
-    """``scheme://host[:port][/path]`` of an http(s) URL (host lower-cased, no default port, no trailing
-    slash), so that one server has one spelling; a UserError otherwise."""
-    try:
-        parts = urlsplit(url)
-        port = parts.port
-    except ValueError as exc:
-        raise UserError(f"{what} {url!r} is not an http(s) URL: {exc}") from exc
-    if parts.scheme not in ("http", "https") or not parts.hostname or parts.username or parts.query or parts.fragment:
-        raise UserError(f"{what} {url!r} is not an http(s) URL of a server (like {HUB})")
-    host = parts.hostname.lower()
-    netloc = f"[{host}]" if ":" in host else host
-    if port and port != DEFAULT_PORTS[parts.scheme]:
-        netloc += f":{port}"
-    return f"{parts.scheme}://{netloc}{parts.path.rstrip('/')}"
-
-
-def _is_this_machine(host: str) -> bool:
-    if host in LOCAL_HOSTS:
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def resolve_target(endpoint: str | None = None, *, need_token: bool = True) -> Target:
-    """The endpoint to push to and the token for it (see the module docstring for the rule); without
-    ``need_token`` (a dry run) a missing token is noted instead of refused."""
-    from huggingface_hub import get_token
-
-    hubs = {_origin(HUB, "the Hub")}
-    if os.environ.get("HF_ENDPOINT"):
-        hubs.add(_origin(os.environ["HF_ENDPOINT"], "HF_ENDPOINT"))
-    url = _origin(endpoint, "--endpoint") if endpoint else _origin(os.environ.get("HF_ENDPOINT") or HUB, "HF_ENDPOINT")
-    if url in hubs:
-        token, source = get_token(), "HF_TOKEN or the saved login"
-        missing = f"no Hugging Face token for {url}: set HF_TOKEN or log in with `hf auth login`"
-    else:
-        token, source = os.environ.get(ENDPOINT_TOKEN), ENDPOINT_TOKEN
-        missing = (
-            f"{url} is not the Hub ({HUB} or HF_ENDPOINT): your Hugging Face token is never sent there; "
-            f"set {ENDPOINT_TOKEN} to the token for that server"
-        )
-    if not token:
-        if need_token:
-            raise UserError(missing)
-        return Target(url, None, missing)
-    if url.startswith("http://") and not _is_this_machine(urlsplit(url).hostname or ""):
-        raise UserError(f"refusing to send a token to {url} over plain http: use https")
-    return Target(url, token, f"with the token from {source}")
+# ---------------------------------------------------------------------------- the checks
 
 
 def plan_push(folder: Path, repo_id: str, endpoint: str | None = None, *, need_token: bool = True) -> PushPlan:
     """Every check push makes before the network: folder, repo id, record, token rule, loading; the
     plan holds the folder's lock and its files open until closed."""
-    from huggingface_hub.utils import HFValidationError, validate_repo_id
-
     folder = Path(folder)
     if not folder.is_dir():
         raise UserError(f"cannot push {folder}: no such folder")
-    try:
-        validate_repo_id(repo_id)
-    except HFValidationError as exc:
-        raise UserError(f"{repo_id!r} is not a Hub repo id (like your-name/byte-student): {first_line(exc)}") from exc
+    check_repo_id(repo_id, "your-name/byte-student")
     resources = ExitStack()
     try:
         resources.enter_context(export_lock(folder, shared=True, create=False))
@@ -270,58 +163,6 @@ def plan_push(folder: Path, repo_id: str, endpoint: str | None = None, *, need_t
 
 
 # ------------------------------------------------------------------------------- the upload
-
-
-def _transient(exc: Exception) -> bool:
-    """A failure worth another try: no answer in time, a dropped connection, a 429 or a 5xx."""
-    import httpx2
-
-    if isinstance(exc, (httpx2.TimeoutException, httpx2.NetworkError, httpx2.RemoteProtocolError)):
-        return True
-    response = getattr(exc, "response", None)
-    return getattr(response, "status_code", None) in TRANSIENT_STATUS
-
-
-def _with_retries(call: Callable[[], T], what: str, endpoint: str, retries: int) -> T:
-    for attempt in range(retries + 1):
-        try:
-            return call()
-        except Exception as exc:  # a server can answer anything: every failure becomes the one line below
-            if attempt < retries and _transient(exc):
-                time.sleep(0.5 * 2**attempt)
-                continue
-            tries = f" after {attempt + 1} tries" if attempt else ""
-            raise UserError(f"push to {endpoint} failed{tries} ({what}): {first_line(exc)}") from exc
-    raise AssertionError("unreachable")
-
-
-@contextmanager
-def hub_timeout(seconds: float) -> Iterator[None]:
-    """huggingface_hub's requests in this block time out after ``seconds`` (its default waits forever)."""
-    from huggingface_hub.utils import set_client_factory
-    from huggingface_hub.utils._http import default_client_factory  # the client it builds, with its hooks
-
-    def client_with_timeout():
-        client = default_client_factory()
-        client.timeout = seconds
-        return client
-
-    set_client_factory(client_with_timeout)
-    try:
-        yield
-    finally:
-        set_client_factory(default_client_factory)
-
-
-def check_network_options(timeout: float, retries: int) -> None:
-    if not timeout > 0:
-        raise UserError(f"--timeout must be > 0 seconds, got {timeout}")
-    if retries < 0:
-        raise UserError(f"--retries must be >= 0, got {retries}")
-
-
-def _offline() -> bool:
-    return os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in {"1", "ON", "YES", "TRUE"}
 
 
 def upload(
@@ -339,18 +180,16 @@ def upload(
     check_network_options(timeout, retries)
     if plan.target.token is None:
         raise UserError(plan.target.token_note)
-    if _offline():
+    if offline():
         raise UserError("HF_HUB_OFFLINE is set: push needs the network (unset it, or use --dry-run)")
     api = HfApi(endpoint=plan.target.endpoint, token=plan.target.token)
     operations = [CommitOperationAdd(f.path, plan.opened[f.path]) for f in plan.files]  # the files as opened
 
     def hub(what: str, call: Callable[[], T]) -> T:
-        return _with_retries(call, what, plan.target.endpoint, retries)
+        return with_retries(call, what, f"push to {plan.target.endpoint}", retries)
 
     with hub_timeout(timeout):
-        hub("create_repo", lambda: api.create_repo(plan.repo_id, private=private, exist_ok=True))
-        if revision and revision != "main":
-            hub("create_branch", lambda: api.create_branch(plan.repo_id, branch=revision, exist_ok=True))
+        open_repo(api, plan.repo_id, repo_type=None, private=private, revision=revision, hub=hub)
         info = hub(
             "commit",
             lambda: api.create_commit(

@@ -43,9 +43,18 @@ class TrainConfig:
     """A training run, composed of the settings of the modules that read them; its flags and
     config-file keys are the flat names of :mod:`configs.fields` (``--lr``, not ``--optim.lr``)."""
 
-    train_stores: list[str] = field(metadata={"help": "logit store directories to train on"})
+    train_stores: list[str] = field(
+        metadata={
+            "help": "logit store directories to train on, or stores on the Hub: hf://datasets/OWNER/NAME[@REVISION]"
+        }
+    )
     output_dir: str = field(metadata={"help": "directory for checkpoints, metrics.jsonl, run_info.json and logs"})
-    eval_store: str | None = field(default=None, metadata={"help": "held-out logit store for periodic evaluation"})
+    eval_store: str | None = field(
+        default=None,
+        metadata={
+            "help": "held-out logit store for periodic evaluation (a directory or hf://datasets/OWNER/NAME[@REVISION])"
+        },
+    )
     allow_partial: bool = field(
         default=False,
         metadata={

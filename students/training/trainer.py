@@ -82,6 +82,7 @@ from students.training.checkpoints import (
     write_json,
 )
 from students.training.evaluation import ChatEvalMetrics, EvalMetrics, evaluate
+from students.training.hub_stores import RUN_INFO_KEY, hub_pins, with_hub_stores
 from students.training.init_from import (
     check_source,
     load_initial_weights,
@@ -163,6 +164,7 @@ def settle(config: TrainConfig) -> TrainPlan:
     """``config``'s plan: the checkpoint it resumes or the weights it starts from, its stream and its
     chat settings."""
     resume_from = resolve_resume(config.resume, Path(config.output_dir))
+    config = with_hub_stores(config, resume_from)  # hf://datasets/… names: the Hub cache's directories
     stream = resolved_stream(config, resume_from)
     config = dataclasses.replace(config, student=dataclasses.replace(config.student, stream=stream.value))
     config, reserved = with_chat_settings(config)
@@ -498,6 +500,7 @@ def run_info(run: Run) -> dict[str, Any]:
         **({"on_policy": run.on_policy.totals()} if run.on_policy is not None else {}),
         **({"init_from": run.init_from} if run.init_from is not None else {}),
         **dataclasses.asdict(run.state),
+        RUN_INFO_KEY: hub_pins([*run.config.train_stores, *([run.config.eval_store] if run.config.eval_store else [])]),
     }
 
 
