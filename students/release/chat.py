@@ -19,7 +19,7 @@ from pathlib import Path
 
 from bytestream.stream_kind import StreamKind
 from bytestream.stream_tokenizer import ByteStreamTokenizer
-from common.errors import UserError
+from common.errors import UserError, first_line
 from students.release.generate import continue_streams, require_same_stream
 from students.release.generate_options import GenerateOptions
 
@@ -34,8 +34,13 @@ def require_chat(tokenizer: ByteStreamTokenizer, folder: Path | str) -> None:
 
 
 def chat_stream(tokenizer: ByteStreamTokenizer, messages: list[dict[str, str]]) -> list[int]:
-    """The student's stream of a conversation so far, ending with the assistant's header."""
-    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
+    """The student's stream of a conversation so far, ending with the assistant's header; a
+    template that raises (its own refusal, as of a role it does not take, or the sandbox's) is a
+    :class:`UserError` in one line."""
+    try:
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
+    except Exception as exc:  # jinja2's errors, and whatever the template's own code raises
+        raise UserError(f"the chat template refused the conversation: {type(exc).__name__}: {first_line(exc)}") from exc
 
 
 def answers(
@@ -90,20 +95,30 @@ class Conversation:
     options: GenerateOptions
     messages: list[dict[str, str]] = field(default_factory=list)
 
+    ended: bool = False  # whether the latest answer ended its turn (rather than ran out of bytes)
+
     def reply(self, text: str, write: Callable[[str], object] | None = None) -> str:
         """The student's answer to the user's ``text``, given the conversation so far; ``write`` is
-        called with its text as it is generated. Both turns join the conversation."""
+        called with its text as it is generated. Both turns join the conversation (the user's alone
+        where the template refuses it: a :class:`UserError`)."""
         self.messages.append({"role": "user", "content": text})
-        answer = self.answer_bytes(chat_stream(self.tokenizer, self.messages), write)
+        try:
+            symbols = chat_stream(self.tokenizer, self.messages)
+        except UserError:
+            self.messages.pop()
+            raise
+        answer = self.answer_bytes(symbols, write)
         reply = answer.decode("utf-8", errors="replace")
         self.messages.append({"role": "assistant", "content": reply})
         return reply
 
     def answer_bytes(self, symbols: list[int], write: Callable[[str], object] | None) -> bytes:
         """The answer's bytes after the conversation's stream ``symbols`` (``write`` called with its
-        text as it is generated), through the model's ``generate``."""
+        text as it is generated), through the model's ``generate``; sets :attr:`ended`."""
         streamer = TextStreamer(write, StreamKind.of_config(self.model.config)) if write is not None else None
-        answer = continue_streams(self.model, [symbols], [b""], self.options, streamer=streamer)[0]
+        stopped: list[bool] = []
+        answer = continue_streams(self.model, [symbols], [b""], self.options, streamer=streamer, stopped=stopped)[0]
         if streamer is not None:
             streamer.finish()
+        self.ended = stopped[0]
         return answer

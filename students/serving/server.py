@@ -34,6 +34,7 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
+from common.errors import UserError
 from students.release.chat import chat_stream
 from students.release.generate import encode_prompt
 from students.serving import openai_api as api
@@ -70,8 +71,8 @@ class Served:
             )
         try:
             symbols = chat_stream(self.tokenizer, asked.messages)
-        except Exception as exc:  # noqa: BLE001 - the template's own refusal (a role it does not know, …)
-            raise ApiError(400, f"the chat template refused the messages: {exc}", param="messages") from None
+        except UserError as exc:  # the template's own refusal (a role it does not know, …)
+            raise ApiError(400, str(exc), param="messages") from None
         return self._request(asked, symbols, b"", len(self.tokenizer.text_bytes(symbols)))
 
     def _request(self, asked: api.Asked, symbols: list[int], open_bytes: bytes, prompt_bytes: int) -> Request:
