@@ -23,7 +23,8 @@ class ChatConfig(GenerateOptions):
 def chat(config: ChatConfig) -> int:
     """Chat with an exported chat student in the terminal: each line read from standard input is a
     user turn (so it works piped, one turn a line; it must be UTF-8 text); the answer is written as
-    it is generated, and the conversation so far is kept. An answer that runs out of
+    it is generated, and the conversation so far is kept (past the trained context, the student reads
+    its latest whole turns, a line on stderr saying how many it left out). An answer that runs out of
     --max-new-bytes before the student ends its turn is followed by a line on stderr saying so. An
     empty line is skipped; end of input ends the chat."""
     from bytedistill.generate import require_text
@@ -51,8 +52,15 @@ def chat(config: ChatConfig) -> int:
         text = line.rstrip("\r\n")
         if not text.strip():
             continue
+        left_out = conversation.left_out
         conversation.reply(text, write=_write)
         print(flush=True)
+        if conversation.left_out > left_out:
+            print(
+                f"(the conversation is longer than the trained context: the student no longer reads its "
+                f"{conversation.left_out} oldest messages)",
+                file=sys.stderr,
+            )
         if not conversation.ended:
             print(
                 f"(the answer reached --max-new-bytes {config.max_new_bytes} before it ended its turn)", file=sys.stderr

@@ -6,6 +6,7 @@ answer that runs out of bytes before its end of turn is said so on stderr."""
 from __future__ import annotations
 
 import io
+import json
 import os
 import shutil
 import subprocess
@@ -16,6 +17,7 @@ import pytest
 
 from bytedistill.cli import main as bytedistill
 from bytestream.stream_kind import StreamKind
+from students.release.generate_options import GenerateOptions
 from tests.test_chat_student import RESERVED, chat_tokenizer, teacher  # noqa: F401 (teacher: a fixture)
 
 REFUSES_SYSTEM = (
@@ -50,18 +52,33 @@ def end_of_turn() -> int:
     return StreamKind.FUSED.alphabet_size + RESERVED.index("<|im_end|>")
 
 
-def variant(chat_folder: Path, tmp_path: Path, template_prefix: str = "", **generation) -> Path:
-    """A copy of the chat student's folder, its template opened with ``template_prefix``."""
-    import json
-
+def variant(
+    chat_folder: Path, tmp_path: Path, template_prefix: str = "", context: int | None = None, **generation
+) -> Path:
+    """A copy of the chat student's folder, its template opened with ``template_prefix``, its
+    trained context set to ``context`` (its weights do not depend on it) and its generation
+    config given ``generation``."""
     folder = tmp_path / "model"
     shutil.copytree(chat_folder, folder)
     template = folder / "chat_template.jinja"
     template.write_text(template_prefix + template.read_text(encoding="utf-8"), encoding="utf-8")
-    if generation:
-        config = json.loads((folder / "generation_config.json").read_text())
-        (folder / "generation_config.json").write_text(json.dumps({**config, **generation}))
+    edit_json(folder / "generation_config.json", **generation)
+    if context is not None:
+        edit_json(folder / "config.json", max_position_embeddings=context)
     return folder
+
+
+def edit_json(path: Path, **changes) -> None:
+    path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
+
+
+def writing_letters(chat_folder: Path, tmp_path: Path, context: int) -> Path:
+    """The chat student made to write lowercase letters only and never end its turn (every other
+    symbol suppressed): its answers are text the tokenizer reads back."""
+    letters = set(range(ord("a"), ord("z") + 1))
+    vocab = StreamKind.FUSED.alphabet_size + len(RESERVED)
+    suppressed = [s for s in range(vocab) if s % 256 not in letters or s >= 512]
+    return variant(chat_folder, tmp_path, context=context, suppress_tokens=suppressed)
 
 
 def stdin_of(data: bytes) -> io.TextIOWrapper:
@@ -84,9 +101,11 @@ def test_a_template_that_raises_is_one_line_in_chat_and_generate_chat(
     monkeypatch.setattr(sys, "stdin", stdin_of(b"What is 2+2?\n"))
     status = bytedistill(["chat", str(folder), "--max-new-bytes", "4", *system])
     line = refused(status, capsys.readouterr().err, "chat")
-    assert "the chat template refused the conversation" in line
+    assert "the conversation does not render with the chat template" in line
     status = bytedistill(["generate", str(folder), "--chat", "--prompt", "Hi", "--max-new-bytes", "4", *system])
-    assert "the chat template refused the conversation" in refused(status, capsys.readouterr().err, "generate")
+    assert "the conversation does not render with the chat template" in refused(
+        status, capsys.readouterr().err, "generate"
+    )
 
 
 def test_chat_refuses_closed_standard_input_in_one_line(chat_folder, capsys, monkeypatch):
@@ -139,3 +158,37 @@ def test_chat_says_when_an_answer_ran_out_of_bytes_before_its_end_of_turn(chat_f
     monkeypatch.setattr(sys, "stdin", stdin_of(b"Hello\n"))
     assert bytedistill(["chat", str(ends), "--max-new-bytes", "5"]) == 0
     assert "before it ended its turn" not in capsys.readouterr().err
+
+
+QUESTIONS = [f"Question {n}: and then?" for n in range(10)]
+
+
+def test_a_conversation_longer_than_the_context_is_read_from_its_latest_whole_turns(chat_folder, tmp_path):
+    """The student reads the system prompt and the latest whole turns that leave room for the
+    answer: one pair of turns more would not fit; the first turn it reads is a user's."""
+    from students.release.chat import chat_stream
+    from students.release.generate import load_folder
+    from students.serving.offline import conversation
+
+    model, tokenizer = load_folder(writing_letters(chat_folder, tmp_path, context=160))
+    talk = conversation(model, tokenizer, GenerateOptions(max_new_bytes=12, greedy=True))
+    system = {"role": "system", "content": "Be brief."}
+    talk.messages.append(system)
+    for question in QUESTIONS:
+        talk.reply(question)
+        assert len(talk.messages) == 1 + 2 * (QUESTIONS.index(question) + 1)  # the whole conversation is kept
+    talk.messages.append({"role": "user", "content": "And last?"})
+    turns = talk.messages[1:]
+    symbols, room = talk.stream(), 12
+    assert talk.left_out > 0 and talk.left_out % 2 == 0 and turns[talk.left_out]["role"] == "user"
+    assert symbols == chat_stream(tokenizer, [system, *turns[talk.left_out :]]) and len(symbols) + room <= 160
+    assert len(chat_stream(tokenizer, [system, *turns[talk.left_out - 2 :]])) + room > 160
+
+
+def test_chat_says_when_the_conversation_outgrew_the_context(chat_folder, tmp_path, capsys, monkeypatch):
+    folder = writing_letters(chat_folder, tmp_path, context=160)
+    monkeypatch.setattr(sys, "stdin", stdin_of("".join(q + "\n" for q in QUESTIONS).encode()))
+    assert bytedistill(["chat", str(folder), "--max-new-bytes", "12", "--greedy", "--system", "Be brief."]) == 0
+    out, err = capsys.readouterr()
+    assert len(out.splitlines()) == len(QUESTIONS) and all(line.isalpha() for line in out.splitlines())
+    assert "(the conversation is longer than the trained context: the student no longer reads its 2 oldest" in err

@@ -6,8 +6,9 @@ teacher's chat specials being symbols of its own; its folder ships the template
 messages) becomes the student's stream through its tokenizer's ``apply_chat_template`` with the
 generation prompt (the assistant's header), and the answer is generated until the student ends
 its turn (its generation config's end-of-turn symbols), or the byte budget runs out; it is the
-text bytes generated, the specials dropped. Past the trained context the window slides as in
-:mod:`students.release.generate`.
+text bytes generated, the specials dropped. A conversation that outgrows the trained context is
+read from its latest whole turns (:meth:`Conversation.stream`); past the context the window slides
+as in :mod:`students.release.generate`.
 """
 
 from __future__ import annotations
@@ -39,8 +40,10 @@ def chat_stream(tokenizer: ByteStreamTokenizer, messages: list[dict[str, str]]) 
     :class:`UserError` in one line."""
     try:
         return tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
-    except Exception as exc:  # jinja2's errors, and whatever the template's own code raises
-        raise UserError(f"the chat template refused the conversation: {type(exc).__name__}: {first_line(exc)}") from exc
+    except Exception as exc:  # jinja2's errors, whatever the template's own code raises, the encoding's refusal
+        raise UserError(
+            f"the conversation does not render with the chat template: {type(exc).__name__}: {first_line(exc)}"
+        ) from exc
 
 
 def answers(
@@ -96,14 +99,15 @@ class Conversation:
     messages: list[dict[str, str]] = field(default_factory=list)
 
     ended: bool = False  # whether the latest answer ended its turn (rather than ran out of bytes)
+    left_out: int = 0  # the oldest turns (after a system prompt) the student no longer reads
 
     def reply(self, text: str, write: Callable[[str], object] | None = None) -> str:
-        """The student's answer to the user's ``text``, given the conversation so far; ``write`` is
-        called with its text as it is generated. Both turns join the conversation (the user's alone
-        where the template refuses it: a :class:`UserError`)."""
+        """The student's answer to the user's ``text``, given the conversation so far (:meth:`stream`);
+        ``write`` is called with its text as it is generated. Both turns join the conversation
+        (neither where the template refuses it: a :class:`UserError`)."""
         self.messages.append({"role": "user", "content": text})
         try:
-            symbols = chat_stream(self.tokenizer, self.messages)
+            symbols = self.stream()
         except UserError:
             self.messages.pop()
             raise
@@ -111,6 +115,22 @@ class Conversation:
         reply = answer.decode("utf-8", errors="replace")
         self.messages.append({"role": "assistant", "content": reply})
         return reply
+
+    def stream(self) -> list[int]:
+        """The stream the student reads for its next answer: the system prompt, if any, and the
+        latest turns that leave room for the answer in the trained context (its byte budget, at most
+        half the context). The oldest user turn and its answer are left out, a pair at a time, so
+        that the student reads whole turns, the first a user's, from ``<bos>``, as it was trained;
+        the latest user turn always stays (past the context the window slides as in ``generate``)."""
+        system = self.messages[:1] if self.messages and self.messages[0]["role"] == "system" else []
+        turns = self.messages[len(system) :]
+        context = self.model.config.max_position_embeddings
+        room = min(context // 2, self.options.max_new_bytes)
+        while True:
+            symbols = chat_stream(self.tokenizer, system + turns[self.left_out :])
+            if len(symbols) + room <= context or self.left_out + 2 >= len(turns):
+                return symbols
+            self.left_out += 2
 
     def answer_bytes(self, symbols: list[int], write: Callable[[str], object] | None) -> bytes:
         """The answer's bytes after the conversation's stream ``symbols`` (``write`` called with its
