@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -192,3 +193,34 @@ def test_chat_says_when_the_conversation_outgrew_the_context(chat_folder, tmp_pa
     out, err = capsys.readouterr()
     assert len(out.splitlines()) == len(QUESTIONS) and all(line.isalpha() for line in out.splitlines())
     assert "(the conversation is longer than the trained context: the student no longer reads its 2 oldest" in err
+
+
+def readme_chat_snippet() -> str:
+    """The Python snippet of the README's "Chatting with a student"."""
+    readme = (REPOSITORY / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("## Chatting with a student") :]
+    return re.search(r"```python\n(.*?)```", section, flags=re.DOTALL).group(1)
+
+
+def with_remote_tokenizer(folder: Path) -> None:
+    """What export adds for ``AutoTokenizer``: the stream tokenizer's code and its ``auto_map``."""
+    from bytestream import stream_tokenizer
+
+    shutil.copyfile(stream_tokenizer.__file__, folder / "tokenization_bytedistill.py")
+    edit_json(
+        folder / "tokenizer_config.json", auto_map=stream_tokenizer.auto_map(), tokenizer_class="ByteStreamTokenizer"
+    )
+
+
+def test_the_readme_chat_snippet_holds_a_conversation_longer_than_the_context(chat_folder, tmp_path, capsys):
+    folder = writing_letters(chat_folder, tmp_path, context=160)
+    with_remote_tokenizer(folder)
+    namespace: dict = {}
+    exec(readme_chat_snippet().replace("runs/chat/model", str(folder)), namespace)  # noqa: S102 - the README's own code
+    messages, tokenizer = namespace["messages"], namespace["tokenizer"]
+    assert len(messages) >= 7 and [m["role"] for m in messages] == ["user", "assistant"] * (len(messages) // 2) + [
+        "user"
+    ]
+    assert len(tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)) > 160
+    answers = [m["content"] for m in messages[1::2]] + [capsys.readouterr().out.strip()]
+    assert all(answer.isalpha() for answer in answers)  # each turn answered (letters: all this student writes)

@@ -240,7 +240,7 @@ def test_a_client_that_leaves_before_sending_its_body_is_one_line_in_the_log(ser
     while "client left" not in err and time.monotonic() < deadline:
         time.sleep(0.05)
         err += capsys.readouterr().err
-    assert err == "serve: a client left after 16 of its body's 100 bytes\n" and not server_errors
+    assert err == "serve: a client left before sending its whole body (16 of 100 bytes)\n" and not server_errors
     still_serving(server)
 
 

@@ -120,8 +120,9 @@ class Conversation:
         """The stream the student reads for its next answer: the system prompt, if any, and the
         latest turns that leave room for the answer in the trained context (its byte budget, at most
         half the context). The oldest user turn and its answer are left out, a pair at a time, so
-        that the student reads whole turns, the first a user's, from ``<bos>``, as it was trained;
-        the latest user turn always stays (past the context the window slides as in ``generate``)."""
+        that the student reads whole turns, the first a user's, from ``<bos>``, not a window cut
+        inside a turn; the latest user turn always stays (past the context the window slides as in
+        ``generate``)."""
         system = self.messages[:1] if self.messages and self.messages[0]["role"] == "system" else []
         turns = self.messages[len(system) :]
         context = self.model.config.max_position_embeddings

@@ -117,7 +117,8 @@ async def read_json(http: HttpRequest, limit: int):
                     400, f"the request body is more than this server takes ({limit} bytes)", code="request_too_large"
                 )
     except ClientDisconnect:
-        print(f"serve: a client left after {len(body)} of its body's {declared} bytes", file=sys.stderr, flush=True)
+        sent = f"{len(body)} of {declared}" if declared is not None else f"{len(body)}"
+        print(f"serve: a client left before sending its whole body ({sent} bytes)", file=sys.stderr, flush=True)
         raise ApiError(400, "the client left before sending its whole body", code="client_left") from None
     try:
         return json.loads(body)
@@ -260,8 +261,10 @@ async def whole(http: HttpRequest, served: Served, chat: bool, stream) -> JSONRe
         await asyncio.wait({answer, left}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         left.cancel()
-    if not answer.done():
-        answer.cancel()
+        gone = not answer.done()
+        if gone:
+            answer.cancel()
+    if gone:
         return JSONResponse({}, status_code=499)
     text, event = answer.result()
     if event.finish_reason == "error":
