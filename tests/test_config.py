@@ -100,6 +100,19 @@ def test_a_mistake_is_one_line_and_exit_2(argv, message, capsys):
     assert err.count("\n") == 1 and re.match(message, err.strip()), err
 
 
+def test_every_argument_parser_refuses_abbreviated_flags():
+    """The commands', the benchmarks' and the examples' parsers: each is made with allow_abbrev=False."""
+    root = EXAMPLES.parent
+    sources = [path for folder in ("bytedistill", "benchmarks", "examples") for path in (root / folder).rglob("*.py")]
+    calls = [
+        (path.name, text[start : start + 400])
+        for path in sources
+        for text in [path.read_text(encoding="utf-8")]
+        for start in [m.start() for m in re.finditer(r"\bArgumentParser\(", text)]
+    ]
+    assert len(calls) > 20 and [name for name, call in calls if "allow_abbrev=False" not in call] == []
+
+
 def test_version_prints_the_installed_version(capsys):
     from importlib.metadata import version
 
