@@ -338,12 +338,14 @@ def test_clients_that_leave_non_streamed_answers_free_their_slots_and_the_queue_
 
     def leaving_client() -> None:
         with pytest.raises(httpx.ReadTimeout):  # the client gives up and closes its connection
-            httpx.post(f"{endless.url}/v1/completions", json=body, timeout=1.5)
+            httpx.post(f"{endless.url}/v1/completions", json=body, timeout=3)
 
     clients = [threading.Thread(target=leaving_client) for _ in range(3)]
     for client in clients:
         client.start()
-    time.sleep(0.75)
+    deadline = time.monotonic() + 2.5
+    while (engine.load()["running"], engine.load()["waiting"]) != (2, 1) and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert engine.load()["running"] == 2 and engine.load()["waiting"] == 1
     for client in clients:
         client.join()
