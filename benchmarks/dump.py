@@ -32,7 +32,7 @@ def write_corpus(folder: Path, chapters: int) -> int:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--chapters", type=int, default=40, help="KJV chapters to distil (about 3.5 KB each)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
     parser.add_argument("--encoding", default=DEFAULT_ENCODING, help="store value encoding")

@@ -110,7 +110,7 @@ def conversion_difference(teacher: Teacher, text: bytes, max_length: int) -> tup
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0].replace("\n", " "))
     parser.add_argument("--shape", choices=list(SHAPES), default="8b", help="teacher shape")
     parser.add_argument("--device", default="cuda", help="torch device")
     parser.add_argument("--tokens", type=int, default=400_000, help="about this many teacher tokens of KJV text")

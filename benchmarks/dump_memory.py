@@ -192,7 +192,7 @@ def summary(results: list[dict], runs: list[Run], batch_tokens: int, group_token
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--scale", type=int, default=MAX_SCALE, help=f"divide the settings by this (1..{MAX_SCALE})")
     parser.add_argument("--corpus-kb", type=int, default=60, help="the smaller corpus (KB of text)")
     parser.add_argument(

@@ -342,7 +342,7 @@ def compare(args, recipe: Recipe) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0].replace("\n", " "))
     parser.add_argument("--workdir", type=Path, default=Path("runs/fused"), help="stores and runs go here")
     parser.add_argument("--steps", type=int, default=400, help="optimizer steps per student")
     parser.add_argument("--batch-size", type=int, default=8, help="sequences per step")

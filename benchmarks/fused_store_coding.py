@@ -156,7 +156,7 @@ def stores(work: Path, chapters: int, smoke: bool) -> dict[str, Path]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("--workdir", type=Path, default=Path("runs/fused-coding"), help="the two stores go here")
     parser.add_argument("--chapters", type=int, default=12, help="chapters of Genesis (the quickstart's 12)")
     parser.add_argument("--markdown", action="store_true", help="a markdown table, also written into docs/RESULTS.md")

@@ -359,7 +359,7 @@ def summary(rows: list[Row]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu", help="cpu, or cuda where a GPU is lent")
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 0], help="thread counts (0: all)")
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32], help="batch sizes (prompts at once)")

@@ -100,7 +100,7 @@ def report(folder: Path, store: Path, *, card: bool = False) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "model", nargs="?", type=Path, default=Path("runs/quickstart/model"), help="exported model folder"
     )

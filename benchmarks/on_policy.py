@@ -260,7 +260,7 @@ def summary(results: list[Result], warm: Result) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("--workdir", type=Path, default=None, help="stores and runs (default: runs/on_policy)")
     parser.add_argument("--warm-steps", type=int, default=300, help="offline steps of the shared warm start")
     parser.add_argument("--steps", type=int, default=60, help="student steps of every run after the warm start")

@@ -366,7 +366,7 @@ def save_plot(rows: list[Row], path: Path, teacher_name: str) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0].replace("\n", " "))
     parser.add_argument("--workdir", type=Path, default=Path("runs/patched"), help="stores, runs and the plot go here")
     parser.add_argument("--steps", type=int, default=64, help="optimizer steps per student")
     parser.add_argument("--batch-size", type=int, default=4, help="sequences per step")

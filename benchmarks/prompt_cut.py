@@ -123,7 +123,7 @@ def prompt_table(model, tokenizer) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "model", nargs="?", type=Path, default=Path("runs/quickstart/model"), help="exported model folder"
     )

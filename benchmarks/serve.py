@@ -614,7 +614,7 @@ def onnx_comparison(rows: dict) -> list[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu", help="cpu, or cuda where a GPU is lent")
     parser.add_argument("--sizes", type=int, default=2, help="how many student sizes (S, M, L)")
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8], help="engine batch sizes")

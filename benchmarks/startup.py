@@ -37,7 +37,7 @@ def heavy_modules_after(argv: list[str]) -> list[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5, help="fresh processes per figure (the median is shown)")
     parser.add_argument("--smoke", action="store_true", help="one process per figure, two commands: a quick check")
     parser.add_argument("--markdown", action="store_true", help="write the table into docs/RESULTS.md")

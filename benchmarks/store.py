@@ -256,7 +256,7 @@ def measure(vocab, docs, encoding: str, params: dict | None, workdir: Path, teac
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--kilobytes", type=int, default=200, help="KB of KJV text to distil (default 200)")
     parser.add_argument(
         "--encodings", nargs="+", default=None, help="encodings to measure, optionally NAME:JSON_PARAMS (default: all)"

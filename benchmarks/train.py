@@ -27,7 +27,7 @@ ALPHAS = (0.9, 0.0)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--kilobytes", type=int, default=100, help="KB of KJV text in the store")
     parser.add_argument("--steps", type=int, default=12, help="timed steps of each run")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps of each run first")

@@ -153,7 +153,7 @@ def teacher_rows(store: Path, documents: int = 40) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--kilobytes", type=int, default=100, help="KB of KJV text in the store")
     parser.add_argument("--seq-len", type=int, default=256, help="symbols per window")
     parser.add_argument("--batch-size", type=int, default=16, help="windows per batch")

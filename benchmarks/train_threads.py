@@ -37,7 +37,7 @@ def step_seconds(model, optimizer, batch: torch.Tensor, threads: int, steps: int
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=5, help="steps per setting and round")
     parser.add_argument("--rounds", type=int, default=2, help="rounds over the settings")
     parser.add_argument("--smoke", action="store_true", help="toy sizes (seconds): a check that the benchmark runs")

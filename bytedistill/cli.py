@@ -65,12 +65,14 @@ def build_parser() -> ArgumentParser:
     parser = ArgumentParser(
         prog="bytedistill",
         exit_on_error=False,
+        allow_abbrev=False,  # a misspelt flag is refused, never taken for another
         description=(
             "Distil a token-level causal LM into a byte-level student: "
             "dump exact next-byte distributions, train a student on them, export and push it. "
             f"{threads.HELP}."
         ),
     )
+    parser.add_argument("--version", action="store_true", help="print the version of bytedistill and exit")
     subcommands = parser.add_subcommands(dest="command", required=True)
     for name, command in COMMANDS.items():
         doc = inspect.getdoc(command) or ""
@@ -99,6 +101,9 @@ def main(argv: list[str] | None = None) -> int:
     if not argv:
         build_parser().print_help(sys.stderr)
         return 2
+    if argv == ["--version"]:
+        print(f"bytedistill {version()}")
+        return 0
     name = argv[0] if argv and argv[0] in COMMANDS else None
     prefix = f"bytedistill {name}" if name else "bytedistill"
     try:
@@ -135,6 +140,17 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"bytedistill {name}: interrupted", file=sys.stderr)
         return 130
+
+
+def version() -> str:
+    """The installed distribution's version ("unknown" where the package is not installed)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed_version
+
+    try:
+        return installed_version("bytedistill")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
 
 
 def os_error_line(exc: OSError) -> str:

@@ -156,6 +156,7 @@ def config_parser(config_cls: type, prog: str | None = None, description: str | 
         prog=prog,
         description=description,
         exit_on_error=False,
+        allow_abbrev=False,  # a misspelt flag (--max-new-byte) is refused, never taken for another
         print_config="--print-config",
         parser_mode=_yaml_mode(config_cls),
     )

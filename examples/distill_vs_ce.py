@@ -79,7 +79,7 @@ def bytes_to_reach(curve: list[dict], target: float) -> float | None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0].replace("\n", " "))
     parser.add_argument(
         "--workdir", type=Path, default=Path("runs/distill_vs_ce"), help="stores, runs and the plot go here"
     )

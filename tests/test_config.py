@@ -85,12 +85,39 @@ def test_unknown_missing_and_mistyped_options(tmp_path):
         (["train", *TRAIN, "--no-such-flag", "1"], "bytedistill train: error: .*--no-such-flag"),
         (["dump", "--teacher", "t", "--output", "o"], "bytedistill dump: error: .*required: corpus$"),
         (["retrain"], "bytedistill: error: .*retrain"),
+        # a misspelt flag is refused, not taken for the flag it abbreviates (argparse's allow_abbrev)
+        (
+            ["generate", "m", "--max-new-byte", "10"],
+            "bytedistill generate: error: unrecognized arguments: --max-new-byte",
+        ),
+        (["train", *TRAIN, "--max-step", "3"], "bytedistill train: error: unrecognized arguments: --max-step 3"),
+        (["--versio"], "bytedistill: error: unrecognized arguments: --versio"),
     ],
 )
 def test_a_mistake_is_one_line_and_exit_2(argv, message, capsys):
     assert cli_main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and re.match(message, err.strip()), err
+
+
+def test_every_argument_parser_refuses_abbreviated_flags():
+    """The commands', the benchmarks' and the examples' parsers: each is made with allow_abbrev=False."""
+    root = EXAMPLES.parent
+    sources = [path for folder in ("bytedistill", "benchmarks", "examples") for path in (root / folder).rglob("*.py")]
+    calls = [
+        (path.name, text[start : start + 400])
+        for path in sources
+        for text in [path.read_text(encoding="utf-8")]
+        for start in [m.start() for m in re.finditer(r"\bArgumentParser\(", text)]
+    ]
+    assert len(calls) > 20 and [name for name, call in calls if "allow_abbrev=False" not in call] == []
+
+
+def test_version_prints_the_installed_version(capsys):
+    from importlib.metadata import version
+
+    assert cli_main(["--version"]) == 0
+    assert capsys.readouterr().out == f"bytedistill {version('bytedistill')}\n"
 
 
 def test_no_arguments_print_the_subcommands_and_exit_2(capsys):

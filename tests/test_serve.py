@@ -7,6 +7,10 @@ serving afterwards; every architecture and stream answers what the engine gives.
 
 from __future__ import annotations
 
+import hmac
+import logging
+import socket
+import threading
 import time
 from dataclasses import replace
 
@@ -192,6 +196,113 @@ def test_malformed_unknown_oversized_and_unauthorised_requests_are_refused(serve
         guarded.thread.join()
 
 
+class ServerErrors(logging.Handler):
+    """The server's log records of ERROR and above (an exception in the application: a traceback)."""
+
+    def __init__(self):
+        super().__init__(logging.ERROR)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@pytest.fixture
+def server_errors():
+    handler, logger = ServerErrors(), logging.getLogger("uvicorn.error")
+    logger.addHandler(handler)
+    yield handler.records
+    logger.removeHandler(handler)
+
+
+def test_a_deeply_nested_body_is_a_400_not_a_500(server, server_errors):
+    response = httpx.post(f"{server.url}/v1/completions", content=b"[" * 60_000)  # within the body limit
+    assert response.status_code == 400 and response.json()["error"]["code"] == "invalid_json"
+    assert not server_errors
+    still_serving(server)
+
+
+def test_a_stop_with_a_lone_surrogate_is_a_400_naming_stop(server, server_errors):
+    body = b'{"model": "tiny", "prompt": "And", "max_tokens": 3, "stop": ["\\ud800"]}'
+    response = httpx.post(f"{server.url}/v1/completions", content=body)
+    assert response.status_code == 400 and response.json()["error"]["param"] == "stop"
+    assert "surrogate" in response.json()["error"]["message"] and not server_errors
+    still_serving(server)
+
+
+def test_a_client_that_leaves_before_sending_its_body_is_one_line_in_the_log(server, server_errors, capsys):
+    with socket.create_connection((server.host, server.port)) as sock:
+        sock.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+            b'Content-Length: 100\r\n\r\n{"model": "tiny"'
+        )
+    deadline, err = time.monotonic() + 10, ""
+    while "client left" not in err and time.monotonic() < deadline:
+        time.sleep(0.05)
+        err += capsys.readouterr().err
+    assert err == "serve: a client left before sending its whole body (16 of 100 bytes)\n" and not server_errors
+    still_serving(server)
+
+
+@pytest.mark.parametrize(
+    "field, value", [("temperature", "NaN"), ("top_p", "NaN"), ("temperature", "Infinity"), ("top_p", "-Infinity")]
+)
+def test_a_sampling_value_that_is_not_a_number_is_a_400_naming_the_field(server, field, value):
+    body = f'{{"model": "tiny", "prompt": "And", "max_tokens": 3, "{field}": {value}}}'.encode()
+    response = httpx.post(f"{server.url}/v1/completions", content=body)
+    assert response.status_code == 400 and response.json()["error"]["param"] == field
+    still_serving(server)
+
+
+def test_a_tiny_temperature_answers_the_greedy_text(server, client):
+    greedy = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=24, temperature=0).choices[0].text
+    for tiny in (1e-39, 1e-46, 5e-324):
+        answer = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=24, temperature=tiny, seed=1)
+        assert answer.choices[0].text == greedy, tiny
+
+
+@pytest.mark.parametrize(
+    "route, field, value",
+    [
+        ("completions", "response_format", {"type": "json_object"}),
+        ("completions", "repetition_penalty", 1.3),
+        ("chat/completions", "messages", [{"role": "wizard", "content": "Abracadabra"}]),
+    ],
+)
+def test_fields_the_server_does_not_apply_are_refused(server, route, field, value):
+    body = {"model": "tiny", "prompt": "And", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+    response = httpx.post(f"{server.url}/v1/{route}", json={**body, field: value})
+    error = response.json()["error"]
+    assert response.status_code == 400 and error["param"] == field and error["code"] != "no_chat_template"
+    assert field in error["message"] or "wizard" in error["message"]
+    applied = {"response_format": {"type": "text"}, "repetition_penalty": 1}
+    assert httpx.post(f"{server.url}/v1/completions", json={**body, **applied}).status_code == 200
+
+
+def test_the_api_key_is_compared_in_constant_time(server, monkeypatch):
+    compared = []
+
+    def compare_digest(a, b):
+        compared.append((a, b))
+        return real_compare_digest(a, b)
+
+    real_compare_digest = hmac.compare_digest
+    monkeypatch.setattr(hmac, "compare_digest", compare_digest)
+    guarded = Server(
+        Served(server.served.engine, server.served.tokenizer, "tiny", replace(OPTIONS, api_key="k"))
+    ).start()
+    try:
+        url, body = f"{guarded.url}/v1/completions", {"model": "tiny", "prompt": "x", "max_tokens": 2}
+        for wrong in ("Bearer j", "Bearer k2", "Bearer \u00e9"):
+            refused = httpx.post(url, json=body, headers={"Authorization": wrong.encode("latin-1")})
+            assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_api_key"
+        assert httpx.post(url, json=body, headers={"Authorization": "Bearer k"}).status_code == 200
+        assert compared and all(b == b"Bearer k" for _, b in compared)
+    finally:
+        guarded.uvicorn.should_exit = True
+        guarded.thread.join()
+
+
 def test_a_client_that_leaves_mid_stream_frees_its_slot(server):
     engine = server.served.engine
     before = engine.load()["cancelled"]
@@ -205,6 +316,44 @@ def test_a_client_that_leaves_mid_stream_frees_its_slot(server):
         time.sleep(0.05)
     assert engine.load()["cancelled"] == before + 1 and engine.load()["running"] == 0
     still_serving(server)
+
+
+@pytest.fixture
+def endless(server):
+    """A server whose answers only their budgets end (2 slots, a queue of 4, 100,000 bytes a request)."""
+    engine = Engine(server.served.engine.model, slots=2, max_queue=4, stop=frozenset())
+    engine.start()
+    options = replace(OPTIONS, max_tokens_limit=100_000)
+    running = Server(Served(engine, server.served.tokenizer, "tiny", options)).start()
+    yield running
+    running.stop()
+
+
+def test_clients_that_leave_non_streamed_answers_free_their_slots_and_the_queue_at_once(endless):
+    """Three clients (two running, one waiting) ask for long answers without ``stream`` and close
+    their connections while the engine is writing: their slots and the queue are free within two
+    seconds, long before their budgets run out."""
+    engine = endless.served.engine
+    body = {"model": "tiny", "prompt": "x", "max_tokens": 100_000, "temperature": 0}
+
+    def leaving_client() -> None:
+        with pytest.raises(httpx.ReadTimeout):  # the client gives up and closes its connection
+            httpx.post(f"{endless.url}/v1/completions", json=body, timeout=3)
+
+    clients = [threading.Thread(target=leaving_client) for _ in range(3)]
+    for client in clients:
+        client.start()
+    deadline = time.monotonic() + 2.5
+    while (engine.load()["running"], engine.load()["waiting"]) != (2, 1) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert engine.load()["running"] == 2 and engine.load()["waiting"] == 1
+    for client in clients:
+        client.join()
+    deadline = time.monotonic() + 2
+    while (engine.load()["running"] or engine.load()["waiting"]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert engine.load()["running"] == 0 and engine.load()["waiting"] == 0 and engine.load()["cancelled"] == 3
+    still_serving(endless)
 
 
 def test_a_full_queue_answers_503(server):

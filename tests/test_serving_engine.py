@@ -16,6 +16,7 @@ from students.models.patched_model import PatchedStudent, PatchedStudentConfig
 from students.release.generate import GenerateOptions, generate_batch, generate_bytes
 from students.serving.engine import Engine, QueueFull
 from students.serving.requests import Continuation, Request, Sampling
+from students.serving.sampling import Rules, SamplingState, choose
 from tests.test_fused_student import fused_flat_model
 from tests.test_generation import flat_model, patched_model
 
@@ -123,6 +124,31 @@ def test_sampling_is_reproducible_by_seed_whatever_shares_the_batch(tokenizers):
     greedy, sink_greedy = request(tokenizer, "And God sa", 24)
     Engine(model, slots=2).run([top1, greedy])
     assert bytes(sink_top1.data) == bytes(sink_greedy.data)
+
+
+@pytest.mark.parametrize("temperature", [1e-30, 1e-39, 1e-46, 5e-324])
+def test_a_tiny_temperature_samples_the_greedy_bytes(temperature, tokenizers):
+    """The limit of a temperature going to 0 is greedy: so are temperatures whose ``logits / T``
+    overflows float32 (1e-39, a subnormal) or that float32 rounds to 0 (1e-46, 5e-324)."""
+    model, tokenizer = student("flat-eot"), tokenizers["eot"]
+    tiny, sink_tiny = request(tokenizer, "And God sa", 24, Sampling(greedy=False, temperature=temperature, seed=3))
+    greedy, sink_greedy = request(tokenizer, "And God sa", 24)
+    Engine(model, slots=2).run([tiny, greedy])
+    assert bytes(sink_tiny.data) == bytes(sink_greedy.data) and len(sink_greedy.data) == 24
+
+
+@pytest.mark.parametrize("temperature", [1e-30, 1e-39, 1e-46])
+def test_a_tiny_temperature_chooses_the_best_symbol_of_logits_that_overflow_divided_by_it(temperature):
+    """Logits of a trained model's size (tens), divided by 1e-39, overflow float32 to infinities:
+    sampling chooses each row's best symbol all the same."""
+    torch.manual_seed(0)
+    logits = torch.randn(8, 300) * 10
+    state = SamplingState.allocate(8, "cpu")
+    state.greedy.fill_(False)
+    state.temperature.fill_(temperature)
+    state.seed.copy_(torch.arange(8))
+    rules = Rules.of(300, [], None, BOS, "cpu")
+    assert torch.equal(choose(logits, state, rules), logits.argmax(-1))
 
 
 def test_a_stop_string_ends_the_request_and_is_left_out(tokenizers):

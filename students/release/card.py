@@ -99,12 +99,30 @@ repo = "{repo}"  # or a local folder
 model = {model_loading}
 tokenizer = AutoTokenizer.from_pretrained(repo, trust_remote_code=True)
 
+context = model.config.max_position_embeddings  # the trained context, in symbols
+room = context // 2  # symbols left for each answer
+
+
+# the student's next turn; a conversation too long for the context is read from its latest whole
+# turns: the oldest question and its answer are left out, a pair at a time (a system prompt stays)
+def answer(messages: list[dict]) -> str:
+    system = messages[:1] if messages[0]["role"] == "system" else []
+    turns = messages[len(system) :]
+    while True:
+        inputs = tokenizer.apply_chat_template(system + turns, add_generation_prompt=True, return_tensors="pt")
+        prompt = inputs["input_ids"].shape[1]
+        if prompt + room <= context or len(turns) == 1:
+            break
+        turns = turns[2:]
+    output = model.generate(**inputs, max_new_tokens=room, do_sample=False)  # stops at the end of its turn
+    return tokenizer.decode(output[0, prompt:], skip_special_tokens=True)
+
+
 messages = [{{"role": "user", "content": "What is the capital of France?"}}]
-inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt")
-room = model.config.max_position_embeddings - inputs["input_ids"].shape[1]  # the rest of the trained context
-output = model.generate(**inputs, max_new_tokens=room, do_sample=False)  # stops at the end of its turn
-answer = tokenizer.decode(output[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
-messages.append({{"role": "assistant", "content": answer}})  # the next turn reads the whole conversation
+for question in ["And of Italy?", "And of Spain?", "Which of the three is the largest?"]:
+    messages.append({{"role": "assistant", "content": answer(messages)}})  # the whole conversation is kept
+    messages.append({{"role": "user", "content": question}})
+print(answer(messages))
 ```
 
 Or in a terminal: `bytedistill chat {repo}` (one user turn a line; the answer is shown as it is

@@ -6,8 +6,9 @@ teacher's chat specials being symbols of its own; its folder ships the template
 messages) becomes the student's stream through its tokenizer's ``apply_chat_template`` with the
 generation prompt (the assistant's header), and the answer is generated until the student ends
 its turn (its generation config's end-of-turn symbols), or the byte budget runs out; it is the
-text bytes generated, the specials dropped. Past the trained context the window slides as in
-:mod:`students.release.generate`.
+text bytes generated, the specials dropped. A conversation that outgrows the trained context is
+read from its latest whole turns (:meth:`Conversation.stream`); past the context the window slides
+as in :mod:`students.release.generate`.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 
 from bytestream.stream_kind import StreamKind
 from bytestream.stream_tokenizer import ByteStreamTokenizer
-from common.errors import UserError
+from common.errors import UserError, first_line
 from students.release.generate import continue_streams, require_same_stream
 from students.release.generate_options import GenerateOptions
 
@@ -34,8 +35,15 @@ def require_chat(tokenizer: ByteStreamTokenizer, folder: Path | str) -> None:
 
 
 def chat_stream(tokenizer: ByteStreamTokenizer, messages: list[dict[str, str]]) -> list[int]:
-    """The student's stream of a conversation so far, ending with the assistant's header."""
-    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
+    """The student's stream of a conversation so far, ending with the assistant's header; a
+    template that raises (its own refusal, as of a role it does not take, or the sandbox's) is a
+    :class:`UserError` in one line."""
+    try:
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
+    except Exception as exc:  # jinja2's errors, whatever the template's own code raises, the encoding's refusal
+        raise UserError(
+            f"the conversation does not render with the chat template: {type(exc).__name__}: {first_line(exc)}"
+        ) from exc
 
 
 def answers(
@@ -90,20 +98,48 @@ class Conversation:
     options: GenerateOptions
     messages: list[dict[str, str]] = field(default_factory=list)
 
+    ended: bool = False  # whether the latest answer ended its turn (rather than ran out of bytes)
+    left_out: int = 0  # the oldest turns (after a system prompt) the student no longer reads
+
     def reply(self, text: str, write: Callable[[str], object] | None = None) -> str:
-        """The student's answer to the user's ``text``, given the conversation so far; ``write`` is
-        called with its text as it is generated. Both turns join the conversation."""
+        """The student's answer to the user's ``text``, given the conversation so far (:meth:`stream`);
+        ``write`` is called with its text as it is generated. Both turns join the conversation
+        (neither where the template refuses it: a :class:`UserError`)."""
         self.messages.append({"role": "user", "content": text})
-        answer = self.answer_bytes(chat_stream(self.tokenizer, self.messages), write)
+        try:
+            symbols = self.stream()
+        except UserError:
+            self.messages.pop()
+            raise
+        answer = self.answer_bytes(symbols, write)
         reply = answer.decode("utf-8", errors="replace")
         self.messages.append({"role": "assistant", "content": reply})
         return reply
 
+    def stream(self) -> list[int]:
+        """The stream the student reads for its next answer: the system prompt, if any, and the
+        latest turns that leave room for the answer in the trained context (its byte budget, at most
+        half the context). The oldest user turn and its answer are left out, a pair at a time, so
+        that the student reads whole turns, the first a user's, from ``<bos>``, not a window cut
+        inside a turn; the latest user turn always stays (past the context the window slides as in
+        ``generate``)."""
+        system = self.messages[:1] if self.messages and self.messages[0]["role"] == "system" else []
+        turns = self.messages[len(system) :]
+        context = self.model.config.max_position_embeddings
+        room = min(context // 2, self.options.max_new_bytes)
+        while True:
+            symbols = chat_stream(self.tokenizer, system + turns[self.left_out :])
+            if len(symbols) + room <= context or self.left_out + 2 >= len(turns):
+                return symbols
+            self.left_out += 2
+
     def answer_bytes(self, symbols: list[int], write: Callable[[str], object] | None) -> bytes:
         """The answer's bytes after the conversation's stream ``symbols`` (``write`` called with its
-        text as it is generated), through the model's ``generate``."""
+        text as it is generated), through the model's ``generate``; sets :attr:`ended`."""
         streamer = TextStreamer(write, StreamKind.of_config(self.model.config)) if write is not None else None
-        answer = continue_streams(self.model, [symbols], [b""], self.options, streamer=streamer)[0]
+        stopped: list[bool] = []
+        answer = continue_streams(self.model, [symbols], [b""], self.options, streamer=streamer, stopped=stopped)[0]
         if streamer is not None:
             streamer.finish()
+        self.ended = stopped[0]
         return answer

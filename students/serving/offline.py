@@ -184,6 +184,7 @@ class EngineConversation(Conversation):
         options = replace(self.options, seed=row_seed(self.options.seed, self.turns))
         done = run_streams(self.engine, [symbols], [b""], options, show if write is not None else None)[0]
         self.turns += 1
+        self.ended = done.finish == "stop"
         if write is not None and (rest := decoder.decode(b"", final=True)):
             write(rest)
         return bytes(done.data)

@@ -2,13 +2,16 @@
 
 Requests are read by hand, field by field, so that every mistake is a 400 naming the field
 (:class:`ApiError`); a field the API has but the student cannot honour (``n`` above 1, ``logprobs``,
-``echo``, penalties) is refused, not ignored. ``max_tokens`` counts bytes of the continuation
+``echo``, penalties, ``response_format`` other than text, a role other than system, user and
+assistant) is refused, not ignored; a number that is not finite (``NaN``, which Python's JSON
+reader takes) is refused too. ``max_tokens`` counts bytes of the continuation
 (a byte student writes bytes), and so does ``usage``: ``prompt_tokens`` are the prompt's UTF-8
 bytes, ``completion_tokens`` the continuation's.
 """
 
 from __future__ import annotations
 
+import math
 import secrets
 import time
 from dataclasses import dataclass
@@ -18,6 +21,7 @@ from students.serving.requests import Sampling
 from students.serving.serve_options import ServeOptions
 
 MAX_STOPS = 4
+ROLES = ("system", "user", "assistant")  # the roles a chat student was distilled on (as dump --chat takes them)
 
 
 class ApiError(Exception):
@@ -59,6 +63,8 @@ def _number(body: dict, name: str, default, low: float, high: float, *, integer:
     kinds = (int,) if integer else (int, float)
     if isinstance(value, bool) or not isinstance(value, kinds):
         raise ApiError(400, f"{name} must be {'an integer' if integer else 'a number'}, got {value!r}", param=name)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ApiError(400, f"{name} must be a finite number, got {value}", param=name)
     if value < low or value > high or (low_open and value == low):
         bracket = "(" if low_open else "["
         raise ApiError(400, f"{name} must be in {bracket}{low}, {high}], got {value}", param=name)
@@ -88,6 +94,16 @@ def _refuse_unsupported(body: dict) -> None:
     for name in ("presence_penalty", "frequency_penalty"):
         if body.get(name) not in (None, 0, 0.0):
             raise ApiError(400, f"{name} is not supported by this server (give 0 or leave it out)", param=name)
+    if body.get("repetition_penalty") not in (None, 1, 1.0):
+        raise ApiError(
+            400,
+            "repetition_penalty is not supported by this server (give 1 or leave it out)",
+            param="repetition_penalty",
+        )
+    if body.get("response_format") not in (None, {"type": "text"}):
+        raise ApiError(
+            400, "response_format is not supported by this server (only {'type': 'text'})", param="response_format"
+        )
 
 
 def _stops(body: dict) -> tuple[bytes, ...]:
@@ -99,7 +115,10 @@ def _stops(body: dict) -> tuple[bytes, ...]:
         raise ApiError(400, "stop must be a non-empty string or a list of them", param="stop")
     if len(stops) > MAX_STOPS:
         raise ApiError(400, f"stop holds at most {MAX_STOPS} strings, got {len(stops)}", param="stop")
-    return tuple(s.encode("utf-8") for s in stops)
+    try:
+        return tuple(s.encode("utf-8") for s in stops)
+    except UnicodeEncodeError as exc:  # a lone surrogate ("\ud800"), which JSON allows and UTF-8 does not
+        raise ApiError(400, f"stop must be text: {exc.object[exc.start]!r} is a lone surrogate", param="stop") from None
 
 
 def _sampling(body: dict) -> Sampling:
@@ -143,6 +162,12 @@ def _messages(body: dict, options: ServeOptions) -> list[dict]:
     for index, message in enumerate(messages):
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise ApiError(400, f"messages[{index}] must be an object with a role", param="messages")
+        if message["role"] not in ROLES:
+            raise ApiError(
+                400,
+                f"messages[{index}].role is {message['role']!r}, not one of {', '.join(ROLES)}",
+                param="messages",
+            )
         content = message.get("content", "")
         if isinstance(content, list):  # content parts: text ones only
             if not all(

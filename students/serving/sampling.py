@@ -101,6 +101,16 @@ def allowed_scores(logits: torch.Tensor, state: SamplingState, rules: Rules) -> 
     return scores.masked_fill(banned | (healing & outside), float("-inf"))
 
 
+def tempered(scores: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
+    """The scores (B, V) at each row's temperature (B,), measured from the row's best score: the best
+    are 0 and the others at most 0, so that a tiny temperature (even one float32 rounds to 0) gives
+    the greedy limit, the best symbols alone, where ``scores / temperature`` would overflow to
+    infinities whose differences are NaN."""
+    best = scores.amax(-1, keepdim=True)
+    below = (scores - best) / temperature.unsqueeze(-1)  # at a temperature of 0: -inf, and 0 / 0 for the best
+    return torch.where(scores == best, 0.0, below)
+
+
 def choose(logits: torch.Tensor, state: SamplingState, rules: Rules, sampled: bool = True) -> torch.Tensor:
     """Each row's next symbol (B,): the greedy maximum, or a draw at the row's temperature from its
     top-k and top-p symbols; advances the rows' draw counters. ``sampled=False`` (no row samples):
@@ -112,7 +122,7 @@ def choose(logits: torch.Tensor, state: SamplingState, rules: Rules, sampled: bo
         state.last.copy_(chosen)
         return chosen
     vocab = scores.shape[-1]
-    scaled = scores / state.temperature.unsqueeze(-1)
+    scaled = tempered(scores, state.temperature)
     ordered, order = scaled.sort(dim=-1, descending=True)
     rank = torch.arange(vocab, device=scores.device).unsqueeze(0)
     k = torch.where(state.top_k > 0, state.top_k, vocab).unsqueeze(-1)

@@ -9,15 +9,19 @@ Prompts become the student's stream with the folder's own tokenizer, a completio
 word healed as ``generate`` heals it; answers stream as server-sent events when asked
 (``stream: true``). Every refusal is an OpenAI-style error body: 400 for a malformed or oversized
 request, 401 without the API key, 404 for another model, 503 when the engine's queue is full. A
-client that goes away mid-answer frees its slot at the next step.
+client that goes away mid-answer, streamed or not, frees its slot at the next step (the server
+watches for its leaving while the engine writes); one that leaves before sending its whole body is
+one line on stderr.
 """
 
 from __future__ import annotations
 
 import asyncio
 import codecs
+import hmac
 import json
 import socket
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -25,10 +29,12 @@ from pathlib import Path
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
+from starlette.requests import ClientDisconnect
 from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
+from common.errors import UserError
 from students.release.chat import chat_stream
 from students.release.generate import encode_prompt
 from students.serving import openai_api as api
@@ -38,7 +44,6 @@ from students.serving.requests import Event, Request
 from students.serving.serve_options import ServeOptions
 
 BODY_SLACK = 65536  # bytes a request body may hold beyond its prompt (the other fields, JSON escapes)
-DISCONNECT_POLL_S = 0.25
 
 
 class Served:
@@ -66,8 +71,8 @@ class Served:
             )
         try:
             symbols = chat_stream(self.tokenizer, asked.messages)
-        except Exception as exc:  # noqa: BLE001 - the template's own refusal (a role it does not know, …)
-            raise ApiError(400, f"the chat template refused the messages: {exc}", param="messages") from None
+        except UserError as exc:  # the template's own refusal (a role it does not know, …)
+            raise ApiError(400, str(exc), param="messages") from None
         return self._request(asked, symbols, b"", len(self.tokenizer.text_bytes(symbols)))
 
     def _request(self, asked: api.Asked, symbols: list[int], open_bytes: bytes, prompt_bytes: int) -> Request:
@@ -81,9 +86,17 @@ class Served:
         )
 
 
+class AsciiJSONResponse(JSONResponse):
+    """JSON with every non-ASCII character escaped: an error's message may quote a client's text,
+    lone surrogates included, which UTF-8 cannot encode."""
+
+    def render(self, content) -> bytes:
+        return json.dumps(content, allow_nan=False, separators=(",", ":")).encode("ascii")
+
+
 def error_response(error: ApiError) -> JSONResponse:
     headers = {"Retry-After": "1"} if error.status == 503 else None
-    return JSONResponse(error.body(), status_code=error.status, headers=headers)
+    return AsciiJSONResponse(error.body(), status_code=error.status, headers=headers)
 
 
 async def read_json(http: HttpRequest, limit: int):
@@ -96,16 +109,23 @@ async def read_json(http: HttpRequest, limit: int):
             code="request_too_large",
         )
     body = bytearray()
-    async for part in http.stream():
-        body += part
-        if len(body) > limit:
-            raise ApiError(
-                400, f"the request body is more than this server takes ({limit} bytes)", code="request_too_large"
-            )
+    try:
+        async for part in http.stream():
+            body += part
+            if len(body) > limit:
+                raise ApiError(
+                    400, f"the request body is more than this server takes ({limit} bytes)", code="request_too_large"
+                )
+    except ClientDisconnect:
+        sent = f"{len(body)} of {declared}" if declared is not None else f"{len(body)}"
+        print(f"serve: a client left before sending its whole body ({sent} bytes)", file=sys.stderr, flush=True)
+        raise ApiError(400, "the client left before sending its whole body", code="client_left") from None
     try:
         return json.loads(body)
     except (UnicodeDecodeError, ValueError) as exc:
         raise ApiError(400, f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+    except RecursionError:  # arrays or objects nested deeper than the reader goes
+        raise ApiError(400, "the request body is not valid JSON: it nests too deep", code="invalid_json") from None
 
 
 def submit(served: Served, request: Request) -> AsyncIterator[Event]:
@@ -146,10 +166,13 @@ def build_app(served: Served) -> Starlette:
     options = served.options
     body_limit = 4 * options.max_prompt_bytes + BODY_SLACK
 
+    expected_authorization = None if options.api_key is None else f"Bearer {options.api_key}".encode()
+
     def authorised(http: HttpRequest) -> None:
-        if options.api_key is None:
+        if expected_authorization is None:
             return
-        if http.headers.get("authorization", "") != f"Bearer {options.api_key}":
+        given = http.headers.get("authorization", "").encode("latin-1")  # the header's own bytes
+        if not hmac.compare_digest(given, expected_authorization):  # in constant time: no key guessed by timing
             raise ApiError(401, "a valid API key is required (Authorization: Bearer KEY)", code="invalid_api_key")
 
     def model_card() -> dict:
@@ -230,24 +253,42 @@ def build_app(served: Served) -> Starlette:
 
 
 async def whole(http: HttpRequest, served: Served, chat: bool, stream) -> JSONResponse:
-    """The whole answer as one JSON body (the client's leaving is noticed while waiting)."""
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    text, event, pending = [], Event(), None
-    while event.finish_reason is None:
-        pending = pending or asyncio.ensure_future(anext(stream))
-        done, _ = await asyncio.wait({pending}, timeout=DISCONNECT_POLL_S)
-        if not done:
-            if await http.is_disconnected():
-                pending.cancel()
-                return JSONResponse({}, status_code=499)  # nobody reads it
-            continue
-        event, pending = pending.result(), None
-        text.append(decoder.decode(event.data))
+    """The whole answer as one JSON body; a client that leaves meanwhile is answered 499 (nobody
+    reads it) as soon as it leaves, however fast the engine writes."""
+    answer = asyncio.ensure_future(gather(stream))
+    left = asyncio.ensure_future(client_left(http))
+    try:
+        await asyncio.wait({answer, left}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        left.cancel()
+        gone = not answer.done()
+        if gone:
+            answer.cancel()
+    if gone:
+        return JSONResponse({}, status_code=499)
+    text, event = answer.result()
     if event.finish_reason == "error":
         return error_response(ApiError(500, f"decoding failed: {event.error}", kind="server_error"))
-    text.append(decoder.decode(b"", final=True))
     counts = (event.prompt_bytes, event.completion_bytes)
-    return JSONResponse(api.completion(api.new_id(chat), served.name, chat, "".join(text), event.finish_reason, counts))
+    return JSONResponse(api.completion(api.new_id(chat), served.name, chat, text, event.finish_reason, counts))
+
+
+async def gather(stream) -> tuple[str, Event]:
+    """The answer's text (invalid UTF-8 replaced) and its last event."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    text, event = [], Event()
+    while event.finish_reason is None:
+        event = await anext(stream)
+        text.append(decoder.decode(event.data))
+    text.append(decoder.decode(b"", final=True))
+    return "".join(text), event
+
+
+async def client_left(http: HttpRequest) -> None:
+    """Return once the client has closed its connection (the server's ``http.disconnect`` message;
+    its body was read before, so nothing else comes)."""
+    while (await http.receive())["type"] != "http.disconnect":
+        pass
 
 
 async def sse(served: Served, asked: api.Asked, chat: bool, request: Request, stream) -> AsyncIterator[str]:
