@@ -138,7 +138,7 @@ def pull(name: str) -> tuple[Path, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--chapters", type=int, default=12, help="KJV chapters in the store (about 3.5 KB each)")
     parser.add_argument("--seq-len", type=int, default=256, help="symbols per training sequence")
     parser.add_argument("--batch-size", type=int, default=8, help="sequences per batch")
