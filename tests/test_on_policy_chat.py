@@ -84,7 +84,7 @@ def _on_policy(teacher: Path, store: Path, stream: StreamKind) -> OnPolicy:
     )
 
 
-@pytest.mark.parametrize("stream", list(StreamKind), ids=lambda s: s.value)
+@pytest.mark.parametrize("stream", StreamKind.stored_kinds(), ids=lambda s: s.value)
 def test_the_teacher_on_a_written_turn_equals_a_chat_dump_of_the_conversation(teacher, eot_store, tmp_path, stream):
     """The student wrote the first conversation's answer and ended its turn: prompt + answer + end
     of turn, scored, is the dumped conversation up to that end of turn, position by position, and

@@ -87,6 +87,10 @@ def check_on_policy(config: OnPolicyConfig, seq_len: int, stream: StreamKind, ch
         return
     if not config.teacher:
         raise UserError("--on-policy needs --teacher: the teacher of the training stores, which scores the answers")
+    if stream is StreamKind.BYTES:
+        raise UserError(
+            "--on-policy does not train a bytes-stream student yet: train it off-policy, or give --stream fused"
+        )
     if prompt_budget(config, seq_len, stream) - chat < 1:
         need = config.max_bytes + 2 + chat if stream is StreamKind.FUSED else 2 * config.max_bytes + 3 + 2 * chat
         raise UserError(
