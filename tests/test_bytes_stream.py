@@ -157,9 +157,8 @@ def test_train_stream_bytes_trains_and_evaluates_a_flat_student(tmp_path, stores
     [
         ("eot", [], "reads the bytes stream, read from fused-stream stores: give --stream eot"),
         ("fused", ["--architecture", "patched"], "the bytes stream does not hold: train a flat student"),
-        ("fused", ["--on-policy", "0.5", "--teacher", "x"], "--on-policy does not train a bytes-stream student"),
     ],
-    ids=["eot-store", "patched", "on-policy"],
+    ids=["eot-store", "patched"],
 )
 def test_what_the_bytes_stream_cannot_take_is_refused_in_one_line(tmp_path, stores, capsys, store, extra, says):
     args = ["train", "--train-stores", stores[store], "--stream", "bytes", *TRAIN, *extra]

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from bytestream.bytes_stream import bytes_rows, bytes_symbols
 from bytestream.stream_kind import StreamKind
 from common.errors import UserError
 from common.files import append_text
@@ -69,6 +70,11 @@ def check_before_run(config, chat: bool) -> None:
             refuse_other_teacher(on_policy.teacher, store)
 
 
+def in_stream(symbols: np.ndarray, stream: StreamKind) -> np.ndarray:
+    """The teacher's symbols (its store's stream) as the student's: a bytes student's drop the fused flags."""
+    return bytes_symbols(symbols) if stream is StreamKind.BYTES else symbols
+
+
 def written_by_student(share: float, window: int) -> bool:
     """Whether the student writes the sequence of window ``window`` of its split (a share ``share`` of them)."""
     return math.floor(share * (window + 1) + 1e-9) - math.floor(share * window + 1e-9) == 1
@@ -84,7 +90,7 @@ def on_policy_row(
     the prompt's), and a final ``<eos>`` only if the student wrote it; of an answer cut at its byte
     budget (not ended), none after its last byte. A stream longer than ``seq_len`` inputs keeps its
     last ``seq_len`` (the answer always fits: :func:`prompt_budget`)."""
-    symbols = dist.layout.symbols.astype(np.int64)
+    symbols = in_stream(dist.layout.symbols.astype(np.int64), stream)
     inputs, targets = symbols[:-1], symbols[1:]
 
     def units(x: np.ndarray) -> np.ndarray:  # text bytes and reserved symbols (specials)
@@ -98,7 +104,7 @@ def on_policy_row(
     if not answer.ended:
         last = np.flatnonzero(units(targets))
         counted &= np.arange(len(targets)) <= (last[-1] if len(last) else -1)
-    probs = dist.dense().astype(np.float32)
+    probs = (bytes_rows(dist.dense()) if stream is StreamKind.BYTES else dist.dense()).astype(np.float32)
     start = max(0, len(inputs) - seq_len)
     n = len(inputs) - start
     row = {
@@ -158,7 +164,7 @@ class OnPolicy:
         seed: int,
         student_cost,
     ):
-        if teacher.stream is not stream:
+        if teacher.stream is not stream.stored:
             raise UserError(f"--teacher scores the {teacher.stream.shown} stream; this student reads {stream.shown}")
         self.config, self.teacher, self.stream = config, teacher, stream
         self.seq_len, self.batch_size, self.grad_accum = seq_len, batch_size, grad_accum
@@ -170,7 +176,7 @@ class OnPolicy:
         # a conversation's answer ends with the template's end of turn; the other specials are never drawn
         self.reserved = teacher.reserved_ids()
         self.alphabet = stream.alphabet_size + len(self.reserved)
-        self.stops = teacher.turn_end_symbols()
+        self.stops = tuple(int(s) for s in in_stream(np.asarray(teacher.turn_end_symbols(), dtype=np.int64), stream))
         self.never += tuple(s for s in range(stream.alphabet_size, self.alphabet) if s not in self.stops)
         self.tally, self.total = _Tally(), _Tally()
         self._symbols = [0.0, 0.0, 0.0]  # stream symbols, text bytes and teacher tokens scored (rates)
@@ -245,7 +251,7 @@ class OnPolicy:
             ids = self.teacher.encode_pieces(prompt.pieces())
             if ids is None:  # a prompt the teacher cannot read exactly: the student writes from the start
                 prompts[i], ids = Answer(b"", (), b"", False), np.zeros(0, dtype=np.int64)
-            contexts.append(self.teacher.layout(ids).symbols[:-1].astype(np.int64).tolist())
+            contexts.append(in_stream(self.teacher.layout(ids).symbols[:-1].astype(np.int64), self.stream).tolist())
         written = write_answers(
             model,
             contexts,
