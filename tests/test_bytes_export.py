@@ -71,6 +71,8 @@ def test_a_bytes_folder_holds_no_code_and_no_teacher_tokenizer(built, name):
     tokenizer_config = json.loads((folder / "tokenizer_config.json").read_text())
     assert config["model_type"] == "llama" and config["architectures"] == ["LlamaForCausalLM"]
     assert "auto_map" not in config and "auto_map" not in tokenizer_config
+    assert tokenizer_config["tokenizer_class"] == "PreTrainedTokenizerFast"
+    assert tokenizer_config["model_max_length"] == config["max_position_embeddings"] == 64
     assert config["vocab_size"] == BYTES.alphabet_size + (2 if name == "chat" else 0)
     generation = json.loads((folder / "generation_config.json").read_text())
     assert generation["eos_token_id"] == ([BYTES.eos, END_OF_TURN] if name == "chat" else BYTES.eos)

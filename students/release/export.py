@@ -125,7 +125,7 @@ def write_export(
     architecture.export_files(model, folder)
     model.save_pretrained(folder)
     if stream is StreamKind.BYTES:
-        write_plain_tokenizer(folder, chat)
+        write_plain_tokenizer(folder, chat, model.config.max_position_embeddings)
     else:
         write_stream_tokenizer(folder, stream, tokenizer_json, chat)
     model_card(
@@ -140,13 +140,19 @@ def write_export(
     write_record(folder, written_files(folder, {}))
 
 
-def write_plain_tokenizer(folder: Path, chat: TeacherChat) -> None:
+def write_plain_tokenizer(folder: Path, chat: TeacherChat, context: int) -> None:
     """A bytes student's tokenizer: the stock byte tokenizer, with the chat template of a chat student
-    (no code, no teacher tokenizer: :mod:`students.release.bytes_tokenizer`)."""
+    (no code, no teacher tokenizer: :mod:`students.release.bytes_tokenizer`), its length the trained context."""
     template = None
     if chat.reserved_symbols and chat.template:
         template = bytes_chat_template(chat.template, chat.template_tokens, chat.prefix)
-    plain_tokenizer(chat.reserved_symbols, template).save_pretrained(folder)
+    tokenizer = plain_tokenizer(chat.reserved_symbols, template)
+    tokenizer.model_max_length = context
+    tokenizer.save_pretrained(folder)
+    config_file = folder / "tokenizer_config.json"
+    tokenizer_config = json.loads(config_file.read_text(encoding="utf-8"))
+    tokenizer_config["tokenizer_class"] = "PreTrainedTokenizerFast"  # the stock class's name in every transformers
+    config_file.write_text(json.dumps(tokenizer_config, indent=2) + "\n", encoding="utf-8")
 
 
 def write_stream_tokenizer(folder: Path, stream: StreamKind, tokenizer_json: str, chat: TeacherChat) -> None:
