@@ -3,12 +3,14 @@ loses its flag, and each fused row sums its byte's two halves, P(b | s) = P(b, e
 on | s); the specials (``<bos>``, ``<eos>``, ``<pad>``, a chat store's reserved symbols) keep their
 own mass and their order, moved down past the flagged bytes.
 
-Both functions take numpy arrays or torch tensors.
+:func:`bytes_symbols` and :func:`bytes_rows` take numpy arrays or torch tensors; :func:`as_read` is
+where a stored stream becomes the one a student reads.
 """
 
 from __future__ import annotations
 
 from bytestream.alphabet import BYTES_BOS, FUSED_BOS, FUSED_ENDS, NUM_BYTES
+from bytestream.stream_kind import StreamKind
 
 SPECIALS_SHIFT = FUSED_BOS - BYTES_BOS  # a fused special (reserved ones included) less this is its bytes symbol
 
@@ -24,3 +26,11 @@ def bytes_rows(fused_rows):
     rows = fused_rows[..., SPECIALS_SHIFT:] * 1  # a copy: the ends halves, then the specials
     rows[..., :NUM_BYTES] += fused_rows[..., :FUSED_ENDS]  # plus the goes-on halves
     return rows
+
+
+def as_read(stream: StreamKind, symbols, rows=None):
+    """A stored stream's ``symbols`` (and teacher ``rows``, or None) as a student of ``stream`` reads them:
+    a bytes student's with the fused flags summed out, any other's as stored."""
+    if stream is not StreamKind.BYTES:
+        return symbols, rows
+    return bytes_symbols(symbols), None if rows is None else bytes_rows(rows)

@@ -37,7 +37,7 @@ import torch
 from tqdm.auto import tqdm
 
 from bytestream.alphabet import NUM_BYTES
-from bytestream.bytes_stream import bytes_rows, bytes_symbols
+from bytestream.bytes_stream import as_read
 from bytestream.stream_kind import StreamKind
 from bytestream.stream_tokenizer import TEACHER_TOKENIZER_FILE, ByteStreamTokenizer
 from common.errors import UserError
@@ -112,9 +112,7 @@ def _store_documents(path: Path, index: int, mode: str, stream: StreamKind) -> I
         doc = store.document(i)
         layout = doc.layout
         dense = densify(layout, doc.values)
-        symbols = layout.symbols.astype(np.int64)
-        if stream is StreamKind.BYTES:  # a fused store read as the bytes stream: each byte's flags summed
-            symbols, dense = bytes_symbols(symbols), bytes_rows(dense)
+        symbols, dense = as_read(stream, layout.symbols.astype(np.int64), dense)  # a bytes student's: flags summed
         targets = symbols[1:]
         teacher_nll = -np.log(dense[np.arange(len(targets)), targets].astype(np.float64))
         if mode == "stream":

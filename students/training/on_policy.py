@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from bytestream.bytes_stream import bytes_rows, bytes_symbols
+from bytestream.bytes_stream import as_read
 from bytestream.stream_kind import StreamKind
 from common.errors import UserError
 from common.files import append_text
@@ -70,11 +70,6 @@ def check_before_run(config, chat: bool) -> None:
             refuse_other_teacher(on_policy.teacher, store)
 
 
-def in_stream(symbols: np.ndarray, stream: StreamKind) -> np.ndarray:
-    """The teacher's symbols (its store's stream) as the student's: a bytes student's drop the fused flags."""
-    return bytes_symbols(symbols) if stream is StreamKind.BYTES else symbols
-
-
 def written_by_student(share: float, window: int) -> bool:
     """Whether the student writes the sequence of window ``window`` of its split (a share ``share`` of them)."""
     return math.floor(share * (window + 1) + 1e-9) - math.floor(share * window + 1e-9) == 1
@@ -90,7 +85,7 @@ def on_policy_row(
     the prompt's), and a final ``<eos>`` only if the student wrote it; of an answer cut at its byte
     budget (not ended), none after its last byte. A stream longer than ``seq_len`` inputs keeps its
     last ``seq_len`` (the answer always fits: :func:`prompt_budget`)."""
-    symbols = in_stream(dist.layout.symbols.astype(np.int64), stream)
+    symbols, probs = as_read(stream, dist.layout.symbols.astype(np.int64), dist.dense())  # the student's stream
     inputs, targets = symbols[:-1], symbols[1:]
 
     def units(x: np.ndarray) -> np.ndarray:  # text bytes and reserved symbols (specials)
@@ -104,7 +99,7 @@ def on_policy_row(
     if not answer.ended:
         last = np.flatnonzero(units(targets))
         counted &= np.arange(len(targets)) <= (last[-1] if len(last) else -1)
-    probs = (bytes_rows(dist.dense()) if stream is StreamKind.BYTES else dist.dense()).astype(np.float32)
+    probs = probs.astype(np.float32)
     start = max(0, len(inputs) - seq_len)
     n = len(inputs) - start
     row = {
@@ -176,7 +171,7 @@ class OnPolicy:
         # a conversation's answer ends with the template's end of turn; the other specials are never drawn
         self.reserved = teacher.reserved_ids()
         self.alphabet = stream.alphabet_size + len(self.reserved)
-        self.stops = tuple(int(s) for s in in_stream(np.asarray(teacher.turn_end_symbols(), dtype=np.int64), stream))
+        self.stops = tuple(int(s) for s in as_read(stream, np.asarray(teacher.turn_end_symbols(), dtype=np.int64))[0])
         self.never += tuple(s for s in range(stream.alphabet_size, self.alphabet) if s not in self.stops)
         self.tally, self.total = _Tally(), _Tally()
         self._symbols = [0.0, 0.0, 0.0]  # stream symbols, text bytes and teacher tokens scored (rates)
@@ -251,7 +246,7 @@ class OnPolicy:
             ids = self.teacher.encode_pieces(prompt.pieces())
             if ids is None:  # a prompt the teacher cannot read exactly: the student writes from the start
                 prompts[i], ids = Answer(b"", (), b"", False), np.zeros(0, dtype=np.int64)
-            contexts.append(in_stream(self.teacher.layout(ids).symbols[:-1].astype(np.int64), self.stream).tolist())
+            contexts.append(as_read(self.stream, self.teacher.layout(ids).symbols[:-1].astype(np.int64))[0].tolist())
         written = write_answers(
             model,
             contexts,

@@ -40,7 +40,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from bytestream.bytes_stream import bytes_rows, bytes_symbols
+from bytestream.bytes_stream import as_read
 from bytestream.stream_kind import StreamKind
 from common.errors import UserError
 from logit_store.multi import as_store
@@ -292,8 +292,8 @@ class PackedStreamDataset(SplitBatches):
         self.stream = stream or self.store.stream
         if self.stream.stored is not self.store.stream:
             raise UserError(
-                f"the stores hold the {self.store.stream.shown} stream; the {self.stream.shown} stream is read "
-                f"from {self.stream.stored.shown}-stream stores"
+                f"the stores hold the {self.store.stream.shown} stream; a {self.stream.shown} student reads "
+                f"{self.stream.stored.shown}-stream stores"
             )
         self.reserved = reserved_symbols(self.store)
         self.alphabet_size = self.stream.alphabet_size + len(self.reserved)
@@ -368,10 +368,8 @@ class PackedStreamDataset(SplitBatches):
         else:
             layout = self.store.stream.layout(self.trie, self.store.document_tokens(i))
             roles = self.store.document_roles(i) if self.has_roles else None
-        symbols = layout.symbols.astype(np.int64)
-        if self.stream is StreamKind.BYTES:  # the fused stream with each byte's flags summed
-            symbols = bytes_symbols(symbols)
-            probs = bytes_rows(probs) if self.with_teacher else None
+        # the store's stream as the student reads it (a bytes student: each byte's flags summed)
+        symbols, probs = as_read(self.stream, layout.symbols.astype(np.int64), probs if self.with_teacher else None)
         assert symbols[-1] == self.stream.eos
         stream = {
             "input_ids": symbols,
