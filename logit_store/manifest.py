@@ -98,7 +98,7 @@ def read_manifest(directory: Path) -> dict:
         known = ", ".join(map(str, READABLE_VERSIONS))
         raise UserError(f"{path}: unknown store format version {version!r} (this reader knows {known})")
     stream = manifest.get("stream")
-    named = {kind.value for kind in StreamKind if kind is not StreamKind.EOT}  # the streams a manifest names
+    named = {kind.value for kind in StreamKind.stored_kinds() if kind is not StreamKind.EOT}  # a manifest names
     stream_ok = stream is None or (isinstance(stream, str) and stream in named)
     if not (
         stream is None if version < STREAM_VERSION else stream_ok and (stream is not None or version >= CHAT_VERSION)

@@ -47,7 +47,7 @@ def write_jsonl(path, records) -> None:
     path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
 
 
-@pytest.mark.parametrize("stream", list(StreamKind), ids=lambda s: s.value)
+@pytest.mark.parametrize("stream", StreamKind.stored_kinds(), ids=lambda s: s.value)
 def test_a_chat_store_holds_reserved_symbols_and_roles(tmp_path, teacher, family, stream):
     corpus = tmp_path / "chats.jsonl"
     write_jsonl(corpus, [{"messages": m} for m in [CONVERSATIONS[0], *MALFORMED, CONVERSATIONS[1]]])

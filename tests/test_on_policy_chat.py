@@ -84,7 +84,7 @@ def _on_policy(teacher: Path, store: Path, stream: StreamKind) -> OnPolicy:
     )
 
 
-@pytest.mark.parametrize("stream", list(StreamKind), ids=lambda s: s.value)
+@pytest.mark.parametrize("stream", StreamKind.stored_kinds(), ids=lambda s: s.value)
 def test_the_teacher_on_a_written_turn_equals_a_chat_dump_of_the_conversation(teacher, eot_store, tmp_path, stream):
     """The student wrote the first conversation's answer and ended its turn: prompt + answer + end
     of turn, scored, is the dumped conversation up to that end of turn, position by position, and
@@ -147,3 +147,33 @@ def test_an_on_policy_run_on_conversations_writes_assistant_turns_and_resumes(te
     first = load_file(latest_checkpoint(tmp_path / "whole") / "model.safetensors")
     second = load_file(latest_checkpoint(tmp_path / "resumed") / "model.safetensors")
     assert all(torch.equal(first[k], second[k]) for k in first)
+
+
+def test_a_bytes_student_on_policy_is_scored_with_the_teachers_fused_rows_summed(teacher, tmp_path):
+    """On a fused chat store a bytes student writes in the bytes stream; the teacher scores prompt +
+    answer in the fused stream as ``dump --chat`` does, and the training row is that stream with its
+    flags dropped and its rows' halves summed, counting exactly the assistant's positions; a run trains."""
+    from bytestream.bytes_stream import bytes_rows, bytes_symbols
+
+    stream = StreamKind.BYTES
+    store = _chat_store(teacher, tmp_path, "fused")
+    stored = LogitStore(store).document(0)
+    op = _on_policy(teacher, store, stream)
+    assert op.stops == (stream.alphabet_size + 1,)  # <|im_end|>, the second reserved symbol: 260
+    symbols = bytes_symbols(stored.layout.symbols.astype(np.int64))
+    prompt, specials = chat_prompt_of(symbols[:-1], np.asarray(stored.roles), stream, 1000, op.reserved)
+    assert prompt.startswith(b"system\n") and prompt.endswith(b"\nuser\nHi there\nassistant\n")
+    text = CONVERSATIONS[0][1]["content"].encode()
+    answer = Answer(prompt, (), text, True, specials, IM_END)
+    (scored,) = op.teacher.score([prompt + text], [op.teacher.encode_pieces(answer.pieces())])
+    n = scored.layout.num_positions
+    (row,), kept = op.score([answer])
+    assert kept == [0]
+    assert row["input_ids"][:n].tolist() == symbols[:n].tolist()
+    np.testing.assert_array_equal(row["probs"][:n], bytes_rows(scored.dense()).astype(np.float32))
+    np.testing.assert_allclose(row["probs"][:n], bytes_rows(stored.dense())[:n], atol=2e-3, rtol=2e-3)
+    assert row["loss_mask"][:n].tolist() == (np.asarray(stored.roles)[:n] == ASSISTANT).tolist()
+    result = _run(tmp_path / "run", store, teacher, stream="bytes")
+    assert result.step == 4
+    records = [json.loads(line) for line in (tmp_path / "run" / ANSWERS).read_text().splitlines()]
+    assert any(record["answers"] for record in records)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from bytestream.stream_kind import AUTO_STREAM
+from bytestream.stream_kind import AUTO_STREAM, StreamKind
 from common.errors import UserError
 from configs.fields import flat_values
 from configs.ranges import COUNT, NON_NEGATIVE, at_least, range_problem
@@ -70,7 +70,7 @@ class DumpConfig:
             "per byte), eot (bytes and an <eot> after each teacher token; the patched student's better stream "
             "at equal FLOPs) or auto: the stream of the store a dump resumes, else fused; recorded in the "
             "store, and a student trains on stores of its stream",
-            "choices": [AUTO_STREAM, "eot", "fused"],
+            "choices": [AUTO_STREAM, *(kind.value for kind in StreamKind.stored_kinds())],
         },
     )
     conversion: str = field(

@@ -43,6 +43,10 @@ class Architecture(ABC):
         ``shape.max_positions``, else ``seq_len``; its alphabet is the stream's and the ``reserved``
         symbols after it (their texts, recorded in its config as ``reserved_symbols``)."""
 
+    def refuse_stream(self, stream: Any) -> None:
+        """Refuse, in one line, a stream (a :class:`bytestream.stream_kind.StreamKind`) this architecture
+        cannot read (none by default)."""
+
     @abstractmethod
     def load(self, checkpoint: Path, saved_config: dict[str, Any]) -> Any:
         """The student saved in a trainer checkpoint (its ``config.json`` read as ``saved_config``),

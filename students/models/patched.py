@@ -162,6 +162,14 @@ class PatchedArchitecture(Architecture):
         torch.manual_seed(seed)
         return PatchedStudent(model_config)
 
+    def refuse_stream(self, stream: StreamKind) -> None:
+        """The bytes stream holds no token end to close a patch at."""
+        if stream is StreamKind.BYTES:
+            raise UserError(
+                "the patched student closes its patches at the teacher's token ends, which the bytes stream does "
+                "not hold: train a flat student (--architecture flat) on it, or give --stream fused"
+            )
+
     def load(self, checkpoint: Path, saved_config: dict[str, Any]):
         from students.models.patched_model import PatchedStudent, PatchedStudentConfig
 

@@ -33,9 +33,10 @@ class StudentShape:
     stream: str = field(
         default=AUTO_STREAM,
         metadata={
-            "help": "the stream the student reads, which its stores must hold: eot (bytes and an <eot> after "
-            "each teacher token), fused (one symbol per byte that says whether the token ends with it) or "
-            "auto: the training stores' stream (dump's default is fused)",
+            "help": "the stream the student reads, from stores of its stream: eot (bytes and an <eot> after "
+            "each teacher token), fused (one symbol per byte that says whether the token ends with it), "
+            "bytes (the text bytes alone, read from fused stores with each byte's two flags summed: a flat "
+            "student that needs no tokenizer) or auto: the training stores' stream (dump's default is fused)",
             "choices": [AUTO_STREAM, *(kind.value for kind in StreamKind)],
         },
     )

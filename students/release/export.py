@@ -19,6 +19,11 @@ any files its architecture ships), ``generation_config.json`` (``<eos>`` stops g
   ``trust_remote_code=True`` on the model too, ``model.generate`` heals prompts given as complete
   streams (lm-evaluation-harness's generation tasks).
 
+A bytes-stream student's folder is plain instead: the stock byte tokenizer (``tokenizer.json``,
+``tokenizer_config.json``, a chat student's ``chat_template.jinja``; :mod:`students.release.bytes_tokenizer`)
+beside the stock Llama, no code and no teacher tokenizer, so ``AutoTokenizer`` and
+``AutoModelForCausalLM`` load it without ``trust_remote_code``.
+
 ``bytedistill_export.json`` records every file export wrote (:mod:`students.release.export_record`); ``push``
 uploads only those, and a new export into the folder replaces them. A folder holding anything else
 (dotfiles aside), or whose record names anything but regular files inside it, is refused before a
@@ -42,6 +47,7 @@ from bytestream.stream_tokenizer import END_OF_TURN_TEXTS, TEACHER_TOKENIZER_FIL
 from common.errors import UserError
 from students.models.architectures import architecture_of_model
 from students.release import custom_generate
+from students.release.bytes_tokenizer import bytes_chat_template, plain_tokenizer
 from students.release.card import LICENSE, card_section, model_card
 from students.release.export_record import previous_export, write_record, written_files
 from students.release.export_staging import clean_leftover, export_lock, staging, swap_in
@@ -118,6 +124,40 @@ def write_export(
     stream = StreamKind.of_config(model.config)
     architecture.export_files(model, folder)
     model.save_pretrained(folder)
+    if stream is StreamKind.BYTES:
+        write_plain_tokenizer(folder, chat, model.config.max_position_embeddings)
+    else:
+        write_stream_tokenizer(folder, stream, tokenizer_json, chat)
+    model_card(
+        info,
+        model.config.max_position_embeddings,
+        architecture=architecture,
+        stream=stream,
+        architecture_section=card_section(model, info),
+        reserved=chat.reserved_symbols,
+        **card,
+    ).save(folder / "README.md")
+    write_record(folder, written_files(folder, {}))
+
+
+def write_plain_tokenizer(folder: Path, chat: TeacherChat, context: int) -> None:
+    """A bytes student's tokenizer: the stock byte tokenizer, with the chat template of a chat student
+    (no code, no teacher tokenizer: :mod:`students.release.bytes_tokenizer`), its length the trained context."""
+    template = None
+    if chat.reserved_symbols and chat.template:
+        template = bytes_chat_template(chat.template, chat.template_tokens, chat.prefix)
+    tokenizer = plain_tokenizer(chat.reserved_symbols, template)
+    tokenizer.model_max_length = context
+    tokenizer.save_pretrained(folder)
+    config_file = folder / "tokenizer_config.json"
+    tokenizer_config = json.loads(config_file.read_text(encoding="utf-8"))
+    tokenizer_config["tokenizer_class"] = "PreTrainedTokenizerFast"  # the stock class's name in every transformers
+    config_file.write_text(json.dumps(tokenizer_config, indent=2) + "\n", encoding="utf-8")
+
+
+def write_stream_tokenizer(folder: Path, stream: StreamKind, tokenizer_json: str, chat: TeacherChat) -> None:
+    """An ``<eot>`` or fused student's tokenizers: the stream tokenizer (code, with the teacher's
+    tokenizer), the healing ``generate``, and for a plain ``<eot>`` student the plain byte tokenizer by name."""
     (folder / TEACHER_TOKENIZER_FILE).write_text(tokenizer_json, encoding="utf-8")
     if stream is StreamKind.EOT and not chat.reserved_symbols:
         build_tokenizer().save_pretrained(folder)
@@ -136,13 +176,3 @@ def write_export(
     # instead of silently loading the plain byte tokenizer (which places no <eot>)
     tokenizer_config["tokenizer_class"] = stream_tokenizer.ByteStreamTokenizer.__name__
     config_file.write_text(json.dumps(tokenizer_config, indent=2) + "\n", encoding="utf-8")
-    model_card(
-        info,
-        model.config.max_position_embeddings,
-        architecture=architecture,
-        stream=stream,
-        architecture_section=card_section(model, info),
-        reserved=chat.reserved_symbols,
-        **card,
-    ).save(folder / "README.md")
-    write_record(folder, written_files(folder, {}))

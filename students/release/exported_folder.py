@@ -1,7 +1,8 @@
 """Load an exported student folder with this library's own classes: the model through
 ``AutoModelForCausalLM``, with which every architecture registers its class first
 (:func:`students.models.architectures.register_auto_classes`), and the stream tokenizer as
-:class:`~bytestream.stream_tokenizer.ByteStreamTokenizer`. No code of the folder runs: a folder
+:class:`~bytestream.stream_tokenizer.ByteStreamTokenizer` (a bytes student's stock byte tokenizer as
+:class:`~students.release.bytes_tokenizer.BytesTokenizer`). No code of the folder runs: a folder
 naming code export does not write is refused.
 """
 
@@ -14,6 +15,7 @@ from bytestream.stream_kind import StreamKind
 from bytestream.stream_tokenizer import TEACHER_TOKENIZER_FILE, ByteStreamTokenizer
 from common.errors import UserError, first_line
 from students.models.architectures import known_auto_maps, register_auto_classes
+from students.release.bytes_tokenizer import BytesTokenizer
 
 WEIGHT_PROBLEMS = {"missing_keys": "missing", "unexpected_keys": "unexpected", "mismatched_keys": "mis-shaped"}
 
@@ -140,9 +142,20 @@ def saved_chat(folder: Path) -> dict:
     return chat
 
 
-def load_stream_tokenizer(folder: Path) -> ByteStreamTokenizer:
-    """The folder's stream tokenizer, in the stream its ``tokenizer_config.json`` names (this
-    library's own class, no remote code run)."""
+def folder_stream(folder: Path) -> StreamKind | None:
+    """The stream the folder's student reads, as its ``config.json`` says (None: no readable config)."""
+    try:
+        return StreamKind.of_config(json.loads((Path(folder) / "config.json").read_text(encoding="utf-8")))
+    except (OSError, ValueError, AttributeError):
+        return None  # missing or corrupt: the model's loading names it
+
+
+def load_stream_tokenizer(folder: Path) -> ByteStreamTokenizer | BytesTokenizer:
+    """The folder's tokenizer as the library uses it: a bytes student's stock byte tokenizer
+    (:class:`BytesTokenizer`), else its stream tokenizer, in the stream its ``tokenizer_config.json``
+    names (this library's own class, no remote code run)."""
+    if folder_stream(folder) is StreamKind.BYTES:
+        return BytesTokenizer.from_folder(Path(folder))
     path = Path(folder) / TEACHER_TOKENIZER_FILE
     if not path.is_file():
         raise UserError(f"{folder} has no {TEACHER_TOKENIZER_FILE}: export it again with this version of bytedistill")
@@ -154,7 +167,7 @@ def load_stream_tokenizer(folder: Path) -> ByteStreamTokenizer:
         raise UserError(f"{path} is not a teacher tokenizer the stream tokenizer reads: {first_line(exc)}") from exc
 
 
-def require_same_stream(model, tokenizer: ByteStreamTokenizer) -> StreamKind:
+def require_same_stream(model, tokenizer: ByteStreamTokenizer | BytesTokenizer) -> StreamKind:
     """The stream the student reads, which its stream tokenizer must write (a mismatch is one line)."""
     stream = StreamKind.of_config(model.config)
     if tokenizer.byte_stream != stream.value:

@@ -123,7 +123,9 @@ def continue_streams(
         length = max(map(len, windows))
         ids = torch.tensor([[pad] * (length - len(w)) + w for w in windows], device=device)
         mask = torch.tensor([[0] * (length - len(w)) + [1] * len(w) for w in windows], device=device)
-        healing = HealingProcessor([open_bytes[r][produced[r] :] for r in active], length, stream.value)
+        opened = [open_bytes[r][produced[r] :] for r in active]
+        # the last word's bytes fed, the student placing its token ends (the bytes stream has none: no word is open)
+        healing = [HealingProcessor(opened, length, stream.value)] if any(opened) else []
         # each row stops where its own window reaches the context, so it slides where it would alone;
         # a call makes at most a context of symbols, so a budget beyond that is the context
         limits = [context - len(w) for w in windows]
@@ -135,7 +137,7 @@ def continue_streams(
             "max_new_tokens": context - min(map(len, windows)),
             "pad_token_id": pad,
             "stopping_criteria": StoppingCriteriaList([_ByteBudget(length, budgets, limits, text_symbols)]),
-            "logits_processor": LogitsProcessorList([healing]),
+            "logits_processor": LogitsProcessorList(healing),
             **({"streamer": streamer} if streamer is not None else {}),
             **sampling,
         }

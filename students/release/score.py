@@ -37,6 +37,7 @@ import torch
 from tqdm.auto import tqdm
 
 from bytestream.alphabet import NUM_BYTES
+from bytestream.bytes_stream import as_read
 from bytestream.stream_kind import StreamKind
 from bytestream.stream_tokenizer import TEACHER_TOKENIZER_FILE, ByteStreamTokenizer
 from common.errors import UserError
@@ -93,10 +94,10 @@ def require_stream(path: Path, stream: StreamKind) -> None:
     from logit_store.manifest import manifest_stream, read_manifest
 
     held = manifest_stream(read_manifest(path))
-    if held is not stream:
+    if held is not stream.stored:
         raise UserError(
             f"{path} is a {held.shown}-stream store and the student reads the {stream.shown} stream: score "
-            f"a store dumped with --stream {stream.value}, or the text"
+            f"a store dumped with --stream {stream.stored.value}, or the text"
         )
 
 
@@ -111,10 +112,11 @@ def _store_documents(path: Path, index: int, mode: str, stream: StreamKind) -> I
         doc = store.document(i)
         layout = doc.layout
         dense = densify(layout, doc.values)
-        targets = layout.symbols[1:].astype(np.int64)
+        symbols, dense = as_read(stream, layout.symbols.astype(np.int64), dense)  # a bytes student's: flags summed
+        targets = symbols[1:]
         teacher_nll = -np.log(dense[np.arange(len(targets)), targets].astype(np.float64))
         if mode == "stream":
-            yield Document(index, layout.symbols.astype(np.int64), teacher_nll)
+            yield Document(index, symbols, teacher_nll)
         else:
             yield Document(index, np.asarray(plain_symbols(layout.text_bytes(), stream)), None)
 
@@ -272,7 +274,8 @@ def score(folder: Path, sources: list[Path], options: ScoreOptions) -> list[Sour
     tokenizer = load_stream_tokenizer(folder) if options.mode == "stream" else None
     if tokenizer is not None:
         require_same_stream(model, tokenizer)
-        require_own_teacher(Path(folder), [path for path in sources if path.is_dir()])
+        if stream is not StreamKind.BYTES:  # a bytes student reads no teacher's token ends: any fused store's text
+            require_own_teacher(Path(folder), [path for path in sources if path.is_dir()])
     return score_documents(model, sources, list(documents(sources, tokenizer, options, stream)), options)
 
 

@@ -63,12 +63,8 @@ def _store_dataset(
 ) -> SplitBatches:
     from students.training.store_windows import PackedStreamDataset
 
-    dataset = PackedStreamDataset([Path(p) for p in paths], seq_len, batch_size, **kwargs)
-    if dataset.stream is not stream:  # check_stores refuses it first, by name and with the flag to give
-        raise UserError(
-            f"the stores {', '.join(paths)} hold the {dataset.stream.shown} stream, not the {stream.shown} one"
-        )
-    return dataset
+    # a store of another stream is refused there (check_stores refuses it first, with the flag to give)
+    return PackedStreamDataset([Path(p) for p in paths], seq_len, batch_size, stream=stream, **kwargs)
 
 
 def _describe_stores(paths: list[str]) -> dict[str, Any]:
@@ -148,14 +144,15 @@ def refuse_other_streams(paths: list[str], stream: StreamKind = StreamKind.EOT, 
                 f"the stores {first} ({streams[first].shown} stream) and {path} ({held.shown} stream) hold "
                 "different streams: train on stores of one stream"
             )
-    if first is not None and streams[first] is not stream:
+    if first is not None and streams[first] is not stream.stored:
         held = streams[first]
-        remedy = f"dump the corpus with --stream {stream.value}"
+        remedy = f"dump the corpus with --stream {stream.stored.value}"
         if training:
             remedy = f"give --stream {held.value} to train a {held.shown} student on it, or {remedy}"
-        raise UserError(
-            f"{first} is a {held.shown}-stream store; this student reads the {stream.shown} stream: {remedy}"
-        )
+        reads = f"the {stream.shown} stream"
+        if stream.stored is not stream:
+            reads += f", read from {stream.stored.shown}-stream stores"
+        raise UserError(f"{first} is a {held.shown}-stream store; this student reads {reads}: {remedy}")
 
 
 def check_stores(paths: list[str], allow_partial: bool, stream: StreamKind) -> None:

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from bytestream.bytes_stream import as_read
 from bytestream.stream_kind import StreamKind
 from common.devices import parse_device
 from common.errors import UserError
@@ -85,7 +86,7 @@ def on_policy_row(
     the prompt's), and a final ``<eos>`` only if the student wrote it; of an answer cut at its byte
     budget (not ended), none after its last byte. A stream longer than ``seq_len`` inputs keeps its
     last ``seq_len`` (the answer always fits: :func:`prompt_budget`)."""
-    symbols = dist.layout.symbols.astype(np.int64)
+    symbols, probs = as_read(stream, dist.layout.symbols.astype(np.int64), dist.dense())  # the student's stream
     inputs, targets = symbols[:-1], symbols[1:]
 
     def units(x: np.ndarray) -> np.ndarray:  # text bytes and reserved symbols (specials)
@@ -99,7 +100,7 @@ def on_policy_row(
     if not answer.ended:
         last = np.flatnonzero(units(targets))
         counted &= np.arange(len(targets)) <= (last[-1] if len(last) else -1)
-    probs = dist.dense().astype(np.float32)
+    probs = probs.astype(np.float32)
     start = max(0, len(inputs) - seq_len)
     n = len(inputs) - start
     row = {
@@ -159,7 +160,7 @@ class OnPolicy:
         seed: int,
         student_cost,
     ):
-        if teacher.stream is not stream:
+        if teacher.stream is not stream.stored:
             raise UserError(f"--teacher scores the {teacher.stream.shown} stream; this student reads {stream.shown}")
         self.config, self.teacher, self.stream = config, teacher, stream
         self.seq_len, self.batch_size, self.grad_accum = seq_len, batch_size, grad_accum
@@ -171,7 +172,7 @@ class OnPolicy:
         # a conversation's answer ends with the template's end of turn; the other specials are never drawn
         self.reserved = teacher.reserved_ids()
         self.alphabet = stream.alphabet_size + len(self.reserved)
-        self.stops = teacher.turn_end_symbols()
+        self.stops = tuple(int(s) for s in as_read(stream, np.asarray(teacher.turn_end_symbols(), dtype=np.int64))[0])
         self.never += tuple(s for s in range(stream.alphabet_size, self.alphabet) if s not in self.stops)
         self.tally, self.total = _Tally(), _Tally()
         self._symbols = [0.0, 0.0, 0.0]  # stream symbols, text bytes and teacher tokens scored (rates)
@@ -246,7 +247,7 @@ class OnPolicy:
             ids = self.teacher.encode_pieces(prompt.pieces())
             if ids is None:  # a prompt the teacher cannot read exactly: the student writes from the start
                 prompts[i], ids = Answer(b"", (), b"", False), np.zeros(0, dtype=np.int64)
-            contexts.append(self.teacher.layout(ids).symbols[:-1].astype(np.int64).tolist())
+            contexts.append(as_read(self.stream, self.teacher.layout(ids).symbols[:-1].astype(np.int64))[0].tolist())
         drawn = write_answers(
             model,
             contexts,

@@ -74,8 +74,8 @@ class OnPolicyConfig:
 def prompt_budget(config: OnPolicyConfig, seq_len: int, stream: StreamKind) -> int:
     """The most prompt bytes a sequence of ``seq_len`` inputs holds with a whole answer after it: a
     byte takes at most two symbols in the ``<eot>`` stream (itself and an ``<eot>``), one in the fused
-    stream, and ``<bos>`` starts the sequence."""
-    if stream is StreamKind.FUSED:
+    and bytes streams, and ``<bos>`` starts the sequence."""
+    if stream.eot is None:
         return seq_len - 1 - config.max_bytes
     return (seq_len - 1) // 2 - config.max_bytes
 
@@ -88,7 +88,7 @@ def check_on_policy(config: OnPolicyConfig, seq_len: int, stream: StreamKind, ch
     if not config.teacher:
         raise UserError("--on-policy needs --teacher: the teacher of the training stores, which scores the answers")
     if prompt_budget(config, seq_len, stream) - chat < 1:
-        need = config.max_bytes + 2 + chat if stream is StreamKind.FUSED else 2 * config.max_bytes + 3 + 2 * chat
+        need = config.max_bytes + 2 + chat if stream.eot is None else 2 * config.max_bytes + 3 + 2 * chat
         raise UserError(
             f"--on-policy-bytes {config.max_bytes} does not fit a --seq-len {seq_len} sequence of the {stream.shown} "
             f"stream with a prompt: give --seq-len at least {need} or fewer --on-policy-bytes"

@@ -208,7 +208,7 @@ def write_answers(
     length = max(map(len, contexts))
     ids = torch.tensor([[stream.pad] * (length - len(c)) + c for c in contexts], device=device)
     mask = torch.tensor([[0] * (length - len(c)) + [1] * len(c) for c in contexts], device=device)
-    steps = max_bytes + 1 if stream is StreamKind.FUSED else 2 * max_bytes + 1
+    steps = max_bytes + 1 if stream.eot is None else 2 * max_bytes + 1
     draw = [_GumbelDraw(seeds, temperature)] if temperature > 0 else []
     was_training = model.training
     model.eval()

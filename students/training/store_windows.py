@@ -40,6 +40,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from bytestream.bytes_stream import as_read
 from bytestream.stream_kind import StreamKind
 from common.errors import UserError
 from logit_store.multi import as_store
@@ -266,7 +267,8 @@ class PackedStreamDataset(SplitBatches):
     token ids. Stores of conversations add ``roles`` (B, T) uint8: the role of each target
     (0 template, 1 system, 2 user, 3 assistant; 0 where masked). ``max_symbols`` > 0 keeps only
     the documents, in store order, up to the first whose stream reaches that many symbols in total
-    (the same subset for any number of processes).
+    (the same subset for any number of processes). ``stream`` (default: the stores') is the
+    stream the windows hold: the bytes stream from fused stores (:mod:`bytestream.bytes_stream`).
     """
 
     def __init__(
@@ -283,10 +285,16 @@ class PackedStreamDataset(SplitBatches):
         world_size: int = 1,
         num_workers: int = 0,
         max_symbols: int = 0,
+        stream: StreamKind | None = None,
     ):
         super().__init__(seq_len, batch_size, rank, world_size, num_workers, teacher_dtype)
         self.store = as_store(stores)
-        self.stream = self.store.stream
+        self.stream = stream or self.store.stream
+        if self.stream.stored is not self.store.stream:
+            raise UserError(
+                f"the stores hold the {self.store.stream.shown} stream; a {self.stream.shown} student reads "
+                f"{self.stream.stored.shown}-stream stores"
+            )
         self.reserved = reserved_symbols(self.store)
         self.alphabet_size = self.stream.alphabet_size + len(self.reserved)
         self.has_roles = bool(self.reserved)
@@ -354,13 +362,14 @@ class PackedStreamDataset(SplitBatches):
         if self.with_teacher:
             doc = self.store.document(i)
             layout = doc.layout
-            probs = np.zeros((layout.num_positions + 1, self.alphabet_size), dtype=np.float32)
+            probs = np.zeros((layout.num_positions + 1, layout.alphabet_size), dtype=np.float32)
             densify(layout, doc.values, probs[:-1])
             roles = getattr(doc, "roles", None)
         else:
-            layout = self.stream.layout(self.trie, self.store.document_tokens(i))
+            layout = self.store.stream.layout(self.trie, self.store.document_tokens(i))
             roles = self.store.document_roles(i) if self.has_roles else None
-        symbols = layout.symbols.astype(np.int64)
+        # the store's stream as the student reads it (a bytes student: each byte's flags summed)
+        symbols, probs = as_read(self.stream, layout.symbols.astype(np.int64), probs if self.with_teacher else None)
         assert symbols[-1] == self.stream.eos
         stream = {
             "input_ids": symbols,

@@ -181,6 +181,7 @@ def train(config: TrainConfig, source: DataSource = STORE_SOURCE) -> TrainResult
     """Train (or resume) a student as ``config`` says; returns where it ended."""
     plan = settle(config)
     config, reserved = plan.config, plan.reserved
+    architecture_named(config.student.architecture).refuse_stream(config.student.stream_kind)
     if problem := training_memory.over_budget(config, config.student.stream_kind.alphabet_size + len(reserved)):
         raise UserError(problem)
     source.check(
