@@ -115,6 +115,7 @@ CASES: dict[str, tuple[str, str]] = {
     ),
     "readme score": ("score", "models/byte-student stores/heldout my_text.txt more.jsonl"),
     "readme score packed false": ("score", "models/byte-student stores/heldout --packed false"),
+    "readme push-store": ("push-store", "runs/quickstart/store/train your-name/kjv-smollm2-logits"),
     "readme push": (
         "push",
         "models/byte-student your-name/byte-student --private --commit-message 'First student'",
@@ -138,6 +139,7 @@ CASES: dict[str, tuple[str, str]] = {
     "defaults chat": ("chat", "m"),
     "defaults score": ("score", "m s"),
     "defaults push": ("push", "f r"),
+    "defaults push-store": ("push-store", "s r"),
     "defaults serve": ("serve", "m"),
     # every flag set to a value other than its default
     "all check-teacher": ("check-teacher", "t --gguf-file g.gguf --end-of-text '<|a|>' '<|b|>' --seed 7"),
@@ -207,6 +209,13 @@ CASES: dict[str, tuple[str, str]] = {
         (
             "f me/r --private --revision dev --commit-message msg --endpoint https://hub.example --timeout 5 "
             "--retries 1 --dry-run"
+        ),
+    ),
+    "all push-store": (
+        "push-store",
+        (
+            "s me/r --private --revision dev --commit-message msg --commit-bytes 1000 --allow-partial "
+            "--endpoint https://hub.example --timeout 5 --retries 1 --dry-run"
         ),
     ),
 }
