@@ -114,6 +114,15 @@ class DumpConfig:
             "range": COUNT,
         },
     )
+    encode_threads: int = field(
+        default=2,
+        metadata={
+            "help": "threads per store writer that encode and compress its documents and chunks while the "
+            "teacher runs (the store's bytes are the same for any count; a GPU's dump needs more than one to "
+            "keep up, see the README)",
+            "range": COUNT,
+        },
+    )
     docs_per_shard: int | None = field(  # a shard: one of the store's files
         default=None, metadata={"help": "close a shard after this many documents (default: by size)", "range": COUNT}
     )

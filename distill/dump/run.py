@@ -232,6 +232,8 @@ def _dump_pass(plan: DumpPlan, teacher: Teacher, started: float | None) -> DumpS
                     store.close()
         except BaseException:
             sink.abort()
+            for store in stores.values():
+                store.abandon()  # its threads stop; a shard being written stays partial, as after a crash
             raise
         finally:
             bar.close()
@@ -288,6 +290,7 @@ def _open_stores(
             docs_per_shard=config.docs_per_shard,
             chunk_bytes=config.chunk_bytes,
             trie=converter.trie,
+            encode_threads=config.encode_threads,
         )
 
     try:
