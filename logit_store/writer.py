@@ -52,7 +52,9 @@ from logit_store.source_record import keep_source_record
 from logit_store.vocab_file import vocab_to_bytes
 
 DECODE_RUN_VALUES = 1 << 20  # values decoded at a time to take what a reader gets (4 MiB of float32)
-DOCUMENTS_IN_FLIGHT_PER_THREAD = 2  # documents handed to the encoder threads and not yet encoded, per thread
+# float64 values of the documents handed to the encoder threads and not yet encoded, per thread (16 MiB),
+# beyond the newest document: a longer one is encoded before the caller goes on, as with one thread
+VALUES_IN_FLIGHT_PER_THREAD = 1 << 21
 
 
 @dataclass(frozen=True)
@@ -196,7 +198,8 @@ class StoreWriter:
         self._shard: ShardFile | None = None
         self._jobs = _Jobs(int(encode_threads))
         self._pending: list[Future] = []  # the next chunk's documents (Future[_Encoded]), in order
-        self._encoding: deque[Future] = deque()  # documents handed to the threads, perhaps not encoded yet
+        self._encoding: deque[tuple[Future, int]] = deque()  # documents handed to the threads (and their values)
+        self._values_in_flight = 0
         self._coding: deque[tuple[Future, int]] = deque()  # the shard's chunks being coded (and their documents)
         self._pending_bytes = 0
         self._shard_raw_bytes = 0
@@ -335,12 +338,13 @@ class StoreWriter:
             self._encode_document, token_ids, values, dropped_mass, int(text_bytes), key, layout, roles, size
         )
         self._pending.append(encoded)
-        self._encoding.append(encoded)
+        self._encoding.append((encoded, len(values)))
+        self._values_in_flight += len(values)
         self._pending_bytes += size
         self._shard_raw_bytes += size
         self.num_written += 1
         self._write_coded_chunks(self._jobs.threads)
-        self._wait_for_encoding(DOCUMENTS_IN_FLIGHT_PER_THREAD * self._jobs.threads)
+        self._wait_for_encoding(VALUES_IN_FLIGHT_PER_THREAD * self._jobs.threads)
         shard_docs = (self._shard.num_docs if self._shard else 0) + len(self._pending) + self._coding_documents()
         if (self.docs_per_shard and shard_docs >= self.docs_per_shard) or self._shard_raw_bytes >= self.shard_bytes:
             self._finish_shard()
@@ -374,10 +378,14 @@ class StoreWriter:
         return _Encoded(doc, stored_log_likelihood)
 
     def _wait_for_encoding(self, at_most: int) -> None:
-        """Wait until at most ``at_most`` documents handed to the threads are not encoded yet (their
-        float64 values live until then)."""
-        while self._encoding and (self._encoding[0].done() or len(self._encoding) > at_most):
-            self._encoding.popleft().result()
+        """Wait until the documents handed to the threads and not encoded yet hold at most ``at_most``
+        float64 values (they live until then), or are the newest alone."""
+        while self._encoding and (
+            self._encoding[0][0].done() or (len(self._encoding) > 1 and self._values_in_flight > at_most)
+        ):
+            encoded, values = self._encoding.popleft()
+            encoded.result()
+            self._values_in_flight -= values
 
     def _coding_documents(self) -> int:
         return sum(documents for _, documents in self._coding)

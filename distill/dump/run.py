@@ -290,7 +290,7 @@ def _open_stores(
             docs_per_shard=config.docs_per_shard,
             chunk_bytes=config.chunk_bytes,
             trie=converter.trie,
-            encode_threads=config.encode_threads,
+            encode_threads=plan.encode_threads,
         )
 
     try:
@@ -342,6 +342,7 @@ def memory_terms(plan: DumpPlan, teacher: Teacher, longest_document_tokens: int 
         device_conversion=plan.on_device,
         writers=len(plan.mine),
         chunk_bytes=plan.chunk_bytes,
+        encode_threads=plan.encode_threads,
         longest_document_tokens=longest_document_tokens,
         stream=plan.stream,
     )
