@@ -39,6 +39,7 @@ from logit_store.file_names import SHARD
 THREADS = (1, 2, 4)
 GOAL_TOKENS_S = 40_000  # teacher tokens/s a GPU's dump must keep up with
 GOAL_CORES = 4  # host cores the encoding may take for it
+PASSES = 4  # the encoder threads' measure writes the documents this many times: chunks one after another
 HEAD_ROWS = 1024  # rows of a ConvertedRows message, as the dump's default --head-rows
 
 
@@ -161,17 +162,13 @@ class Scaling:
     caller_us: float  # the caller's (the sink thread's) CPU-µs per token
     shards: str  # digest of the shards written
 
-    def bound_tokens_s(self, cores: int) -> float:
-        """Tokens/s on ``cores`` free cores by the CPU it took: the caller's part runs on one
-        core, the whole on all of them, whichever bounds first."""
-        return 1e6 / max(self.caller_us, self.cpu_us / min(cores, self.threads + 1))
-
 
 def write_through(
     converter: Converter, documents: list[HostDocument], directory: Path, threads: int
 ) -> tuple[float, float, float, str]:
     """Write the documents as the sink does (submitted in order, counted once encoded); wall
-    seconds, process and caller CPU seconds, and a digest of the shards."""
+    seconds, process and caller CPU seconds, and a digest of the shards. The documents may repeat
+    (the store takes them as new ones): chunks then follow each other as in a long dump."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
     start, caller = time.perf_counter(), time.thread_time()
     with StoreWriter(directory, _identity(converter), trie=converter.trie, encode_threads=threads) as writer:
@@ -192,7 +189,9 @@ def write_through(
 
 
 def encoder_scaling(converter: Converter, documents: list[HostDocument], workdir: Path, rounds: int) -> list[Scaling]:
-    """Each thread count of :data:`THREADS` in turn, ``rounds`` times; the best round of each."""
+    """Each thread count of :data:`THREADS` in turn, ``rounds`` times; the best round of each.
+    The documents are written :data:`PASSES` times over, so that several chunks are coded."""
+    documents = documents * PASSES
     tokens = sum(doc.tokens for doc in documents)
     best: dict[int, tuple] = {}
     for r in range(rounds):
@@ -221,7 +220,11 @@ def host_report(converter: Converter, tokenizer, tokens: int, rounds: int) -> tu
         scaling = encoder_scaling(converter, documents, workdir, rounds)
     sink_us = sum(profile[stage] for stage in SINK_STAGES)
     cores = os.cpu_count() or 1
-    lines = [f"host side: {count:,} teacher tokens of KJV, {len(documents)} documents, peaked values; {cores} CPUs"]
+    first = (
+        f"host side: {count:,} teacher tokens of KJV, {len(documents)} documents, peaked values "
+        f"(written {PASSES} times over for the encoder threads); {cores} CPUs, load {os.getloadavg()[0]:.1f}"
+    )
+    lines = [first]
     total = sum(us for stage, us in profile.items() if stage != BEFORE_ONLY)
     profile = profile | {"all of them now (the rebuilt layout is gone)": total}
     lines += [f"  {stage:<50}{us:>10.2f} CPU-us/token" for stage, us in profile.items()]
@@ -230,9 +233,10 @@ def host_report(converter: Converter, tokenizer, tokens: int, rounds: int) -> tu
     header = [
         "encoder threads",
         "tokens/s (wall)",
+        "× one thread's",
         "CPU-µs/token",
         "sink thread µs/token",
-        f"tokens/s on {GOAL_CORES} cores",
+        f"tokens/s {GOAL_CORES} free cores allow (by CPU time)",
     ]
     scaled = []
     for s in scaling:
@@ -240,13 +244,15 @@ def host_report(converter: Converter, tokenizer, tokens: int, rounds: int) -> tu
         bound = 1e6 / max(s.caller_us + sink_us, (s.cpu_us + sink_us) / min(GOAL_CORES, s.threads + 1))
         scaled.append((s, bound))
         lines.append(
-            f"  {s.threads} encoder threads: {s.tokens_s:>9,.0f} tokens/s ({measured}), {s.cpu_us:.1f} CPU-us/token, "
+            f"  {s.threads} encoder threads: {s.tokens_s:>9,.0f} tokens/s ({measured}; "
+            f"{s.tokens_s / scaling[0].tokens_s:.2f}x one thread's), {s.cpu_us:.1f} CPU-us/token, "
             f"sink thread {s.caller_us + sink_us:.1f} us/token; bound on {GOAL_CORES} cores {bound:,.0f} tokens/s"
         )
     rows = [
         [
             str(s.threads),
             f"{s.tokens_s:,.0f}" + ("" if s.threads <= cores else " (unmeasured: more threads than CPUs)"),
+            f"{s.tokens_s / scaling[0].tokens_s:.2f}",
             f"{s.cpu_us + sink_us:.1f}",
             f"{s.caller_us + sink_us:.1f}",
             f"{bound:,.0f}",
