@@ -20,9 +20,11 @@ import os
 import resource
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+import numba
 import numpy as np
 import zstandard
 
@@ -152,6 +154,26 @@ def stage_profile(converter: Converter, documents: list[HostDocument], workdir: 
     return {stage: s / tokens * 1e6 for stage, s in clock.seconds.items()}
 
 
+@numba.njit(nogil=True, cache=True)
+def _spin(steps: int) -> float:
+    total = 0.0
+    for i in range(steps):
+        total += np.sqrt(i * 1.0)
+    return total
+
+
+def cores_got(threads: int, steps: int = 50_000_000) -> float:
+    """The cores this process gets with ``threads`` busy threads that hold no lock (a Numba loop
+    without the GIL): CPU seconds over wall seconds. On a machine shared with other work, or under
+    a CPU limit, it stays below ``threads``, and so must any speed-up of the encoder threads."""
+    _spin(10)
+    usage, start = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(_spin, [steps] * threads))
+    wall, after = time.perf_counter() - start, resource.getrusage(resource.RUSAGE_SELF)
+    return ((after.ru_utime - usage.ru_utime) + (after.ru_stime - usage.ru_stime)) / wall
+
+
 @dataclass(frozen=True)
 class Scaling:
     """The encoding with ``threads`` encoder threads: its best round's figures."""
@@ -204,6 +226,13 @@ def encoder_scaling(converter: Converter, documents: list[HostDocument], workdir
 
 
 BEFORE_ONLY = "layout rebuilt per chunk (before)"
+
+
+def _measurable(threads: int, got: dict[int, float]) -> bool:
+    """Whether the machine gave ``threads`` busy threads nearly a core each (else their speed-up is not measured)."""
+    return got[threads] >= 0.8 * threads
+
+
 SINK_STAGES = ("host fill of converted rows (sink)", "exact NLL (sink)")  # on the sink's thread, not the writer's
 
 
@@ -220,11 +249,15 @@ def host_report(converter: Converter, tokenizer, tokens: int, rounds: int) -> tu
         scaling = encoder_scaling(converter, documents, workdir, rounds)
     sink_us = sum(profile[stage] for stage in SINK_STAGES)
     cores = os.cpu_count() or 1
+    got = {threads: cores_got(threads) for threads in THREADS}
     first = (
         f"host side: {count:,} teacher tokens of KJV, {len(documents)} documents, peaked values "
         f"(written {PASSES} times over for the encoder threads); {cores} CPUs, load {os.getloadavg()[0]:.1f}"
     )
-    lines = [first]
+    lines = [
+        first,
+        "  cores this process got with busy threads: " + ", ".join(f"{t} threads {c:.2f}" for t, c in got.items()),
+    ]
     total = sum(us for stage, us in profile.items() if stage != BEFORE_ONLY)
     profile = profile | {"all of them now (the rebuilt layout is gone)": total}
     lines += [f"  {stage:<50}{us:>10.2f} CPU-us/token" for stage, us in profile.items()]
@@ -240,7 +273,7 @@ def host_report(converter: Converter, tokenizer, tokens: int, rounds: int) -> tu
     ]
     scaled = []
     for s in scaling:
-        measured = "measured" if s.threads <= cores else f"unmeasured: {cores} CPUs"
+        measured = "measured" if _measurable(s.threads, got) else f"unmeasured: {got[s.threads]:.2f} cores to be had"
         bound = 1e6 / max(s.caller_us + sink_us, (s.cpu_us + sink_us) / min(GOAL_CORES, s.threads + 1))
         scaled.append((s, bound))
         lines.append(
@@ -251,7 +284,8 @@ def host_report(converter: Converter, tokenizer, tokens: int, rounds: int) -> tu
     rows = [
         [
             str(s.threads),
-            f"{s.tokens_s:,.0f}" + ("" if s.threads <= cores else " (unmeasured: more threads than CPUs)"),
+            f"{s.tokens_s:,.0f}"
+            + ("" if _measurable(s.threads, got) else f" (unmeasured: {got[s.threads]:.2f} cores)"),
             f"{s.tokens_s / scaling[0].tokens_s:.2f}",
             f"{s.cpu_us + sink_us:.1f}",
             f"{s.caller_us + sink_us:.1f}",
@@ -265,7 +299,11 @@ def host_report(converter: Converter, tokenizer, tokens: int, rounds: int) -> tu
     needed = cpu_us * GOAL_TOKENS_S / 1e6
     identical = len({s.shards for s in scaling}) == 1
     goals = [
-        f"{GOAL_TOKENS_S:,} tokens/s on {GOAL_CORES} cores: {four:,.0f} {'met' if four >= GOAL_TOKENS_S else 'MISSED'}",
+        (
+            f"{GOAL_TOKENS_S:,} tokens/s on {GOAL_CORES} cores (by CPU time; "
+            f"{'measured' if _measurable(GOAL_CORES, got) else 'wall-clock unmeasured here'}): "
+            f"{four:,.0f} {'met' if four >= GOAL_TOKENS_S else 'MISSED'}"
+        ),
         f"host cores for {GOAL_TOKENS_S:,} tokens/s {needed:.2f} {'met' if needed <= GOAL_CORES else 'MISSED'} (<= {GOAL_CORES})",
         f"shards byte-identical at {', '.join(map(str, THREADS))} threads {'met' if identical else 'MISSED'}",
     ]
