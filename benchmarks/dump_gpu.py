@@ -163,7 +163,7 @@ def host_side(args, tokenizer_source: str, vocabulary: str) -> None:
     if args.markdown and not args.smoke:
         from benchmarks.results import write_section
 
-        write_section("dump_host", f"{lines[0]}\n\n{table}\n\n{summary}")
+        write_section("dump_host", f"{lines[0]};\n{lines[1].strip()}\n\n{table}\n\n{summary}")
 
 
 def teacher_dump(args, settings: dict, tokenizer: str, vocabulary: str, conversion: dict, books) -> None:
