@@ -17,7 +17,8 @@ and the orchestration of the stages, each a module with one owner of its state:
   converted on the device right after the head;
 - the conversion sink (:mod:`distill.dump.sink`): a background thread that, on a CPU,
   converts the chunks with Numba while the teacher computes on, and writes complete documents in
-  corpus order; only converted values wait for a document to be complete;
+  corpus order; only converted values wait for a document to be complete; each store writer
+  encodes them on its own ``--encode-threads`` (:class:`logit_store.StoreWriter`);
 - the summary (:mod:`distill.dump.summary`), built once from what the stages hand back.
 """
 
