@@ -89,3 +89,20 @@ def test_a_dump_with_encoder_threads_writes_the_shards_of_one_thread(scale, smal
         shards[threads] = shard_bytes(output)
     assert shards[1] and shards[4] == shards[1]
     capsys.readouterr()
+
+
+def test_encoder_threads_default_to_four_on_the_device_path_and_one_on_the_host_path(tmp_path):
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from distill.corpus.spec import CorpusSpec
+    from distill.dump.config import DumpConfig
+    from distill.dump.settle import settle
+
+    config = DumpConfig(teacher="t", corpus=CorpusSpec(str(tmp_path / "c.jsonl")), output=str(tmp_path / "o"))
+    cpu, cuda = SimpleNamespace(type="cpu"), SimpleNamespace(type="cuda")
+    assert settle(config, cpu).encode_threads == 1  # the Numba conversion: the host's work is converting
+    assert settle(config, cuda).encode_threads == 4
+    assert settle(replace(config, conversion="torch"), cpu).encode_threads == 4
+    assert settle(replace(config, conversion="numba"), cuda).encode_threads == 1
+    assert settle(replace(config, encode_threads=2), cuda).encode_threads == 2
