@@ -12,10 +12,19 @@ conversions of them are bit-identical. One prepared script, a few minutes on one
     python -m benchmarks.dump_gpu                                   # 8B shape on cuda
     python -m benchmarks.dump_gpu --smoke                           # seconds, anywhere
 
+Then the host side after the forward, on the same vocabulary (:mod:`benchmarks.dump_host`): CPU-µs
+per teacher token of each stage (the sink's fill of the device's converted rows, the store's
+quantisation, stored-NLL decode, contexts, rANS, zstd and write) and the encoding's tokens/s with 1,
+2 and 4 encoder threads (``--encode-threads``; alternating rounds, the best of each), with the
+tokens/s 4 cores bound it to and the host cores 40,000 tokens/s need, on a ``summary`` line;
+``--host-only`` runs that part alone (no teacher: any machine), ``--markdown`` writes its tables
+into docs/RESULTS.md.
+
 ``--smoke``: the tiny shape on the CPU over the SmolLM2 tokenizer of ``benchmarks/smoke.py``
 (49,152 tokens: its tables build in a fraction of the Llama-3 ones' time), toy windows and the
 first Psalm (about 170 tokens), with the device conversion forced (``conversion: torch``), so
-the dump takes the GPU's path on the CPU; only the peak GPU memory is not measured.
+the dump takes the GPU's path on the CPU; only the peak GPU memory is not measured. Its host side
+runs over a few thousand tokens, one round.
 """
 
 from __future__ import annotations
@@ -120,6 +129,10 @@ def main() -> None:
             type=type(DumpConfig.__dataclass_fields__[name].default),
             help=f"override {name} of {EXAMPLE.name}",
         )
+    parser.add_argument("--host-tokens", type=int, default=60_000, help="teacher tokens of the host side's measure")
+    parser.add_argument("--host-rounds", type=int, default=3, help="alternating rounds of the encoder thread counts")
+    parser.add_argument("--host-only", action="store_true", help="the host side alone (no teacher, any machine)")
+    parser.add_argument("--markdown", action="store_true", help="write the host side's tables into docs/RESULTS.md")
     parser.add_argument("--smoke", action="store_true", help="toy sizes on the CPU (seconds): a check that it runs")
     args = parser.parse_args()
     example = yaml.safe_load(EXAMPLE.read_text())
@@ -131,6 +144,30 @@ def main() -> None:
         args.shape, args.device, args.tokens = "tiny", "cpu", 100
         settings |= SMOKE_SETTINGS
         tokenizer, vocabulary, conversion, books = str(tiny_teacher()), "smollm2", {"conversion": "torch"}, {"Psalms"}
+        args.host_tokens, args.host_rounds = 3_000, 1
+    if not args.host_only:
+        teacher_dump(args, settings, tokenizer, vocabulary, conversion, books)
+    host_side(args, tokenizer, vocabulary)
+
+
+def host_side(args, tokenizer_source: str, vocabulary: str) -> None:
+    """The host side after the forward (:mod:`benchmarks.dump_host`), printed and perhaps written."""
+    from benchmarks.dump_host import host_report
+    from distill.conversion.converter import Converter
+
+    tokenizer = load_teacher_tokenizer(tokenizer_source)
+    converter = Converter(vocab_from_tokenizer(tokenizer, name=vocabulary))
+    lines, summary, table = host_report(converter, tokenizer, args.host_tokens, args.host_rounds)
+    print("\n".join(lines))
+    print(summary)
+    if args.markdown and not args.smoke:
+        from benchmarks.results import write_section
+
+        write_section("dump_host", f"{lines[0]};\n{lines[1].strip()}\n\n{table}\n\n{summary}")
+
+
+def teacher_dump(args, settings: dict, tokenizer: str, vocabulary: str, conversion: dict, books) -> None:
+    """The dump with a random teacher on ``args.device``: its throughput, memory and conversions."""
     device = torch.device(args.device)
     teacher = random_teacher(args.shape, device, tokenizer, vocabulary)
     with tempfile.TemporaryDirectory() as tmp:

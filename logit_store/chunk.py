@@ -55,7 +55,7 @@ class EncodedDocument:
     dropped_mass: np.ndarray  # (m+1,) float32
     text_bytes: int
     key: str | None
-    layout: StreamLayout | None = None  # its stream layout, when decoding its values needed it (not stored)
+    layout: StreamLayout | None = None  # its stream layout, where its chunk's contexts need it (not stored)
     roles: np.ndarray | None = None  # (P,) uint8: each target's role (version 4, a chat store)
 
     @property

@@ -125,7 +125,7 @@ class _CodeTableEncoding(Encoding):
     def encode(self, values, offsets):
         codes = np.empty(len(values), np.uint8 if self.value_width == 1 else np.uint16)
         tails = np.empty(len(offsets) - 1, np.uint8)
-        self._fill_codes(np.asarray(values, np.float64), np.asarray(offsets, np.int64), codes, tails)
+        self._fill_codes(np.ascontiguousarray(values, np.float64), np.asarray(offsets, np.int64), codes, tails)
         if self.value_width == 2:
             codes = codes.astype("<u2", copy=False).view(np.uint8)
         return codes.reshape(-1, self.value_width), tails.reshape(-1, 1)
@@ -188,11 +188,31 @@ class PowerEncoding(_CodeTableEncoding):
         return {"gamma": self.gamma}
 
     def _fill_codes(self, values, offsets, codes, tails):
-        _encode_pow(values, offsets, self.gamma, self.levels, codes, tails)
+        if self.bits != 8:
+            _encode_pow(values, offsets, self.gamma, self.levels, codes, tails)
+            return
+        thresholds, bucket_code, first_bucket = self._code_search
+        _encode_pow_searched(
+            values, offsets, self.gamma, self.levels, codes, tails, thresholds, bucket_code, first_bucket
+        )
 
     @cached_property
     def _table(self) -> np.ndarray:
         return (np.arange(self.levels + 1) / self.levels) ** (1.0 / self.gamma)
+
+    @cached_property
+    def _code_search(self) -> tuple[np.ndarray, np.ndarray, int]:
+        """What :func:`_encode_pow_searched` finds a code with: ``thresholds[c]``, about the least p
+        of code c (p**gamma * levels = c - 0.5), 0 and infinity at the ends; and for every bucket of
+        the float64 bits of p between the code-0 bound and 1 (its exponent and 8 bits of mantissa)
+        the code of its least p, the buckets numbered from ``first_bucket``."""
+        codes = np.arange(1, self.levels + 1)
+        thresholds = np.concatenate([[0.0], ((codes - 0.5) / self.levels) ** (1.0 / self.gamma), [np.inf]])
+        first_bucket = int(np.float64(_surely_zero(self.gamma, self.levels)).view(np.int64)) >> _BUCKET_SHIFT
+        buckets = np.arange(first_bucket, (int(np.float64(1.0).view(np.int64)) >> _BUCKET_SHIFT) + 1)
+        least = (buckets << _BUCKET_SHIFT).view(np.float64)
+        bucket_code = np.searchsorted(thresholds, least, side="right") - 1
+        return thresholds, bucket_code.astype(np.int64), first_bucket
 
 
 class ContextCodedEncoding(PowerEncoding):
@@ -353,17 +373,52 @@ def _encode_log(values, offsets, step, codes, tails):
         tails[i] = _tail_code(total, count)
 
 
+_BUCKET_SHIFT = 44  # a float64's bits above this: its exponent and the top 8 bits of its mantissa
+_SURE = 1e-9  # relative distance from a code's threshold beyond which its search needs no power
+
+
+@_kernel(cache=True, inline="always")
+def _surely_zero(gamma, levels):
+    """Below this, p**gamma * levels < 0.5 by a margin far beyond rounding error: code 0 without
+    the (costly) power, which most values of a byte distribution need."""
+    return (0.5 / levels) ** (1.0 / gamma) * (1.0 - _SURE)
+
+
 @_kernel(cache=True, nogil=True)
 def _encode_pow(values, offsets, gamma, levels, codes, tails):
-    # Below this, p**gamma * levels < 0.5 by a margin far beyond rounding error: code 0 without
-    # the (costly) power, which most values of a byte distribution need.
-    surely_zero = (0.5 / levels) ** (1.0 / gamma) * (1.0 - 1e-9)
+    surely_zero = _surely_zero(gamma, levels)
     for i in range(len(offsets) - 1):
         total, count = 0.0, 0
         for at in range(offsets[i], offsets[i + 1]):
             p = values[at]
             c = 0
             if p >= surely_zero:
+                c = min(round(p**gamma * levels), levels)
+            if c == 0:
+                total += max(p, 0.0)
+                count += 1
+            codes[at] = c
+        tails[i] = _tail_code(total, count)
+
+
+@_kernel(cache=True, nogil=True)
+def _encode_pow_searched(values, offsets, gamma, levels, codes, tails, thresholds, bucket_code, first_bucket):
+    """:func:`_encode_pow`'s codes, found without the power: from the code of p's bucket up to the
+    threshold p is below; where p is within ``_SURE`` of a threshold, or above 1, by the power."""
+    surely_zero = _surely_zero(gamma, levels)
+    bits = values.view(np.int64)
+    for i in range(len(offsets) - 1):
+        total, count = 0.0, 0
+        for at in range(offsets[i], offsets[i + 1]):
+            p = values[at]
+            c = 0
+            if 1.0 >= p >= surely_zero:
+                c = bucket_code[(bits[at] >> _BUCKET_SHIFT) - first_bucket]
+                while p >= thresholds[c + 1]:
+                    c += 1
+                if p - thresholds[c] < _SURE * p or thresholds[c + 1] - p < _SURE * p:
+                    c = min(round(p**gamma * levels), levels)
+            elif p > 1.0:
                 c = min(round(p**gamma * levels), levels)
             if c == 0:
                 total += max(p, 0.0)

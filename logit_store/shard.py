@@ -76,6 +76,15 @@ def checksum(data: bytes, size: int = 16) -> bytes:
 
 
 @dataclass(frozen=True)
+class CodedChunk:
+    """A chunk ready to be appended: its documents and its zstd frame."""
+
+    docs: list[EncodedDocument]
+    frame: bytes
+    raw_length: int
+
+
+@dataclass(frozen=True)
 class ShardRecord:
     writer_id: int
     sequence: int
@@ -102,7 +111,7 @@ class ShardFile:
         self._file = open(self.tmp_path, "wb")  # noqa: SIM115 - open until finish() or abandon()
         self._file.write(SHARD_MAGIC + struct.pack("<II", version, 0))
         self._offset = HEADER_SIZE
-        self._compressor = zstandard.ZstdCompressor(level=compression_level, write_checksum=True, threads=0)
+        self.compression_level = compression_level
         self.chunks: list[tuple] = []
         self.docs: list[tuple] = []
 
@@ -110,15 +119,22 @@ class ShardFile:
     def num_docs(self) -> int:
         return len(self.docs)
 
-    def write_chunk(self, docs: list[EncodedDocument], contexts: np.ndarray | None = None) -> None:
+    def code_chunk(self, docs: list[EncodedDocument], contexts: np.ndarray | None = None) -> CodedChunk:
+        """The chunk of ``docs`` built and compressed; touches nothing of the shard's, so that
+        several chunks may be coded at once on other threads (each with its own compressor)."""
         raw = build_chunk(docs, self.encoding, self.version, contexts)
         if len(raw) > MAX_CHUNK_RAW:
             raise UserError(
                 f"a chunk of {len(raw):,} raw bytes exceeds the format's {MAX_CHUNK_RAW:,} (a document too long)"
             )
-        frame = self._compressor.compress(raw)
+        compressor = zstandard.ZstdCompressor(level=self.compression_level, write_checksum=True, threads=0)
+        return CodedChunk(docs, compressor.compress(raw), len(raw))
+
+    def write_coded(self, coded: CodedChunk) -> None:
+        """Append a coded chunk (chunks go in the order they are appended) and index its documents."""
+        docs, frame = coded.docs, coded.frame
         chunk = len(self.chunks)
-        self.chunks.append((self._offset, len(frame), len(raw), len(self.docs), len(docs), checksum(frame)))
+        self.chunks.append((self._offset, len(frame), coded.raw_length, len(self.docs), len(docs), checksum(frame)))
         for d in docs:
             key_length = -1 if d.key is None else len(d.key.encode("utf-8"))
             self.docs.append((chunk, len(d.token_ids), len(d.value_bytes), d.num_positions, d.text_bytes, key_length))

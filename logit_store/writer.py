@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Self
 
@@ -39,6 +42,7 @@ from logit_store.manifest import (
 )
 from logit_store.ownership import check_store_files
 from logit_store.shard import (
+    CodedChunk,
     ShardFile,
     ShardReader,
     ShardRecord,
@@ -48,6 +52,53 @@ from logit_store.source_record import keep_source_record
 from logit_store.vocab_file import vocab_to_bytes
 
 DECODE_RUN_VALUES = 1 << 20  # values decoded at a time to take what a reader gets (4 MiB of float32)
+# float64 values of the documents handed to the encoder threads and not yet encoded, per thread (16 MiB),
+# beyond the newest document: a longer one is encoded before the caller goes on, as with one thread
+VALUES_IN_FLIGHT_PER_THREAD = 1 << 21
+
+
+@dataclass(frozen=True)
+class _Encoded:
+    """A document as its encoder thread left it: stored form and the log-likelihood a reader gets."""
+
+    document: EncodedDocument
+    stored_log_likelihood: float
+
+
+@dataclass(frozen=True)
+class PendingDocument:
+    """A document the writer took, encoded on its threads; :meth:`stored_log_likelihood` waits for it."""
+
+    encoded: Future
+
+    def done(self) -> bool:
+        return self.encoded.done()
+
+    def stored_log_likelihood(self) -> float:
+        """The document's log-likelihood under its values as a reader decodes them."""
+        return self.encoded.result().stored_log_likelihood
+
+
+class _Jobs:
+    """Runs the writer's encoding jobs: at once in the caller with one thread, else on a pool of
+    ``threads``. The pool takes jobs in the order they were submitted, so a job that waits only for
+    jobs submitted before it (a chunk for its documents) finds them running or done: no deadlock."""
+
+    def __init__(self, threads: int):
+        self.threads = threads
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="store-encoder") if threads > 1 else None
+
+    def submit(self, job, *args) -> Future:
+        if self._pool is not None:
+            return self._pool.submit(job, *args)
+        future = Future()
+        future.set_result(job(*args))
+        return future
+
+    def shutdown(self) -> None:
+        """Drop the jobs not started and wait for those running."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _differences(name: str, stored, new) -> str:
@@ -100,11 +151,14 @@ class StoreWriter:
         chunk_bytes: int | None = None,
         compression_level: int = 9,
         trie: VocabTrie | None = None,
+        encode_threads: int = 1,
     ):
         vocab, encoding, stream = identity.vocab, identity.encoding, identity.stream
         reserved_symbols, settings = identity.reserved_symbols, identity.settings
         if not 0 <= writer_id <= 99999:
             raise UserError(f"writer id must be in 0..99999, got {writer_id}")
+        if encode_threads < 1:
+            raise UserError(f"encode threads must be at least 1, got {encode_threads}")
         self.directory = Path(directory)
         self.vocab = vocab
         self.encoding = encoding if isinstance(encoding, Encoding) else get_encoding(encoding, identity.encoding_params)
@@ -142,7 +196,11 @@ class StoreWriter:
         self._identity = identity_hash(self.manifest)
         self._open_directory()
         self._shard: ShardFile | None = None
-        self._pending: list[EncodedDocument] = []
+        self._jobs = _Jobs(int(encode_threads))
+        self._pending: list[Future] = []  # the next chunk's documents (Future[_Encoded]), in order
+        self._encoding: deque[tuple[Future, int]] = deque()  # documents handed to the threads (and their values)
+        self._values_in_flight = 0
+        self._coding: deque[tuple[Future, int]] = deque()  # the shard's chunks being coded (and their documents)
         self._pending_bytes = 0
         self._shard_raw_bytes = 0
         self.num_written = 0
@@ -208,6 +266,13 @@ class StoreWriter:
         vocabulary has several ids with one byte string (else the lowest such id is stored).
         Returns the log-likelihood of the document under its values as a reader decodes them
         (what ``train`` and ``score`` read)."""
+        return self.submit_distributions(distributions, key, text_bytes, token_ids, roles).stored_log_likelihood()
+
+    def submit_distributions(
+        self, distributions, key: str | None = None, text_bytes: int | None = None, token_ids=None, roles=None
+    ) -> PendingDocument:
+        """:meth:`add_distributions` without waiting for the encoding: the document's values must
+        not change until :meth:`PendingDocument.done`."""
         layout = distributions.layout
         if StreamKind.of_layout(layout) is not self.stream:
             raise ValueError(
@@ -232,9 +297,11 @@ class StoreWriter:
             layout = self.stream.layout(self.trie, token_ids)
         except ValueError as exc:
             raise UserError(f"document {self.num_written} ({key or 'no key'}): {exc}") from None
-        self._add(token_ids, values, dropped_mass, text_bytes, key, layout, roles)
+        self._add(token_ids, values, dropped_mass, text_bytes, key, layout, roles).stored_log_likelihood()
 
-    def _add(self, token_ids, values, dropped_mass, text_bytes, key, layout: StreamLayout, roles=None) -> float:
+    def _add(
+        self, token_ids, values, dropped_mass, text_bytes, key, layout: StreamLayout, roles=None
+    ) -> PendingDocument:
         if self._closed:
             raise RuntimeError("StoreWriter is closed")
         if self._pending_bytes >= self.chunk_bytes:  # flushed now, when the caller's float64 values are gone
@@ -266,26 +333,62 @@ class StoreWriter:
             ):
                 raise UserError(f"{where}: roles must be one of 0..3 per target ({layout.num_positions})")
             roles = roles.astype(np.uint8)
-        value_bytes, position_bytes = self.encoding.encode(values, offsets)
+        size = self._raw_size(token_ids, layout, key, roles)
+        encoded = self._jobs.submit(
+            self._encode_document, token_ids, values, dropped_mass, int(text_bytes), key, layout, roles, size
+        )
+        self._pending.append(encoded)
+        self._encoding.append((encoded, len(values)))
+        self._values_in_flight += len(values)
+        self._pending_bytes += size
+        self._shard_raw_bytes += size
+        self.num_written += 1
+        self._write_coded_chunks(self._jobs.threads)
+        self._wait_for_encoding(VALUES_IN_FLIGHT_PER_THREAD * self._jobs.threads)
+        shard_docs = (self._shard.num_docs if self._shard else 0) + len(self._pending) + self._coding_documents()
+        if (self.docs_per_shard and shard_docs >= self.docs_per_shard) or self._shard_raw_bytes >= self.shard_bytes:
+            self._finish_shard()
+        return PendingDocument(encoded)
+
+    def _raw_size(self, token_ids, layout: StreamLayout, key: str | None, roles) -> int:
+        """The raw bytes the document takes in its chunk (:meth:`EncodedDocument.raw_size`), known
+        before it is encoded, so that the chunks are cut where they would be without threads."""
+        encoding = self.encoding
+        values, positions = layout.num_values * encoding.value_width, layout.num_positions * encoding.position_width
+        key_bytes = len((key or "").encode())
+        role_bytes = 0 if roles is None else len(roles)
+        return 4 * len(token_ids) + values + positions + 4 * (len(token_ids) + 1) + key_bytes + role_bytes
+
+    def _encode_document(self, token_ids, values, dropped_mass, text_bytes, key, layout, roles, size) -> _Encoded:
+        """An encoder thread's job: the document's codes, as stored, and its stored log-likelihood."""
+        value_bytes, position_bytes = self.encoding.encode(values, layout.offsets)
         stored_log_likelihood = self._stored_log_likelihood(value_bytes, position_bytes, layout)
         doc = EncodedDocument(
             token_ids=token_ids.astype(np.uint32),
             value_bytes=value_bytes,
             position_bytes=position_bytes,
             dropped_mass=dropped_mass.astype(np.float32),
-            text_bytes=int(text_bytes),
+            text_bytes=text_bytes,
             key=key,
+            layout=layout if self.encoding.needs_contexts else None,  # its chunk's contexts come from it
             roles=roles,
         )
-        self._pending.append(doc)
-        size = doc.raw_size()
-        self._pending_bytes += size
-        self._shard_raw_bytes += size
-        self.num_written += 1
-        shard_docs = (self._shard.num_docs if self._shard else 0) + len(self._pending)
-        if (self.docs_per_shard and shard_docs >= self.docs_per_shard) or self._shard_raw_bytes >= self.shard_bytes:
-            self._finish_shard()
-        return stored_log_likelihood
+        if doc.raw_size() != size:
+            raise RuntimeError(f"a document of {doc.raw_size()} raw bytes, {size} were expected")
+        return _Encoded(doc, stored_log_likelihood)
+
+    def _wait_for_encoding(self, at_most: int) -> None:
+        """Wait until the documents handed to the threads and not encoded yet hold at most ``at_most``
+        float64 values (they live until then), or are the newest alone."""
+        while self._encoding and (
+            self._encoding[0][0].done() or (len(self._encoding) > 1 and self._values_in_flight > at_most)
+        ):
+            encoded, values = self._encoding.popleft()
+            encoded.result()
+            self._values_in_flight -= values
+
+    def _coding_documents(self) -> int:
+        return sum(documents for _, documents in self._coding)
 
     def _stored_log_likelihood(self, value_bytes, position_bytes, layout: StreamLayout) -> float:
         """The document's log-likelihood under its values as a reader decodes them, decoded
@@ -299,6 +402,7 @@ class StoreWriter:
         return log_likelihood(taken)
 
     def _flush_chunk(self) -> None:
+        """Hand the pending documents to the threads as the next chunk of the shard."""
         if not self._pending:
             return
         if self._shard is None:
@@ -307,25 +411,36 @@ class StoreWriter:
             self._shard = ShardFile(
                 path, self.compression_level, record, self.encoding, self.manifest["format_version"]
             )
-        contexts = self._chunk_contexts() if self.encoding.needs_contexts else None
-        self._shard.write_chunk(self._pending, contexts)
-        self._pending = []
-        self._pending_bytes = 0
+        pending, self._pending, self._pending_bytes = self._pending, [], 0
+        self._coding.append((self._jobs.submit(self._code_chunk, pending, self._shard), len(pending)))
+        self._write_coded_chunks(self._jobs.threads)
 
-    def _chunk_contexts(self) -> np.ndarray:
-        """The model contexts of every pending value, from each document's stream layout (rebuilt
-        from its token ids, as the reader does). Computed once per chunk, when it is flushed, so
-        that a pending document keeps only its stored bytes."""
-        contexts = np.empty(sum(len(d.value_bytes) for d in self._pending), np.int16)
+    def _code_chunk(self, pending: list[Future], shard: ShardFile) -> CodedChunk:
+        """An encoder thread's job: the chunk of these documents, once they are encoded, compressed."""
+        docs = [encoded.result().document for encoded in pending]
+        contexts = self._chunk_contexts(docs) if self.encoding.needs_contexts else None
+        return shard.code_chunk(docs, contexts)
+
+    def _write_coded_chunks(self, at_most: int) -> None:
+        """Write the coded chunks at the front, in order, and wait until at most ``at_most`` are
+        being coded."""
+        while self._coding and (self._coding[0][0].done() or len(self._coding) > at_most):
+            self._shard.write_coded(self._coding.popleft()[0].result())
+
+    def _chunk_contexts(self, docs: list[EncodedDocument]) -> np.ndarray:
+        """The model contexts of every value of the chunk, from each document's stream layout (as the
+        reader rebuilds it from its token ids). Computed when the chunk is coded, so that a pending
+        document keeps its stored bytes and its layout, not its contexts."""
+        contexts = np.empty(sum(len(d.value_bytes) for d in docs), np.int16)
         start = 0
-        for doc in self._pending:
-            layout = self.stream.layout(self.trie, doc.token_ids)
-            self.encoding.contexts(layout, contexts[start:])
-            start += layout.num_values
+        for doc in docs:
+            self.encoding.contexts(doc.layout, contexts[start:])
+            start += doc.layout.num_values
         return contexts
 
     def _finish_shard(self) -> None:
         self._flush_chunk()
+        self._write_coded_chunks(0)
         if self._shard is not None:
             self._shard.finish()
             self._writer_documents += self._shard.num_docs
@@ -340,9 +455,11 @@ class StoreWriter:
             write_completion(self.directory, Completion(self.writer_id, self._next_sequence, self._writer_documents))
             fsync_directory(self.directory)
             self._closed = True
+            self._jobs.shutdown()
 
     def abandon(self) -> None:
         """Stop without finishing the current shard (its ``.tmp`` stays, as after a crash)."""
+        self._jobs.shutdown()
         if self._shard is not None:
             self._shard.abandon()
         self._closed = True

@@ -31,7 +31,7 @@ SMOKED_TRAINING = {
 SMOKED_DUMPING = {
     "convert": "ratio numba(sorted columns)/floor",
     "dump": "share outside the forward = ",
-    "dump_gpu": "memory: formula / peak on cpu",
+    "dump_gpu": "summary: host side: ",
     "prompt_cut": "summary: healed ",
     "store": "best (smallest with mean KL",
     "dump_memory": "summary: worst |estimate - peak| / peak",

@@ -114,6 +114,16 @@ class DumpConfig:
             "range": COUNT,
         },
     )
+    encode_threads: int | None = field(
+        default=None,
+        metadata={
+            "help": "threads per store writer that encode and compress its documents and chunks while the teacher "
+            "runs; the store's bytes are the same for any count (default: 4 where the conversion runs on the "
+            "device, whose dump the encoding would otherwise hold back, else 1: the Numba conversion is "
+            "the host's work there; see the README)",
+            "range": COUNT,
+        },
+    )
     docs_per_shard: int | None = field(  # a shard: one of the store's files
         default=None, metadata={"help": "close a shard after this many documents (default: by size)", "range": COUNT}
     )

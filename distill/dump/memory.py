@@ -7,8 +7,11 @@ computed), and the chunk being computed never coexists with the trunk's activati
 runs after the trunk), so the two overlap by the smaller of them;
 converted values wait for their document to be complete, for at most one group
 (``--group-tokens``) plus the longest document that is longer than a group; each store writer
-holds its pending chunk (``--chunk-bytes`` raw bytes: one byte a value for ``pow8-ans``), and one
-chunk at a time is being coded and compressed; a document longer than a group adds its values'
+holds its pending chunk (``--chunk-bytes`` raw bytes: one byte a value for ``pow8-ans``, and each
+document's layout, its chunk's contexts to come), and with one encoder thread that chunk is coded and
+compressed in place, with ``--encode-threads`` T > 1 up to T chunks are being coded while the next
+fills, and documents of up to ``VALUES_IN_FLIGHT_PER_THREAD`` float64 values a thread wait to be
+encoded; a document longer than a group adds its values'
 wait and, while it is written, its codes and taken values (:attr:`TokenCost.stored_bytes`).
 Freed pages go back to the system as the dump runs (:func:`trim_freed_memory`), so that what the
 allocator keeps does not grow with the corpus either. The rest is fixed by the teacher: its weights (and
@@ -30,6 +33,7 @@ from dataclasses import dataclass
 import torch
 
 from bytestream.stream_kind import StreamKind
+from logit_store.writer import VALUES_IN_FLIGHT_PER_THREAD
 
 RUNTIME_BYTES = 380_000_000  # Python, torch, transformers, accelerate, numba, tokenizers: code and buffers
 TOKENIZER_BYTES_PER_ENTRY = 2_200  # the teacher's tokenizer and the encoder's exact copy (Llama-3: 0.28 GB)
@@ -69,6 +73,7 @@ TOKEN_COSTS = {
     StreamKind.FUSED: TokenCost(720, BYTES_PER_TOKEN),
 }
 CODING_BYTES_PER_CHUNK_BYTE = 1.5  # coding a chunk: its contexts, rANS words, raw chunk and zstd frame
+PENDING_BYTES_PER_CHUNK_BYTE = 3  # a pending chunk: its codes and its documents' int16 support symbols
 LOGIT_CHUNKS_IN_FLIGHT = 2  # CPU: one being converted, the next computed (distill/conversion_sink.MAX_IN_FLIGHT + 1)
 MMAP_THRESHOLD = 1 << 20
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
@@ -92,11 +97,12 @@ def memory_terms(
     device_conversion: bool,
     writers: int = 1,
     chunk_bytes: int = 16 << 20,
+    encode_threads: int = 1,
     longest_document_tokens: int = 0,
     stream: StreamKind = StreamKind.EOT,
 ) -> list[MemoryTerm]:
     """Estimated peak bytes of each part of the dump, with the flag that scales it. ``writers``:
-    the store writers this process runs; ``longest_document_tokens``: the longest document, when
+    the store writers this process runs, each with ``encode_threads``; ``longest_document_tokens``: the longest document, when
     known (its values beyond a group's wait until it is written); ``stream``: the one converted into."""
     cost = TOKEN_COSTS[stream]
     model, config = teacher.model, teacher.model.config
@@ -121,11 +127,22 @@ def memory_terms(
         MemoryTerm("forward", activations + attention, "--batch-tokens", True),
         MemoryTerm("logits", logits, "--head-rows", True),
         MemoryTerm("pending values", group_tokens * cost.pending_bytes, "--group-tokens", False),
-        MemoryTerm("store chunks", int(chunk_bytes * (writers + CODING_BYTES_PER_CHUNK_BYTE)), "--chunk-bytes", False),
+        MemoryTerm("store chunks", writers * store_chunk_bytes(chunk_bytes, encode_threads), "--chunk-bytes", False),
     ]
+    if encode_threads > 1:
+        waiting = writers * encode_threads * VALUES_IN_FLIGHT_PER_THREAD * 8
+        terms.append(MemoryTerm("documents being encoded", waiting, "--encode-threads", False))
     if beyond_group:
         terms.append(MemoryTerm("longest document", beyond_group * cost.waiting_bytes, "a document's length", False))
     return terms
+
+
+def store_chunk_bytes(chunk_bytes: int, encode_threads: int) -> int:
+    """A store writer's chunks: the pending one, coded in place with one thread; with more, also up
+    to ``encode_threads`` chunks being coded, each still holding its documents."""
+    pending, coding = PENDING_BYTES_PER_CHUNK_BYTE, CODING_BYTES_PER_CHUNK_BYTE
+    chunks = pending + coding if encode_threads == 1 else pending + encode_threads * (pending + coding)
+    return int(chunk_bytes * chunks)
 
 
 def host_logits_bytes(chunk: int, forward: int) -> int:

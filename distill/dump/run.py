@@ -17,7 +17,8 @@ and the orchestration of the stages, each a module with one owner of its state:
   converted on the device right after the head;
 - the conversion sink (:mod:`distill.dump.sink`): a background thread that, on a CPU,
   converts the chunks with Numba while the teacher computes on, and writes complete documents in
-  corpus order; only converted values wait for a document to be complete;
+  corpus order; only converted values wait for a document to be complete; each store writer
+  encodes them on its own ``--encode-threads`` (:class:`logit_store.StoreWriter`);
 - the summary (:mod:`distill.dump.summary`), built once from what the stages hand back.
 """
 
@@ -232,6 +233,8 @@ def _dump_pass(plan: DumpPlan, teacher: Teacher, started: float | None) -> DumpS
                     store.close()
         except BaseException:
             sink.abort()
+            for store in stores.values():
+                store.abandon()  # its threads stop; a shard being written stays partial, as after a crash
             raise
         finally:
             bar.close()
@@ -288,6 +291,7 @@ def _open_stores(
             docs_per_shard=config.docs_per_shard,
             chunk_bytes=config.chunk_bytes,
             trie=converter.trie,
+            encode_threads=plan.encode_threads,
         )
 
     try:
@@ -339,6 +343,7 @@ def memory_terms(plan: DumpPlan, teacher: Teacher, longest_document_tokens: int 
         device_conversion=plan.on_device,
         writers=len(plan.mine),
         chunk_bytes=plan.chunk_bytes,
+        encode_threads=plan.encode_threads,
         longest_document_tokens=longest_document_tokens,
         stream=plan.stream,
     )

@@ -14,6 +14,8 @@ from bytestream.stream_kind import AUTO_STREAM, StreamKind
 from distill.dump.config import DumpConfig
 from distill.dump.sharding import writers_of
 
+DEVICE_ENCODE_THREADS = 4  # a store writer's encoder threads by default where the device converts
+
 
 @dataclass(frozen=True)
 class DumpPlan:
@@ -27,6 +29,7 @@ class DumpPlan:
     mine: tuple[int, ...]  # the writers this worker runs
     on_device: bool  # convert on the teacher's device (else with Numba on the CPU, beside the forward)
     chunk_bytes: int  # raw bytes of a store chunk: --chunk-bytes, else the encoding's
+    encode_threads: int  # --encode-threads, else DEVICE_ENCODE_THREADS on the device path and 1 on the host's
 
 
 def settle(config: DumpConfig, device, worker: int = 0, workers: int = 1) -> DumpPlan:
@@ -35,6 +38,7 @@ def settle(config: DumpConfig, device, worker: int = 0, workers: int = 1) -> Dum
 
     stream = store_stream(config)
     writers = store_writers(config, workers)
+    on_device = config.conversion == "torch" or (config.conversion == "auto" and device.type == "cuda")
     return DumpPlan(
         config=replace(config, stream=stream.value),
         stream=stream,
@@ -42,8 +46,9 @@ def settle(config: DumpConfig, device, worker: int = 0, workers: int = 1) -> Dum
         workers=workers,
         writers=writers,
         mine=tuple(writers_of(worker, workers, writers)),
-        on_device=config.conversion == "torch" or (config.conversion == "auto" and device.type == "cuda"),
+        on_device=on_device,
         chunk_bytes=config.chunk_bytes or get_encoding(config.encoding).chunk_bytes,
+        encode_threads=config.encode_threads or (DEVICE_ENCODE_THREADS if on_device else 1),
     )
 
 

@@ -8,6 +8,8 @@ GIL, so the teacher computes on meanwhile) or :class:`ConvertedRows` (a head chu
 already converted). At most ``MAX_IN_FLIGHT`` messages that carry rows are with the thread, which
 bounds the logits waiting (:mod:`distill.dump.memory`). A failure in the thread is raised in the sender
 at its next hand-over, or when the sink closes; closing hands back the :class:`WrittenCounts`.
+A complete document goes to its store writer, which encodes it on its own threads
+(``--encode-threads``); the thread adds it to the counts once it is encoded, in corpus order.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from distill.conversion.rows import ColumnOrder
 from distill.dump import memory as dump_memory
 from distill.dump.plan import PlannedDocument
 from distill.dump.summary import WrittenCounts
+from logit_store.writer import PendingDocument
 
 # messages carrying rows held by the sink's thread: the one it converts. The teacher computes the
 # next chunk meanwhile and hands it over when the thread is free, so the thread never waits for a
@@ -143,6 +146,7 @@ class _Receiver:
         self._stores, self._converter, self._bar = stores, converter, bar
         self._pending: dict[tuple[int, int], _Filling] = {}  # by (writer, index), in corpus order
         self._written = WrittenCounts()
+        self._encoding: deque[tuple[PendingDocument, dict]] = deque()  # written, counted once encoded
         self._positions_at_trim = 0
 
     def receive(self, message: Message) -> None:
@@ -160,6 +164,7 @@ class _Receiver:
     def finish(self) -> WrittenCounts:
         if self._pending:
             raise RuntimeError(f"{len(self._pending)} documents were never completed")
+        self._count_encoded(wait=True)
         return self._written
 
     def _plan(self, message: DocumentsPlanned) -> None:
@@ -206,14 +211,22 @@ class _Receiver:
         dist = DocumentDistributions(doc.layout, filled.values, filled.dropped)
         store = self._stores[doc.writer_id]
         with store_errors(store):
-            stored_log_likelihood = store.add_distributions(dist, key=doc.key, token_ids=doc.token_ids, roles=doc.roles)
-        self._written = self._written.plus_document(
-            text_bytes=doc.text_bytes,
-            tokens=len(doc.token_ids),
-            positions=dist.layout.num_positions,
-            nll=-stored_log_likelihood,
-            exact_nll=-dist.log_likelihood(),
-            dropped_mass=dist.dropped_mass,
-        )
+            pending = store.submit_distributions(dist, key=doc.key, token_ids=doc.token_ids, roles=doc.roles)
+        counts = {
+            "text_bytes": doc.text_bytes,
+            "tokens": len(doc.token_ids),
+            "positions": dist.layout.num_positions,
+            "exact_nll": -dist.log_likelihood(),
+            "dropped_mass": dist.dropped_mass,
+        }
+        self._encoding.append((pending, counts))
+        self._count_encoded(wait=False)
+
+    def _count_encoded(self, wait: bool) -> None:
+        """Add the written documents whose encoding finished (all of them if ``wait``) to the counts,
+        in the order they were written."""
+        while self._encoding and (wait or self._encoding[0][0].done()):
+            pending, counts = self._encoding.popleft()
+            self._written = self._written.plus_document(nll=-pending.stored_log_likelihood(), **counts)
         elapsed = max(self._bar.format_dict.get("elapsed", 0.0), 1e-9)
         self._bar.set_postfix(docs=self._written.documents, bytes_s=f"{self._written.text_bytes / elapsed:,.0f}")

@@ -1,0 +1,108 @@
+"""Encoder threads change when a store's documents are encoded, never the store's bytes: shards
+written with several threads are byte-identical to one thread's, for the store writer over the real
+Llama-3 vocabulary and for a whole dump, each with many small chunks and shards and with one chunk."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bytedistill.cli import main as cli_main
+from bytestream.stream_kind import StreamKind
+from distill.conversion.converter import DocumentDistributions
+from logit_store import LogitStore, StoreIdentity, StoreWriter
+from logit_store.file_names import SHARD
+from tests.gguf_teachers import save_small_teacher, write_tiny_gguf
+from tests.stores import random_texts
+from tests.teachers import dump_args
+
+# (writer settings, documents): many chunks of a few documents over several shards; one chunk
+SCALES = {
+    "small chunks": ({"chunk_bytes": 20_000, "docs_per_shard": 7}, 40),
+    "one chunk": ({}, 12),
+}
+
+
+def peaked_distributions(layout, rng: np.random.Generator) -> DocumentDistributions:
+    """Values peaked as a teacher's are, a distribution over each position's support, and some dropped mass."""
+    weights = np.exp(4.0 * rng.standard_normal(layout.num_values))
+    sums = np.add.reduceat(weights, layout.offsets[:-1])
+    values = weights / np.repeat(sums, np.diff(layout.offsets))
+    dropped = rng.uniform(0, 1e-3, int(layout.position_row.max()) + 1 if layout.num_positions else 1)
+    return DocumentDistributions(layout, values, dropped)
+
+
+def shard_bytes(directory: Path) -> dict[str, bytes]:
+    return {path.name: path.read_bytes() for path in sorted(SHARD.paths(directory, 0))}
+
+
+def write_store(directory: Path, vocab, trie, encoder, texts, threads: int, **writer) -> tuple[dict, list[float]]:
+    """The shards' bytes of a ``pow8-ans`` store of ``texts`` (fused stream) and each document's stored
+    log-likelihood, written with ``threads`` encoder threads."""
+    identity = StoreIdentity(vocab, encoding="pow8-ans", teacher="peaked", stream=StreamKind.FUSED)
+    rng = np.random.default_rng(0)
+    pending = []
+    with StoreWriter(directory, identity, trie=trie, encode_threads=threads, **writer) as out:
+        for k, text in enumerate(texts):
+            ids = encoder.encode(text)
+            dist = peaked_distributions(StreamKind.FUSED.layout(trie, ids), rng)
+            pending.append(out.submit_distributions(dist, key=f"doc-{k}", text_bytes=len(text), token_ids=ids))
+    return shard_bytes(directory), [p.stored_log_likelihood() for p in pending]
+
+
+@pytest.mark.parametrize("scale", list(SCALES))
+def test_encoder_threads_write_the_shards_one_thread_writes(
+    scale, llama3_vocab, llama3_converter, llama3_encoder, tmp_path
+):
+    settings, count = SCALES[scale]
+    texts = random_texts(count, seed=7, min_words=20, max_words=200)
+    args = llama3_vocab, llama3_converter.trie, llama3_encoder, texts
+    one, one_nll = write_store(tmp_path / "one", *args, threads=1, **settings)
+    three, three_nll = write_store(tmp_path / "three", *args, threads=3, **settings)
+    assert len(one) > (1 if scale == "small chunks" else 0)
+    assert three == one
+    assert three_nll == one_nll
+    store = LogitStore(tmp_path / "three")
+    assert len(store) == count and store.document(count - 1).key == f"doc-{count - 1}"
+
+
+@pytest.fixture(scope="module")
+def small_teacher(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("small-teacher")
+    return save_small_teacher(root / "teacher", write_tiny_gguf(root / "tiny.gguf"))
+
+
+@pytest.mark.parametrize("scale", list(SCALES))
+def test_a_dump_with_encoder_threads_writes_the_shards_of_one_thread(scale, small_teacher, tmp_path, capsys):
+    settings, count = SCALES[scale]
+    corpus = tmp_path / "corpus.jsonl"
+    texts = random_texts(count, seed=3, min_words=20, max_words=120)
+    corpus.write_text("\n".join(json.dumps({"text": t.decode()}) for t in texts))
+    flags = [f"--{name.replace('_', '-')}={value}" for name, value in settings.items()]
+    shards = {}
+    for threads in (1, 4):
+        output = tmp_path / f"store-{threads}"
+        assert cli_main(dump_args(small_teacher, corpus, output, *flags, f"--encode-threads={threads}")) == 0
+        shards[threads] = shard_bytes(output)
+    assert shards[1] and shards[4] == shards[1]
+    capsys.readouterr()
+
+
+def test_encoder_threads_default_to_four_on_the_device_path_and_one_on_the_host_path(tmp_path):
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from distill.corpus.spec import CorpusSpec
+    from distill.dump.config import DumpConfig
+    from distill.dump.settle import settle
+
+    config = DumpConfig(teacher="t", corpus=CorpusSpec(str(tmp_path / "c.jsonl")), output=str(tmp_path / "o"))
+    cpu, cuda = SimpleNamespace(type="cpu"), SimpleNamespace(type="cuda")
+    assert settle(config, cpu).encode_threads == 1  # the Numba conversion: the host's work is converting
+    assert settle(config, cuda).encode_threads == 4
+    assert settle(replace(config, conversion="torch"), cpu).encode_threads == 4
+    assert settle(replace(config, conversion="numba"), cuda).encode_threads == 1
+    assert settle(replace(config, encode_threads=2), cuda).encode_threads == 2
