@@ -17,6 +17,7 @@ from tests.benchmark_smoke import ROOT, SMOKED, SMOKED_TRAINING, run_smoke
 
 NOT_SMOKED = {
     "generation": "its own smoke test",
+    "dump_host": "not a script of its own: benchmarks.dump_gpu's host side, which dump_gpu's smoke run measures",
     "onnx_step": "not a benchmark: the ONNX Runtime step benchmarks.serve's smoke run decodes (tests/test_onnx_step.py)",
 }
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from bytestream.alphabet import BYTES_SPECIAL_NAMES, NUM_BYTES
 from bytestream.byte_tokenizer import byte_level_chars
 from common.errors import UserError
+from students.models.flat import FLAT
 
 GGUF_TYPES = ("f32", "f16", "q8_0")
 
@@ -99,7 +100,7 @@ def llama_config(folder: Path):
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(folder)
-    if config.model_type != "llama":
+    if config.model_type != FLAT.model_type:  # llama.cpp's "llama" architecture
         raise UserError(f"{folder} holds a {config.model_type!r} model; GGUF export takes a flat (Llama) bytes student")
     rope = rope_parameters(config)
     if rope.get("rope_type", "default") != "default":
