@@ -19,7 +19,8 @@ class ExportConfig:
         default=None,
         metadata={
             "help": "the teacher's tokenizer (tokenizer.json, model folder or .gguf) shipped for <eot> placement "
-            "(default: the teacher the training store names)"
+            "(default: the teacher the training store names); a bytes student needs none (its chat template "
+            "comes from the training store)"
         },
     )
     repo_id: str | None = field(

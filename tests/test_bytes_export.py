@@ -36,13 +36,15 @@ END_OF_TURN = BYTES.alphabet_size + 1  # <|im_end|>, the chat store's second res
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory) -> dict[str, Path]:
-    """Fused stores of text and of conversations, a bytes student trained on each, and their exports."""
+    """Fused stores of text and of conversations, a bytes student trained on each, and their exports,
+    made where the teacher the stores name is no longer found."""
     root = tmp_path_factory.mktemp("bytes-export")
     teacher = write_tiny_gguf(root / "tiny.gguf", chat_template=True)
     (root / "train.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS))
     (root / "chats.jsonl").write_text("".join(json.dumps({"messages": CONVERSATION}) + "\n" for _ in range(3)))
     assert cli_main(dump_args(teacher, root / "train.jsonl", root / "store")) == 0
     assert cli_main(dump_args(teacher, root / "chats.jsonl", root / "chat-store", "--chat")) == 0
+    teacher.rename(root / "teacher-gone.gguf")  # training and export read the stores alone
     for name, store in (("plain", "store"), ("chat", "chat-store")):
         run = root / f"run-{name}"
         args = [
@@ -58,6 +60,16 @@ def built(tmp_path_factory) -> dict[str, Path]:
         assert cli_main(["train", *args, *TRAIN, "--eval-bytes", "0"]) == 0
         assert cli_main(["export", str(run), str(root / name), "--teacher", "tiny"]) == 0
     return {"root": root, "plain": root / "plain", "chat": root / "chat", "store": root / "store"}
+
+
+@pytest.mark.parametrize("store", ["store", "chat-store"])
+def test_a_bytes_student_is_trained_and_exported_without_its_teacher(built, store):
+    from logit_store.manifest import read_manifest, tokenizer_location
+
+    path = built["root"] / store
+    teacher = Path(tokenizer_location(path, read_manifest(path)))
+    assert teacher.name == "tiny.gguf" and not (path / teacher).exists()  # relative to the store, or absolute
+    assert (built["plain" if store == "store" else "chat"] / "model.safetensors").is_file()
 
 
 @pytest.mark.parametrize("name", ["plain", "chat"])
@@ -241,3 +253,96 @@ def test_chat_serve_and_push_run_the_plain_folder(built, capsys, monkeypatch):
                 assert reply.choices[0].message.content == expected
         finally:
             running.stop()
+
+
+@pytest.mark.slow
+def test_lm_eval_runs_the_plain_folder_without_remote_code(built, tmp_path, monkeypatch):
+    """lm-evaluation-harness's ``hf`` model on the folder, no ``trust_remote_code``: a rolling loglikelihood
+    of a document within one window (``add_bos_token=False``, as the card says) is ``score --packed false``'s
+    NLL less its ``<eos>`` term (which the harness does not score), and its greedy ``generate_until`` from a mid-word prompt continues as
+    ``generate --greedy`` does."""
+    lm_eval = pytest.importorskip("lm_eval")
+    import torch
+    from lm_eval.tasks import TaskManager
+
+    from students.release.generate import generate_bytes, load_folder
+    from students.release.generate_options import GenerateOptions
+    from students.release.score import score
+    from students.release.score_options import ScoreOptions
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    texts, prompts = TEXTS[1:], ["Grüße aus K", "def f(x): ret"]  # within the 64-symbol context
+    (tmp_path / "docs.jsonl").write_text("".join(json.dumps({"text": t, "prompt": p}) + "\n" for t, p in zip(texts, prompts)))
+    common = f"dataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {tmp_path / 'docs.jsonl'}\ntest_split: test\n"
+    (tmp_path / "rolling.yaml").write_text(
+        f"task: bytes_rolling\n{common}output_type: loglikelihood_rolling\n"
+        'doc_to_text: ""\ndoc_to_target: "{{text}}"\n'
+        "metric_list:\n  - metric: bits_per_byte\n    aggregation: bits_per_byte\n    higher_is_better: false\n"
+    )
+    (tmp_path / "until.yaml").write_text(
+        f"task: bytes_until\n{common}output_type: generate_until\n"
+        'doc_to_text: "{{prompt}}"\ndoc_to_target: ""\n'
+        "generation_kwargs:\n  until: []\n  do_sample: false\n  max_gen_toks: 12\n"
+        "metric_list:\n  - metric: exact_match\n"
+    )
+    tasks = TaskManager(include_path=str(tmp_path), include_defaults=False)
+
+    def samples(task: str, model_args: str) -> list[dict]:
+        results = lm_eval.simple_evaluate(
+            model="hf", model_args=model_args, tasks=[task], task_manager=tasks, batch_size=2, device="cpu", log_samples=True
+        )
+        return results["samples"][task]
+
+    # as the card says: add_bos_token=False for rolling loglikelihood (the harness reads its own <bos> first)
+    rolling = samples("bytes_rolling", f"pretrained={built['plain']},add_bos_token=False")
+    until = samples("bytes_until", f"pretrained={built['plain']}")
+    model, tokenizer = load_folder(built["plain"])
+    harness_nll = {s["doc"]["text"]: -s["filtered_resps"][0] for s in rolling}
+    for k, text in enumerate(texts):
+        (tmp_path / f"doc{k}.jsonl").write_text(json.dumps({"text": text}) + "\n")
+        ours = score(built["plain"], [tmp_path / f"doc{k}.jsonl"], ScoreOptions(packed=False, progress=False))[0]
+        ids = torch.tensor([[BYTES.bos, *text.encode()]])
+        with torch.no_grad():
+            end = -torch.log_softmax(model(input_ids=ids).logits[0, -1].float(), -1)[BYTES.eos].item()
+        assert harness_nll[text] == pytest.approx(ours.student_nll - end, rel=1e-5)
+    options = GenerateOptions(max_new_bytes=12, greedy=True)
+    harness_text = {s["doc"]["prompt"]: s["resps"][0][0] for s in until}
+    for prompt in prompts:
+        assert harness_text[prompt] == generate_bytes(model, tokenizer, prompt, options).decode(errors="replace")
+
+
+@pytest.mark.slow
+def test_llama_cpp_runs_the_trained_students_gguf_as_transformers_runs_the_folder(built, tmp_path):
+    """``export-gguf`` of the students the pipeline trained: llama.cpp reads a text as the folder's
+    tokenizer does, gives the same next-byte distributions (f32), and answers a conversation through
+    its own chat path (the GGUF's template: SmolLM2's, as the store recorded it) as ``chat`` does."""
+    pytest.importorskip("llama_cpp")
+    import numpy as np
+    import torch
+
+    from students.release.chat import answers
+    from students.release.generate import load_folder
+    from students.release.generate_options import GenerateOptions
+    from tests.test_gguf_parity import F32_KL_BITS, kl_bits, llama
+
+    for name in ("plain", "chat"):
+        gguf = tmp_path / f"{name}.gguf"
+        assert cli_main(["export-gguf", str(built[name]), str(gguf), "--type", "f32"]) == 0
+        model, tokenizer = load_folder(built[name])
+        text = "".join(TEXTS)
+        with llama(gguf) as runtime:
+            ids = runtime.tokenize(text.encode())
+            assert ids == [BYTES.bos, *text.encode()]
+            runtime.eval(ids)
+            theirs = np.array(runtime.scores[: len(ids)], dtype=np.float64)
+            with torch.no_grad():
+                ours = model(input_ids=torch.tensor([ids])).logits[0].double().numpy()
+            assert ours.shape == theirs.shape and kl_bits(ours, theirs).max() <= F32_KL_BITS
+            if name == "chat":
+                messages = [{"role": "user", "content": "Hi there"}]
+                expected = answers(model, tokenizer, [messages], GenerateOptions(max_new_bytes=16, greedy=True))[0]
+                reply = runtime.create_chat_completion(
+                    messages=messages, max_tokens=16, temperature=0.0, top_k=1, repeat_penalty=1.0, seed=0
+                )
+                assert reply["choices"][0]["message"]["content"] == expected and expected

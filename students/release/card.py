@@ -132,10 +132,16 @@ of at most {context} symbols over longer text; with plain `generate`, keep promp
 ## Evaluation with lm-evaluation-harness
 
 ```bash
-lm_eval --model hf --tasks wikitext --model_args pretrained={repo}
+lm_eval --model hf --tasks wikitext --model_args pretrained={repo},add_bos_token=False
 ```
 
-`bits_per_byte` of rolling-loglikelihood tasks matches `bytedistill score --packed false`.
+For rolling-loglikelihood tasks (`bits_per_byte`) pass `add_bos_token=False`: the harness reads the
+tokenizer's `<bos>` before the first window itself, and would otherwise score a second `<bos>` as the
+first symbol. Then the `bits_per_byte` of a document that fits one window ({context} symbols) is
+`bytedistill score --packed false`'s less its end-of-text term (the harness does not score `<eos>`);
+over longer documents the harness gives each last window a full context, so the figures differ a
+little. Generation tasks (`generate_until`) take the tokenizer as it is (`<bos>` first), and continue a
+prompt cut anywhere as `bytedistill generate --greedy` does.
 """
 
 BYTES_CHAT_USAGE = """```python

@@ -51,7 +51,7 @@ from students.release.bytes_tokenizer import bytes_chat_template, plain_tokenize
 from students.release.card import LICENSE, card_section, model_card
 from students.release.export_record import previous_export, write_record, written_files
 from students.release.export_staging import clean_leftover, export_lock, staging, swap_in
-from students.release.teacher_check import PLAIN, TeacherChat, teacher_files
+from students.release.teacher_check import PLAIN, TeacherChat, recorded_chat, teacher_files, training_manifest
 from students.release.tokenizer import build_tokenizer
 from students.release.trained_student import load_student, read_run_info, resolve_checkpoint, trained_context
 
@@ -92,7 +92,7 @@ def export_student(
         previous = previous_export(output)
         info = read_run_info(checkpoint)
         model = load_student(checkpoint)  # before the (slow) tokenizer: a damaged checkpoint is refused at once
-        tokenizer_json, chat = teacher_files(teacher_tokenizer, info)
+        tokenizer_json, chat = student_chat(model, teacher_tokenizer, info)
         if chat.reserved_symbols != list(getattr(model.config, "reserved_symbols", None) or []):
             raise UserError(
                 f"the training store's reserved symbols {chat.reserved_symbols} are not the student's "
@@ -106,6 +106,20 @@ def export_student(
             write_export(staged, model, tokenizer_json, info, chat=chat, **card)
         swap_in(staged, output)
     return output
+
+
+def student_chat(model, teacher_tokenizer: str | None, info: dict[str, Any]) -> tuple[str, TeacherChat]:
+    """The teacher tokenizer an export ships and the student's chat settings. A bytes student ships no
+    teacher tokenizer and reads no teacher: its chat settings are the ones the training store's manifest
+    records (none for a plain student); only a store that records none (older) is read with the teacher's."""
+    if StreamKind.of_config(model.config) is StreamKind.BYTES:
+        if not getattr(model.config, "reserved_symbols", None):
+            return "", PLAIN
+        manifest = training_manifest(info)
+        chat = recorded_chat(manifest) if manifest is not None else None
+        if chat is not None:
+            return "", chat
+    return teacher_files(teacher_tokenizer, info)
 
 
 def end_of_turn_symbols(stream: StreamKind, chat: TeacherChat) -> list[int]:

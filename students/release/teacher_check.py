@@ -104,13 +104,53 @@ def teacher_files(source: str | None, info: dict[str, Any]) -> tuple[str, Teache
     return text, chat
 
 
-def teacher_chat(manifest: dict[str, Any], tokenizer, vocab: TeacherVocab) -> TeacherChat:
-    """The chat settings of a store's student: the reserved symbols its manifest names and the
-    template it was rendered with, each as the manifest records it, else as the teacher has it."""
+def training_manifest(info: dict[str, Any]) -> dict[str, Any] | None:
+    """The manifest of the first training store a run names, or None where it is not found from here."""
+    from logit_store.file_names import MANIFEST
+    from logit_store.manifest import read_manifest
+
+    stores = training_stores(info)
+    return read_manifest(stores[0]) if stores and (stores[0] / MANIFEST).is_file() else None
+
+
+def recorded_chat(manifest: dict[str, Any]) -> TeacherChat | None:
+    """The chat settings of a store's student as its manifest alone records them (no teacher read):
+    :data:`PLAIN` for a store of text; None for a store of conversations whose manifest lacks the
+    template, its special-token texts or its prefix (a store of an older version)."""
     reserved = [entry["text"] for entry in manifest.get("reserved_symbols") or []]
     if not reserved:
         return PLAIN
-    recorded = {**(manifest.get("settings") or {}), **manifest}  # the rendering, as the dump records it
+    recorded = _recorded_rendering(manifest)
+    template, tokens = recorded.get("chat_template"), recorded.get("chat_template_tokens")
+    if not (isinstance(template, str) and template and tokens and "chat_prefix" in recorded):
+        return None
+    _check_template_digest(template, recorded)
+    return TeacherChat(reserved, template, dict(tokens), recorded["chat_prefix"])
+
+
+def _recorded_rendering(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The rendering of a store of conversations, as the dump records it (in its settings or at the top)."""
+    return {**(manifest.get("settings") or {}), **manifest}
+
+
+def _check_template_digest(template: str, recorded: dict[str, Any]) -> None:
+    """Refuse a template that is not the one the store records the sha256 of."""
+    digest = recorded.get("chat_template_sha256")
+    if digest and hashlib.sha256(template.encode("utf-8")).hexdigest() != digest:
+        raise UserError(
+            "the teacher's chat template is not the one the training store was rendered with (its sha256 differs): "
+            "export from a store that records its template, or with the teacher it was dumped with"
+        )
+
+
+def teacher_chat(manifest: dict[str, Any], tokenizer, vocab: TeacherVocab) -> TeacherChat:
+    """The chat settings of a store's student: the reserved symbols its manifest names and the
+    template it was rendered with, each as the manifest records it, else as the teacher has it."""
+    chat = recorded_chat(manifest)
+    if chat is not None:
+        return chat
+    reserved = [entry["text"] for entry in manifest.get("reserved_symbols") or []]
+    recorded = _recorded_rendering(manifest)
     names = ("bos_token", "eos_token")  # the texts the dump renders its template with
     own = {name: str(getattr(tokenizer, name)) for name in names if getattr(tokenizer, name, None)}
     prefix = vocab.bytes_of(vocab.prefix_ids[:1]).decode("utf-8", errors="replace") if vocab.prefix_ids else ""
@@ -119,12 +159,8 @@ def teacher_chat(manifest: dict[str, Any], tokenizer, vocab: TeacherVocab) -> Te
     template = recorded.get("chat_template") or getattr(tokenizer, "chat_template", None)
     if isinstance(template, dict):  # several named templates: the default one
         template = template.get("default")
-    digest = recorded.get("chat_template_sha256")
-    if template and digest and hashlib.sha256(template.encode("utf-8")).hexdigest() != digest:
-        raise UserError(
-            "the teacher's chat template is not the one the training store was rendered with (its sha256 differs): "
-            "export from a store that records its template, or with the teacher it was dumped with"
-        )
+    if template:
+        _check_template_digest(template, recorded)
     return TeacherChat(
         reserved,
         template,
