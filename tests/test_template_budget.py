@@ -15,7 +15,10 @@ from common.errors import UserError
 from distill.teacher import template_budget
 from distill.teacher.chat import ChatTemplate
 from distill.teacher.template_budget import TemplateTooCostly, render_template
+from students.release.bytes_tokenizer import BytesTokenizer, bytes_chat_template, plain_tokenizer
+from students.release.chat import chat_stream
 from tests.gguf_teachers import smollm2_chat_template
+from tests.test_chat_student import CHATML, RESERVED, chat_tokenizer, teacher  # noqa: F401 (teacher: a fixture)
 
 TEMPLATES = Path(__file__).parent / "data" / "chat_templates"
 NESTED_LOOPS = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
@@ -103,3 +106,17 @@ def test_nested_loops_are_refused_at_the_render_deadline(monkeypatch):
         ChatTemplate(NESTED_LOOPS).render([{"role": "user", "content": "hi"}])
     assert time.perf_counter() - started < 2
 
+
+
+@pytest.mark.parametrize("kind", ["fused", "eot", "bytes"])
+def test_a_students_chat_stream_is_its_tokenizers_apply_chat_template(teacher, tmp_path, kind):  # noqa: F811
+    """``bytedistill chat``, ``generate --chat`` and ``serve`` render through the budget and read
+    the rendering as the folder's own ``apply_chat_template`` does."""
+    if kind == "bytes":
+        template = bytes_chat_template(CHATML, {"bos_token": "<|im_start|>", "eos_token": "<|im_end|>"}, "")
+        tokenizer = BytesTokenizer(plain_tokenizer(RESERVED, template))
+    else:
+        tokenizer = chat_tokenizer(tmp_path, teacher[1], kind)
+    for messages in CONVERSATIONS:
+        want = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
+        assert chat_stream(tokenizer, messages) == want
