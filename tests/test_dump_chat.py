@@ -118,7 +118,9 @@ def test_a_conversation_of_more_messages_than_max_messages_is_skipped_and_listed
     assert main(dump_args(teacher, corpus, tmp_path / "three", "--chat", "--max-messages", "3")) == 0
     assert len(LogitStore(tmp_path / "default")) == 2 and len(LogitStore(tmp_path / "three")) == 1
     reasons = {
-        name: [json.loads(line)["reason"] for line in (tmp_path / name / "skipped-00000.jsonl").read_text().splitlines()]
+        name: [
+            json.loads(line)["reason"] for line in (tmp_path / name / "skipped-00000.jsonl").read_text().splitlines()
+        ]
         for name in ("default", "three")
     }
     assert reasons == {

@@ -107,7 +107,6 @@ def test_nested_loops_are_refused_at_the_render_deadline(monkeypatch):
     assert time.perf_counter() - started < 2
 
 
-
 @pytest.mark.parametrize("kind", ["fused", "eot", "bytes"])
 def test_a_students_chat_stream_is_its_tokenizers_apply_chat_template(teacher, tmp_path, kind):  # noqa: F811
     """``bytedistill chat``, ``generate --chat`` and ``serve`` render through the budget and read

@@ -16,7 +16,6 @@ from distill.corpus.spec import CorpusSpec
 from logit_store.encodings import DEFAULT_ENCODING, ENCODINGS
 from logit_store.file_names import SKIP_LIST
 
-
 DEFAULT_MAX_MESSAGES = 256  # the most messages of a conversation dump --chat renders (each prefix is rendered)
 
 

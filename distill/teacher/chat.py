@@ -174,7 +174,11 @@ class ChatEncoder:
     ``max_messages`` messages is refused before it is rendered (each of its prefixes would be)."""
 
     def __init__(
-        self, template: ChatTemplate, encoder: DocumentEncoder, specials: dict[str, int], max_messages: int | None = None
+        self,
+        template: ChatTemplate,
+        encoder: DocumentEncoder,
+        specials: dict[str, int],
+        max_messages: int | None = None,
     ):
         self.template, self.encoder, self.vocab = template, encoder, encoder.vocab
         self.max_messages = max_messages  # longer conversations are refused (each prefix is rendered)
@@ -343,9 +347,7 @@ def _role_runs(text: str, spans, start: int, stop: int) -> tuple[np.ndarray, np.
     return np.asarray(starts, np.int64), np.asarray(values, np.uint8)
 
 
-def chat_encoder(
-    tokenizer, vocab, template_file: str | None = None, max_messages: int | None = None
-) -> ChatEncoder:
+def chat_encoder(tokenizer, vocab, template_file: str | None = None, max_messages: int | None = None) -> ChatEncoder:
     """The chat encoder of a teacher: its template (or ``template_file``), and its vocabulary with
     the specials the template writes kept (:meth:`bytestream.vocab.TeacherVocab.with_kept`);
     conversations of more than ``max_messages`` messages refused."""

@@ -166,12 +166,12 @@ class BudgetedSandbox(ImmutableSandboxedEnvironment):
     code_generator_class = _CountingCodeGenerator
     intercepted_binops = frozenset({"*", "+", "**", "%"})
 
-    def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 - jinja2's signature
+    def call(self, context, obj, /, *args, **kwargs):
         budget = _budget()
         budget.tick()
         budget.refuse_large_arguments(args, kwargs)
-        budget.charge(_predicted_call_size(__obj, args))
-        result = super().call(__context, __obj, *args, **kwargs)
+        budget.charge(_predicted_call_size(obj, args))
+        result = super().call(context, obj, *args, **kwargs)
         budget.charge(_size(result))
         return result
 
