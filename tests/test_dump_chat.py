@@ -132,6 +132,19 @@ def test_a_conversation_of_more_messages_than_max_messages_is_skipped_and_listed
     }
 
 
+def test_resuming_a_chat_store_with_another_max_messages_is_refused_in_one_line(tmp_path, teacher, capsys):
+    """--max-messages decides which conversations a store skips: the store records it (when it is not
+    the default) and a run with another is refused."""
+    corpus = tmp_path / "chats.jsonl"
+    write_jsonl(corpus, [{"messages": m} for m in CONVERSATIONS])
+    assert main(dump_args(teacher, corpus, tmp_path / "store", "--chat", "--max-messages", "3")) == 0
+    assert LogitStore(tmp_path / "store").manifest["settings"]["max_messages"] == 3
+    capsys.readouterr()
+    assert main(dump_args(teacher, corpus, tmp_path / "store", "--chat")) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "max_messages" in err.strip().splitlines()[-1]
+
+
 def test_a_plain_dump_is_unchanged_by_a_chat_template(tmp_path, teacher):
     """The same teacher without --chat writes the store it always wrote: no reserved symbols, no
     roles, the <eot> stream's format version 2."""
