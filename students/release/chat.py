@@ -3,8 +3,9 @@
 A chat student was distilled on conversations rendered by its teacher's chat template, the
 teacher's chat specials being symbols of its own; its folder ships the template
 (docs/DESIGN.md, "Conversations at inference"). A conversation so far (a list of ``{"role", "content"}``
-messages) becomes the student's stream through its tokenizer's ``apply_chat_template`` with the
-generation prompt (the assistant's header), and the answer is generated until the student ends
+messages) becomes the student's stream as its tokenizer's ``apply_chat_template`` makes it, with the
+generation prompt (the assistant's header), the template rendered within the render budget
+(docs/DESIGN.md, "The render budget"); the answer is generated until the student ends
 its turn (its generation config's end-of-turn symbols), or the byte budget runs out; it is the
 text bytes generated, the specials dropped. A conversation that outgrows the trained context is
 read from its latest whole turns (:meth:`Conversation.stream`); past the context the window slides
