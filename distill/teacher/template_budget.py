@@ -257,7 +257,8 @@ def render_template(source: str, **variables) -> str:
     """The chat template ``source`` rendered with ``variables`` within a render's budget (its
     output counted as it comes); :class:`TemplateTooCostly` past it."""
     template = compiled_template(source)
-    budget = RenderBudget(RENDER_SECONDS, RENDER_CHARACTERS + CHARACTERS_PER_INPUT * input_characters(variables))
+    characters = RENDER_CHARACTERS + CHARACTERS_PER_INPUT * input_characters(list(variables.values()))
+    budget = RenderBudget(RENDER_SECONDS, characters)
     token = _BUDGET.set(budget)
     try:
         parts = []
