@@ -1,4 +1,4 @@
-"""Chat templates rendered within a budget (docs/DESIGN.md, "Conversations", "The render budget").
+"""Chat templates rendered within a budget (docs/DESIGN.md, "The render budget").
 
 A chat template is code from a teacher's folder, a student's folder or ``--chat-template FILE``. It
 renders in the sandboxed Jinja environment ``transformers`` renders chat templates in (the same
@@ -6,11 +6,11 @@ globals, filters and extensions, so the text is the same), made to count: every 
 deadline (:data:`RENDER_SECONDS`) and a budget of characters (:data:`RENDER_CHARACTERS`) that the
 values it makes are charged to, which grows with what it is given (:data:`CHARACTERS_PER_INPUT`).
 The deadline is checked at every call, filter, loop item and piece of output (what a template can
-repeat without bound goes through one of them); the size of a string or list that an operator (``*``, ``+``,
-``~``) or a block would make is charged before it is made, an integer argument larger than the
-budget (a width, a count) is refused before the call, and what a call or filter returns is charged
-after it. A render past either is refused with :class:`TemplateTooCostly`, in the caller's thread:
-nothing keeps running once it is refused.
+repeat without bound goes through one of them); the size of a string or list that an operator
+(``*``, ``+``, ``~``) or a block would make is charged before it is made, an integer argument larger
+than the budget (a width, a count) is refused before the call, and what a call or filter returns is
+charged after it. A render past either is refused with :class:`TemplateTooCostly`, in the caller's
+thread: nothing keeps running once it is refused.
 """
 
 from __future__ import annotations
