@@ -585,6 +585,11 @@ class ByteStreamTokenizer(PreTrainedTokenizer):
             return self.encode_bytes(data[: -len(end.encode("utf-8"))], eos=True)  # the template's end of text
         return self.encode_bytes(data)
 
+    def chat_template_variables(self) -> dict[str, str]:
+        """The special-token texts the chat template is rendered with: the teacher's own
+        (``chat_template_tokens``) over this tokenizer's."""
+        return {**self.special_tokens_map, **self.chat_template_tokens}
+
     def apply_chat_template(
         self,
         conversation,
@@ -616,7 +621,7 @@ class ByteStreamTokenizer(PreTrainedTokenizer):
             add_generation_prompt=add_generation_prompt,
             continue_final_message=continue_final_message,
             tokenize=False,
-            **{**self.chat_template_tokens, **kwargs},
+            **{**self.chat_template_variables(), **kwargs},
         )
         if not tokenize:
             return rendered

@@ -1,6 +1,6 @@
 """``bytedistill chat`` and ``generate --chat`` on an untrained chat student's folder (the bundled
 SmolLM2 GGUF's tokenizer, its ChatML template): a template that raises (its own refusal of a role,
-the sandbox's) is one line and exit 2, as is standard input that is closed or not UTF-8 text; an
+the sandbox's) or runs past its render budget is one line and exit 2, as is standard input that is closed or not UTF-8 text; an
 answer that runs out of bytes before its end of turn is said so on stderr."""
 
 from __future__ import annotations
@@ -12,12 +12,14 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from bytedistill.cli import main as bytedistill
 from bytestream.stream_kind import StreamKind
+from distill.teacher import template_budget
 from students.release.generate_options import GenerateOptions
 from tests.test_chat_student import RESERVED, chat_tokenizer, teacher  # noqa: F401 (teacher: a fixture)
 
@@ -26,6 +28,8 @@ REFUSES_SYSTEM = (
     "{{ raise_exception('System role not supported') }}{% endif %}{% endfor %}"
 )
 ESCAPES = "{{ ''.__class__.__mro__[1].__subclasses__() }}"  # the sandbox refuses it
+NESTED_LOOPS = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+STRING_BOMB = "{{ 'x' * 500000000 }}"
 REPOSITORY = Path(__file__).resolve().parent.parent
 
 
@@ -107,6 +111,21 @@ def test_a_template_that_raises_is_one_line_in_chat_and_generate_chat(
     assert "the conversation does not render with the chat template" in refused(
         status, capsys.readouterr().err, "generate"
     )
+
+
+@pytest.mark.parametrize("template", [NESTED_LOOPS, STRING_BOMB], ids=["nested loops", "string bomb"])
+def test_a_template_past_its_render_budget_is_one_line_in_chat_and_generate_chat(
+    chat_folder, tmp_path, capsys, monkeypatch, template
+):
+    monkeypatch.setattr(template_budget, "RENDER_SECONDS", 0.5)
+    folder = variant(chat_folder, tmp_path, template)
+    monkeypatch.setattr(sys, "stdin", stdin_of(b"What is 2+2?\n"))
+    started = time.perf_counter()
+    line = refused(bytedistill(["chat", str(folder), "--max-new-bytes", "4"]), capsys.readouterr().err, "chat")
+    assert "to render one conversation (its render budget)" in line
+    status = bytedistill(["generate", str(folder), "--chat", "--prompt", "Hi", "--max-new-bytes", "4"])
+    assert "(its render budget)" in refused(status, capsys.readouterr().err, "generate")
+    assert time.perf_counter() - started < 10
 
 
 def test_chat_refuses_closed_standard_input_in_one_line(chat_folder, capsys, monkeypatch):

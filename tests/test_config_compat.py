@@ -152,7 +152,7 @@ CASES: dict[str, tuple[str, str]] = {
             "--batch-tokens 1024 --group-tokens 2048 --head-rows 64 --stream fused --conversion torch --writers 3 --device cpu "
             "--dtype bfloat16 --encoding pow12 --chunk-bytes 4096 --encode-threads 3 --docs-per-shard 5 --num-shards 4 --shard-index 2 "
             "--threads 2 --progress false --strict --max-document-bytes 999 --verbose --chat --messages-field conv "
-            "--prompt-field q --answer-field a --chat-template t.jinja --respond --respond-tokens 64 "
+            "--prompt-field q --answer-field a --max-messages 64 --chat-template t.jinja --respond --respond-tokens 64 "
             "--respond-temperature 0.7 --respond-seed 3 --respond-batch 4"
         ),
     ),

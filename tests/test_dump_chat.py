@@ -5,6 +5,7 @@ bundled GGUF's chat template."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -12,6 +13,7 @@ from bytedistill.cli import main
 from bytestream.stream_kind import StreamKind
 from distill.corpus.conversations import conversation_document
 from distill.dump.respond import answers_path, partial_path
+from distill.teacher import template_budget
 from logit_store import LogitStore
 from tests.chat_families import smollm2_family
 from tests.gguf_teachers import smollm2_chat_template, write_tiny_gguf
@@ -76,6 +78,71 @@ def test_a_chat_store_holds_reserved_symbols_and_roles(tmp_path, teacher, family
         assert stored.roles.tolist() == want.tolist() and store.document_roles(i).tolist() == want.tolist()
         assert stored.text_bytes == stored.layout.num_text_bytes()
     assert main(["verify", str(tmp_path / "store")]) == 0
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+        "{{ 'x' * 500000000 }}",
+    ],
+    ids=["nested loops", "string bomb"],
+)
+def test_a_template_past_its_render_budget_is_one_line_and_leaves_nothing_that_blocks_a_rerun(
+    tmp_path, teacher, capsys, monkeypatch, template
+):
+    monkeypatch.setattr(template_budget, "RENDER_SECONDS", 0.5)
+    corpus, costly = tmp_path / "chats.jsonl", tmp_path / "costly.jinja"
+    write_jsonl(corpus, [{"messages": m} for m in CONVERSATIONS])
+    costly.write_text(template, encoding="utf-8")
+    started = time.perf_counter()
+    assert main(dump_args(teacher, corpus, tmp_path / "store", "--chat", "--chat-template", str(costly))) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and time.perf_counter() - started < 10
+    assert err.strip().splitlines()[-1].startswith("bytedistill dump: error: the chat template ")
+    assert "(its render budget)" in err
+    assert main(dump_args(teacher, corpus, tmp_path / "store", "--chat")) == 0
+    assert len(LogitStore(tmp_path / "store")) == len(CONVERSATIONS)
+
+
+def test_a_conversation_of_more_messages_than_max_messages_is_skipped_and_listed_at_once(tmp_path, teacher):
+    """Every prefix of a conversation is rendered (the square of its messages): one of 10,000
+    messages is skipped without rendering (the default --max-messages, 256), and --max-messages 3
+    keeps a conversation of 3 and skips one of 4."""
+    long = [{"role": "user" if k % 2 == 0 else "assistant", "content": f"turn {k}"} for k in range(10_000)]
+    corpus = tmp_path / "chats.jsonl"
+    write_jsonl(corpus, [{"messages": long}, *({"messages": m} for m in CONVERSATIONS)])
+    started = time.perf_counter()
+    assert main(dump_args(teacher, corpus, tmp_path / "default", "--chat")) == 0
+    assert time.perf_counter() - started < 30
+    assert main(dump_args(teacher, corpus, tmp_path / "three", "--chat", "--max-messages", "3")) == 0
+    assert len(LogitStore(tmp_path / "default")) == 2 and len(LogitStore(tmp_path / "three")) == 1
+    reasons = {
+        name: [
+            json.loads(line)["reason"] for line in (tmp_path / name / "skipped-00000.jsonl").read_text().splitlines()
+        ]
+        for name in ("default", "three")
+    }
+    assert reasons == {
+        "default": ["10,000 messages, more than --max-messages 256 (each prefix is rendered)"],
+        "three": [
+            "10,000 messages, more than --max-messages 3 (each prefix is rendered)",
+            "4 messages, more than --max-messages 3 (each prefix is rendered)",
+        ],
+    }
+
+
+def test_resuming_a_chat_store_with_another_max_messages_is_refused_in_one_line(tmp_path, teacher, capsys):
+    """--max-messages decides which conversations a store skips: the store records it (when it is not
+    the default) and a run with another is refused."""
+    corpus = tmp_path / "chats.jsonl"
+    write_jsonl(corpus, [{"messages": m} for m in CONVERSATIONS])
+    assert main(dump_args(teacher, corpus, tmp_path / "store", "--chat", "--max-messages", "3")) == 0
+    assert LogitStore(tmp_path / "store").manifest["settings"]["max_messages"] == 3
+    capsys.readouterr()
+    assert main(dump_args(teacher, corpus, tmp_path / "store", "--chat")) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "max_messages" in err.strip().splitlines()[-1]
 
 
 def test_a_plain_dump_is_unchanged_by_a_chat_template(tmp_path, teacher):

@@ -20,6 +20,7 @@ import pytest
 
 from bytedistill.cli import main as bytedistill
 from bytestream.stream_kind import StreamKind
+from distill.teacher import template_budget
 from students.release.export import export_student
 from students.release.generate import GenerateOptions, generate_bytes
 from students.serving.engine import Engine
@@ -28,7 +29,7 @@ from students.serving.serve_options import ServeOptions
 from students.serving.server import Served, Server, listening_socket, load_served
 from students.training.synthetic import SYNTHETIC_SOURCE
 from students.training.trainer import train
-from tests.test_chat_student import RESERVED, chat_tokenizer, teacher  # noqa: F401 (teacher: a fixture)
+from tests.test_chat_student import CHATML, RESERVED, chat_tokenizer, teacher  # noqa: F401 (teacher: a fixture)
 from tests.test_serving_engine import MODELS, student
 from tests.tiny_student import tiny_config
 
@@ -165,6 +166,34 @@ def test_chat_answers_through_the_chat_template_and_stops_at_the_end_of_turn(arc
             model="chat", messages=messages, max_tokens=24, temperature=0, stream=True
         )
         assert "".join(c.choices[0].delta.content or "" for c in chunks) == expected
+    finally:
+        running.stop()
+
+
+def test_a_chat_template_past_its_render_budget_is_a_400_and_the_server_keeps_serving(teacher, tmp_path, monkeypatch):  # noqa: F811
+    """A chat student whose template loops for hours on one message: that request is a 400 once the
+    render's deadline passes (its render stopped), and the next request is answered."""
+    from students.models.architectures import architecture_named
+    from students.models.shape import StudentShape
+
+    monkeypatch.setattr(template_budget, "RENDER_SECONDS", 0.5)
+    loops = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+    template = f"{{% if messages[-1]['content'] == 'loop' %}}{loops}{{% endif %}}{CHATML}"
+    tokenizer = chat_tokenizer(tmp_path, teacher[1], "fused")
+    tokenizer.chat_template = template
+    shape = StudentShape(stream="fused", architecture="flat", preset="micro")
+    model = architecture_named("flat").build(shape, seq_len=64, seed=0, reserved=tuple(RESERVED)).eval()
+    engine = Engine(model, slots=2)
+    engine.start()
+    running = Server(Served(engine, tokenizer, "chat", OPTIONS)).start()
+    try:
+        url, ask = f"{running.url}/v1/chat/completions", {"model": "chat", "max_tokens": 4}
+        started = time.perf_counter()
+        costly = httpx.post(url, json={**ask, "messages": [{"role": "user", "content": "loop"}]}, timeout=30)
+        assert costly.status_code == 400 and time.perf_counter() - started < 10
+        assert "(its render budget)" in costly.json()["error"]["message"]
+        answered = httpx.post(url, json={**ask, "messages": [{"role": "user", "content": "Hi"}]}, timeout=30)
+        assert answered.status_code == 200 and answered.json()["choices"][0]["message"]["role"] == "assistant"
     finally:
         running.stop()
 

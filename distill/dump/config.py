@@ -16,6 +16,8 @@ from distill.corpus.spec import CorpusSpec
 from logit_store.encodings import DEFAULT_ENCODING, ENCODINGS
 from logit_store.file_names import SKIP_LIST
 
+DEFAULT_MAX_MESSAGES = 256  # the most messages of a conversation dump --chat renders (each prefix is rendered)
+
 
 @dataclass
 class DumpConfig:
@@ -175,6 +177,15 @@ class DumpConfig:
     answer_field: str = field(
         default=DEFAULT_ANSWER_FIELD,
         metadata={"help": "with --prompt-field: the field holding the answer (missing or empty: --respond writes it)"},
+    )
+    max_messages: int = field(
+        default=DEFAULT_MAX_MESSAGES,
+        metadata={
+            "help": "with --chat: skip (and list) conversations of more messages than this (every prefix of a "
+            "conversation is rendered to check that the template renders it as a prefix, a cost that grows with "
+            "the square of the messages)",
+            "range": COUNT,
+        },
     )
     chat_template: str | None = field(
         default=None,

@@ -41,7 +41,7 @@ from distill.corpus.conversations import ConversationFields
 from distill.corpus.shares import pieces_settings, share_fingerprints, writer_documents
 from distill.corpus.spec import CorpusCounts, CorpusSpec, check_source, corpus_fingerprint, corpus_listing
 from distill.dump import memory as dump_memory
-from distill.dump.config import DumpConfig
+from distill.dump.config import DEFAULT_MAX_MESSAGES, DumpConfig
 from distill.dump.plan import Grouping, Skipper, plan_groups
 from distill.dump.respond import with_answers
 from distill.dump.settle import DumpPlan, settle
@@ -75,6 +75,7 @@ def store_settings(config: DumpConfig, teacher: Teacher, writers: int, chat: Cha
             "corpus_pieces": pieces_settings(),
         }
         | ({"max_document_bytes": config.max_document_bytes} if config.max_document_bytes is not None else {})
+        | ({"max_messages": config.max_messages} if chat and config.max_messages != DEFAULT_MAX_MESSAGES else {})
     )
 
 
@@ -174,7 +175,7 @@ def _dump_pass(plan: DumpPlan, teacher: Teacher, started: float | None) -> DumpS
     chat = None
     if config.chat:
         stage(config, "reading the teacher's chat template")
-        chat = chat_encoder(teacher.tokenizer, teacher.vocab, config.chat_template)
+        chat = chat_encoder(teacher.tokenizer, teacher.vocab, config.chat_template, config.max_messages)
         teacher = replace(teacher, vocab=chat.vocab)
         spec = replace(spec, text_field=conversation_fields(config))
         if config.respond:

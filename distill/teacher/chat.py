@@ -32,6 +32,7 @@ import numpy as np
 from bytestream.stream_kind import StreamKind
 from common.errors import UserError
 from distill.teacher.encode import DocumentEncoder, UnencodableDocument
+from distill.teacher.template_budget import TemplateTooCostly, render_template
 
 ROLES = {"system": 1, "user": 2, "assistant": 3}  # 0: the template's own text
 TEMPLATE_ROLE = 0
@@ -77,20 +78,23 @@ class ChatTemplate:
         return hashlib.sha256(self.source.encode("utf-8")).hexdigest()
 
     def render(self, messages: list[dict], add_generation_prompt: bool = False) -> str:
-        from transformers.utils.chat_template_utils import render_jinja_template
-
+        """The template's text for ``messages``, rendered as ``transformers`` renders it, within a
+        render's budget (:mod:`distill.teacher.template_budget`: past it, :class:`TemplateTooCostly`)."""
         try:
-            rendered, _ = render_jinja_template(
-                conversations=[messages],
-                chat_template=self.source,
+            return render_template(
+                self.source,
+                messages=messages,
+                tools=None,
+                documents=None,
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self.bos_token or "",
                 eos_token=self.eos_token or "",
             )
+        except TemplateTooCostly:
+            raise
         except Exception as exc:  # noqa: BLE001 - a template raises what it likes (raise_exception, jinja errors)
             reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise MalformedConversation(f"the chat template refuses it: {reason}") from None
-        return rendered[0]
 
 
 def load_chat_template(tokenizer, template_file: str | None) -> ChatTemplate:
@@ -166,10 +170,18 @@ class ChatDocument:
 class ChatEncoder:
     """Renders conversations with the teacher's chat template into teacher ids (regular tokens and
     the kept specials) and roles. ``encoder`` is the teacher's document encoder over the chat
-    vocabulary (whose ``kept_ids`` are the reserved symbols)."""
+    vocabulary (whose ``kept_ids`` are the reserved symbols). A conversation of more than
+    ``max_messages`` messages is refused before it is rendered (each of its prefixes would be)."""
 
-    def __init__(self, template: ChatTemplate, encoder: DocumentEncoder, specials: dict[str, int]):
+    def __init__(
+        self,
+        template: ChatTemplate,
+        encoder: DocumentEncoder,
+        specials: dict[str, int],
+        max_messages: int | None = None,
+    ):
         self.template, self.encoder, self.vocab = template, encoder, encoder.vocab
+        self.max_messages = max_messages  # longer conversations are refused (each prefix is rendered)
         self.specials = specials
         self.ids_special = {i: text for text, i in specials.items()}
         longest_first = sorted(specials, key=len, reverse=True)
@@ -203,7 +215,10 @@ class ChatEncoder:
     def encode(self, data: bytes) -> ChatDocument:
         """The conversation ``data`` (its corpus form) as the teacher reads it."""
         messages = parse_conversation(data)
-        text, contents = self.render_spans(messages)
+        try:
+            text, contents = self.render_spans(messages)
+        except TemplateTooCostly as exc:  # this conversation's: the probes rendered within the budget
+            raise MalformedConversation(str(exc)) from None
         start, stop = self._inner_span(text)
         return self._document(text, contents, start, stop)
 
@@ -229,6 +244,10 @@ class ChatEncoder:
     def render_spans(self, messages: list[dict]) -> tuple[str, list[tuple[int, int, int, int]]]:
         """The rendering and, per message, (content start, content end, end of what its role
         covers, role), in characters."""
+        if self.max_messages is not None and len(messages) > self.max_messages:
+            raise MalformedConversation(
+                f"{len(messages):,} messages, more than --max-messages {self.max_messages:,} (each prefix is rendered)"
+            )
         previous, spans = "", []
         for k, message in enumerate(messages, 1):
             full = self.template.render(messages[:k])
@@ -328,14 +347,15 @@ def _role_runs(text: str, spans, start: int, stop: int) -> tuple[np.ndarray, np.
     return np.asarray(starts, np.int64), np.asarray(values, np.uint8)
 
 
-def chat_encoder(tokenizer, vocab, template_file: str | None = None) -> ChatEncoder:
+def chat_encoder(tokenizer, vocab, template_file: str | None = None, max_messages: int | None = None) -> ChatEncoder:
     """The chat encoder of a teacher: its template (or ``template_file``), and its vocabulary with
-    the specials the template writes kept (:meth:`bytestream.vocab.TeacherVocab.with_kept`)."""
+    the specials the template writes kept (:meth:`bytestream.vocab.TeacherVocab.with_kept`);
+    conversations of more than ``max_messages`` messages refused."""
     template = load_chat_template(tokenizer, template_file)
     specials = special_texts(tokenizer, vocab)
     kept = ChatEncoder(template, DocumentEncoder(tokenizer, vocab), specials).template_specials()
     chat_vocab = vocab.with_kept(kept)
-    return ChatEncoder(template, DocumentEncoder(tokenizer, chat_vocab), specials)
+    return ChatEncoder(template, DocumentEncoder(tokenizer, chat_vocab), specials, max_messages)
 
 
 def reserved_symbols(encoder: ChatEncoder) -> list[dict]:

@@ -97,3 +97,12 @@ class BytesTokenizer:
 
     def apply_chat_template(self, conversation, **kwargs):
         return self.tokenizer.apply_chat_template(conversation, **kwargs)
+
+    def chat_template_variables(self) -> dict[str, str]:
+        """The special-token texts the folder's ``apply_chat_template`` renders its template with."""
+        return dict(self.tokenizer.special_tokens_map)
+
+    def encode_chat(self, text: str) -> list[int]:
+        """A conversation rendered by the folder's template as the student's stream, as the folder's
+        ``apply_chat_template`` reads its rendering (``<bos>`` is the template's)."""
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]

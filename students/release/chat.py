@@ -3,8 +3,9 @@
 A chat student was distilled on conversations rendered by its teacher's chat template, the
 teacher's chat specials being symbols of its own; its folder ships the template
 (docs/DESIGN.md, "Conversations at inference"). A conversation so far (a list of ``{"role", "content"}``
-messages) becomes the student's stream through its tokenizer's ``apply_chat_template`` with the
-generation prompt (the assistant's header), and the answer is generated until the student ends
+messages) becomes the student's stream as its tokenizer's ``apply_chat_template`` makes it, with the
+generation prompt (the assistant's header), the template rendered within the render budget
+(docs/DESIGN.md, "The render budget"); the answer is generated until the student ends
 its turn (its generation config's end-of-turn symbols), or the byte budget runs out; it is the
 text bytes generated, the specials dropped. A conversation that outgrows the trained context is
 read from its latest whole turns (:meth:`Conversation.stream`); past the context the window slides
@@ -21,6 +22,7 @@ from pathlib import Path
 from bytestream.stream_kind import StreamKind
 from bytestream.stream_tokenizer import ByteStreamTokenizer
 from common.errors import UserError, first_line
+from distill.teacher.template_budget import TemplateTooCostly, render_template
 from students.release.generate import continue_streams, require_same_stream
 from students.release.generate_options import GenerateOptions
 
@@ -35,11 +37,23 @@ def require_chat(tokenizer: ByteStreamTokenizer, folder: Path | str) -> None:
 
 
 def chat_stream(tokenizer: ByteStreamTokenizer, messages: list[dict[str, str]]) -> list[int]:
-    """The student's stream of a conversation so far, ending with the assistant's header; a
-    template that raises (its own refusal, as of a role it does not take, or the sandbox's) is a
-    :class:`UserError` in one line."""
+    """The student's stream of a conversation so far, ending with the assistant's header: the
+    folder's template rendered within a render's budget (:mod:`distill.teacher.template_budget`) with
+    the texts its tokenizer's ``apply_chat_template`` gives it, then read as that method reads the
+    rendering. A template that raises (its own refusal, as of a role it does not take, or the
+    sandbox's) or goes past the budget is a :class:`UserError` in one line."""
     try:
-        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
+        rendered = render_template(
+            tokenizer.chat_template,
+            messages=[dict(message) for message in messages],
+            tools=None,
+            documents=None,
+            add_generation_prompt=True,
+            **tokenizer.chat_template_variables(),
+        )
+        return tokenizer.encode_chat(rendered)
+    except TemplateTooCostly:
+        raise
     except Exception as exc:  # jinja2's errors, whatever the template's own code raises, the encoding's refusal
         raise UserError(
             f"the conversation does not render with the chat template: {type(exc).__name__}: {first_line(exc)}"
