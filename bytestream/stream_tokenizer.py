@@ -488,6 +488,7 @@ class ByteStreamTokenizer(PreTrainedTokenizer):
         reserved_symbols: list[str] | None = None,
         chat_template_tokens: dict[str, str] | None = None,
         chat_prefix: str | None = None,
+        end_of_turn: list[str] | None = None,
         **kwargs,
     ):
         if teacher_tokenizer_file is None:
@@ -497,6 +498,7 @@ class ByteStreamTokenizer(PreTrainedTokenizer):
         self.reserved_symbols = list(reserved_symbols or [])
         self.chat_template_tokens = dict(chat_template_tokens or {})
         self.chat_prefix = chat_prefix or ""
+        self.end_of_turn = None if end_of_turn is None else list(end_of_turn)
         self.teacher = TeacherTokens.from_file(teacher_tokenizer_file, self.reserved_symbols)
         self.byte_stream, self.stream = byte_stream, STREAMS[byte_stream]
         self._vocab = {char: value for value, char in BYTE_CHARS.items()}
@@ -525,6 +527,8 @@ class ByteStreamTokenizer(PreTrainedTokenizer):
             kwargs["reserved_symbols"] = self.reserved_symbols
             kwargs["chat_template_tokens"] = self.chat_template_tokens
             kwargs["chat_prefix"] = self.chat_prefix
+            if self.end_of_turn is not None:
+                kwargs["end_of_turn"] = self.end_of_turn
         super().__init__(additional_special_tokens=extra, byte_stream=byte_stream, **kwargs)
 
     @property
@@ -563,9 +567,13 @@ class ByteStreamTokenizer(PreTrainedTokenizer):
 
     @property
     def end_of_turn_ids(self) -> list[int]:
-        """The reserved symbols that end a turn: those of the teacher's end-of-text or end-of-turn
-        specials the chat template emits (where ``generate`` stops)."""
-        ends = {self.chat_template_tokens.get("eos_token"), *END_OF_TURN_TEXTS}
+        """The reserved symbols that end a turn (where ``generate`` stops): the ones the training store
+        recorded (``end_of_turn``); for a folder exported before it did, those of the teacher's
+        end-of-text or usual end-of-turn specials the chat template emits."""
+        recorded = self.end_of_turn
+        ends = (
+            set(recorded) if recorded is not None else {self.chat_template_tokens.get("eos_token"), *END_OF_TURN_TEXTS}
+        )
         return [self.stream.alphabet_size + i for i, text in enumerate(self.reserved_symbols) if text in ends]
 
     def encode_chat(self, text: str) -> list[int]:

@@ -191,9 +191,27 @@ class ChatEncoder:
     def settings(self) -> dict:
         """What a chat store records of its rendering (its settings; an export ships them): the
         template, the special-token texts it was given, and the context prefix's text (what the
-        teacher reads before every document, stripped where the template writes it first)."""
+        teacher reads before every document, stripped where the template writes it first), and the
+        texts of the reserved symbols that end a turn (:meth:`end_of_turn_texts`)."""
         tokens = {"bos_token": self.template.bos_token or "", "eos_token": self.template.eos_token or ""}
-        return {"chat_template": self.template.source, "chat_template_tokens": tokens, "chat_prefix": self.prefix_text}
+        settings = {
+            "chat_template": self.template.source,
+            "chat_template_tokens": tokens,
+            "chat_prefix": self.prefix_text,
+        }
+        ends = self.end_of_turn_texts()
+        return settings | ({"end_of_turn": ends} if ends is not None else {})
+
+    def end_of_turn_texts(self) -> list[str] | None:
+        """The texts of the kept specials that end an assistant turn (:meth:`end_of_turn_ids`): the one
+        rule the dump, on-policy training, the export and the shipped tokenizer follow; None where the
+        template renders no probe turn."""
+        try:
+            ends = self.end_of_turn_ids()
+        except MalformedConversation:
+            return None
+        kept = set(self.vocab.kept_ids)
+        return [self.ids_special[i] for i in ends if i in kept and i in self.ids_special]
 
     def template_specials(self) -> list[int]:
         """The special ids the template writes in the probe conversations, outside the context

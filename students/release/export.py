@@ -123,10 +123,16 @@ def student_chat(model, teacher_tokenizer: str | None, info: dict[str, Any]) -> 
 
 
 def end_of_turn_symbols(stream: StreamKind, chat: TeacherChat) -> list[int]:
-    """The reserved symbols at which a chat student's turn ends (none for a plain student)."""
+    """The reserved symbols at which a chat student's turn ends (none for a plain student): the ones
+    the training store records (found from its template by the dump); for a store of an older version,
+    which records none, the teacher's end-of-text text and the usual end-of-turn names."""
     if not chat.reserved_symbols:
         return []
-    ends = {chat.template_tokens.get("eos_token"), *END_OF_TURN_TEXTS}
+    ends = (
+        set(chat.end_of_turn)
+        if chat.end_of_turn is not None
+        else {chat.template_tokens.get("eos_token"), *END_OF_TURN_TEXTS}
+    )
     return [stream.alphabet_size + i for i, text in enumerate(chat.reserved_symbols) if text in ends]
 
 

@@ -134,6 +134,8 @@ def saved_chat(folder: Path) -> dict:
     if not saved.get("reserved_symbols"):
         return {}
     chat = {key: saved.get(key) for key in ("reserved_symbols", "chat_template_tokens", "chat_prefix")}
+    if "end_of_turn" in saved:  # recorded by the training store (folders exported before it: the name rule)
+        chat["end_of_turn"] = saved["end_of_turn"]
     template = Path(folder) / CHAT_TEMPLATE_FILE
     if template.is_file():
         chat["chat_template"] = template.read_text(encoding="utf-8")

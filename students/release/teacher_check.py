@@ -27,12 +27,13 @@ class TeacherChat:
     """What a chat student's tokenizer needs of its teacher: the reserved symbols' texts (in the
     store's order), the chat template, the special-token texts the template is rendered with, and
     the text of the token the teacher reads before every document (the stream's ``<bos>``; empty
-    if none)."""
+    if none), and the texts that end a turn where the store records them (None for an older store)."""
 
     reserved_symbols: list[str]
     template: str | None
     template_tokens: dict[str, str]
     prefix: str
+    end_of_turn: list[str] | None = None  # the reserved symbols' texts that end a turn, as the store records them
 
     def tokenizer_kwargs(self) -> dict[str, Any]:
         """The :class:`ByteStreamTokenizer` settings that make it a chat tokenizer (none for plain text)."""
@@ -43,6 +44,7 @@ class TeacherChat:
             "chat_template_tokens": self.template_tokens,
             "chat_prefix": self.prefix,
             **({"chat_template": self.template} if self.template else {}),
+            **({"end_of_turn": self.end_of_turn} if self.end_of_turn is not None else {}),
         }
 
 
@@ -125,7 +127,13 @@ def recorded_chat(manifest: dict[str, Any]) -> TeacherChat | None:
     if not (isinstance(template, str) and template and tokens and "chat_prefix" in recorded):
         return None
     _check_template_digest(template, recorded)
-    return TeacherChat(reserved, template, dict(tokens), recorded["chat_prefix"])
+    return TeacherChat(reserved, template, dict(tokens), recorded["chat_prefix"], _recorded_ends(recorded))
+
+
+def _recorded_ends(recorded: dict[str, Any]) -> list[str] | None:
+    """The texts that end a turn as a store of conversations records them (None before it recorded them)."""
+    ends = recorded.get("end_of_turn")
+    return [str(text) for text in ends] if isinstance(ends, list) else None
 
 
 def _recorded_rendering(manifest: dict[str, Any]) -> dict[str, Any]:
@@ -166,6 +174,7 @@ def teacher_chat(manifest: dict[str, Any], tokenizer, vocab: TeacherVocab) -> Te
         template,
         dict(recorded.get("chat_template_tokens") or own),
         recorded.get("chat_prefix", prefix),
+        _recorded_ends(recorded),
     )
 
 
