@@ -598,10 +598,10 @@ def stored_encoding(description: dict) -> Encoding:
     return get_encoding(description["name"], params)
 
 
-@_kernel(cache=True, nogil=True, fastmath=True)
+@_kernel(cache=True, nogil=True)
 def _kl_nats(exact, decoded):
-    total = 0.0
-    for at in range(len(exact)):  # a loop the compiler vectorises
+    total = 0.0  # summed in order, without fast math: the same figure on every machine
+    for at in range(len(exact)):
         p = exact[at]
         if p > 0.0:
             total += p * (math.log(p) - math.log(max(float(decoded[at]), 1e-300)))

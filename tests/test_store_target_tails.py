@@ -121,6 +121,20 @@ def test_verify_reports_the_kl_the_writer_measured(tmp_path):
     assert measured == pytest.approx(total / positions, rel=1e-6) and measured > 0
 
 
+@pytest.mark.parametrize("kl_bits", ["-1", "\"x\"", "Infinity", "true"])
+def test_a_completion_record_with_a_bad_kl_is_refused(tmp_path, capsys, kl_bits):
+    """A ``kl_bits`` that is not a finite number ≥ 0: verify says so in one line, exit 2."""
+    vocab = tiny_vocab()
+    with StoreWriter(tmp_path / "store", StoreIdentity(vocab, teacher="tiny")) as writer:
+        for ids, dist, n in tiny_documents(vocab)[:1]:
+            writer.add_distributions(dist, text_bytes=n, token_ids=ids)
+    record = tmp_path / "store" / "writer-00000.json"
+    record.write_text(re.sub(r'"kl_bits": [^,}]+', f'"kl_bits": {kl_bits}', record.read_text()))
+    assert main(["verify", str(tmp_path / "store")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("bytedistill verify: error:") and "kl_bits" in err[0], err
+
+
 @pytest.mark.parametrize("encoding", ["pow8-ans", "float16"])
 def test_the_stored_likelihood_of_the_teachers_own_answers_is_the_exact_one(tmp_path, capsys, encoding):
     """The bundled SmolLM2 teacher answers three held-out chat questions greedily (near-certain of
