@@ -29,6 +29,7 @@ import numpy as np
 import zstandard
 
 from benchmarks.common import kjv_chapters
+from bytestream.stream import target_indices
 from bytestream.stream_kind import StreamKind
 from distill.conversion.converter import Converter, DocumentDistributions
 from distill.dump.plan import PlannedDocument
@@ -133,8 +134,13 @@ def stage_profile(converter: Converter, documents: list[HostDocument], workdir: 
         filled = receiver._pending.pop((planned.writer_id, planned.index))
         dist = DocumentDistributions(planned.layout, filled.values, filled.dropped)
         clock.time("exact NLL (sink)", dist.log_likelihood)
-        value_bytes, position_bytes = clock.time("quantisation", encoding.encode, dist.values, planned.layout.offsets)
-        clock.time("stored-NLL decode", writer._stored_log_likelihood, value_bytes, position_bytes, planned.layout)
+        targets = target_indices(planned.layout)
+        value_bytes, position_bytes = clock.time(
+            "quantisation", encoding.encode, dist.values, planned.layout.offsets, targets
+        )
+        clock.time(
+            "stored-NLL decode", writer._stored_figures, value_bytes, position_bytes, planned.layout, dist.values
+        )
         clock.time(BEFORE_ONLY, writer.stream.layout, trie, planned.token_ids)
         dropped = dist.dropped_mass.astype(np.float32)
         ids = planned.token_ids.astype(np.uint32)

@@ -32,6 +32,7 @@ import numpy as np
 
 from benchmarks.results import markdown_table, write_section
 from bytestream.alphabet import FUSED_ENDS, NUM_BYTES
+from bytestream.stream import target_indices
 from logit_store import rans
 from logit_store.encodings import ContextCodedEncoding
 
@@ -79,7 +80,8 @@ def read(path: Path) -> Coded:
         contexts, _ = rans.chained_contexts(groups, 5, CODING.PREVIOUS, codes, CODING.num_contexts)
         parts["codes"].append(codes.astype(np.int64))
         parts["ctx"].append(contexts.astype(np.int64))
-        parts["values"].append(store.encoding.decode(encoded.value_bytes, encoded.position_bytes, layout.offsets))
+        targets = target_indices(layout)
+        parts["values"].append(store.encoding.decode(encoded.value_bytes, encoded.position_bytes, layout.offsets, targets))
         parts["symbols"].append(layout.support.astype(np.int64))
         parts["pos"].append(np.repeat(np.arange(layout.num_positions), np.diff(layout.offsets)) + first_position)
         parts["depth"].append((groups.astype(np.int64) >> 1) // layout.alphabet_size)

@@ -117,10 +117,16 @@ def verify(config: VerifyConfig) -> int:
         print(
             f"OK: {summary['shards']} shards, {summary['chunks']} chunks, {summary['documents']:,} documents, "
             f"{summary['positions']:,} positions of the {summary['stream']} stream verified (max |sum-1| = {summary['max_normalisation_error']:.2e})"
+            + _kl_note(summary["encoding_kl_bits_per_position"])
             + (f"; unfinished writers: {summary['unfinished_writers']}" if summary["unfinished_writers"] else "")
             + (f"; missing writers: {summary['missing_writers']}" if summary["missing_writers"] else "")
         )
     return 0
+
+
+def _kl_note(kl_bits: float | None) -> str:
+    """The encoding's mean KL as verify prints it (nothing where the writers did not record it)."""
+    return "" if kl_bits is None else f"; encoding KL {kl_bits:.3g} bits per position (exact || stored, mean)"
 
 
 @dataclass

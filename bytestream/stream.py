@@ -242,6 +242,14 @@ def target_values(layout: StreamLayout, values: np.ndarray, positions: range | N
     return _target_values(layout.symbols, layout.offsets, layout.support, values, positions.start, len(positions))
 
 
+def target_indices(layout: StreamLayout, positions: range | None = None) -> np.ndarray:
+    """(P,) int64: the index among the values of each position's value at the symbol that
+    actually comes next, -1 where it is off the support; given ``positions`` (a run of them),
+    theirs alone, counted from the run's first value."""
+    positions = range(layout.num_positions) if positions is None else positions
+    return _target_indices(layout.symbols, layout.offsets, layout.support, positions.start, len(positions))
+
+
 def log_likelihood(taken: np.ndarray) -> float:
     """Σ log of each position's value at its next symbol (:func:`target_values`), in float64
     whatever their type (only the taken values are widened: float32 values need no float64 copy)."""
@@ -261,4 +269,18 @@ def _target_values(symbols, offsets, support, values, first, count):
                 break
         else:
             out[i] = 0.0
+    return out
+
+
+@numba.njit(cache=True, nogil=True)
+def _target_indices(symbols, offsets, support, first, count):
+    out = np.full(count, -1, np.int64)
+    base = offsets[first] if count else 0  # the run's first value among the document's
+    for i in range(count):
+        p = first + i
+        target = symbols[p + 1]
+        for at in range(offsets[p], offsets[p + 1]):
+            if support[at] == target:
+                out[i] = at - base
+                break
     return out

@@ -6,6 +6,10 @@ support order; ``offsets`` is the CSR of positions) into two byte arrays:
 * ``value_bytes`` (S, k) uint8: k bytes per value;
 * ``position_bytes`` (P, j) uint8: j bytes per position (side information, may be j = 0).
 
+Both take each position's target (the index among the values of the symbol that actually comes
+next, :func:`bytestream.stream.target_indices`): the code-table encodings keep a target that falls
+in the tail at its own value (below).
+
 The shard writer stores each column of these arrays as a separate byte plane across a whole
 chunk before zstd ("byte-plane shuffling"), which is what makes them compress. Decoding gives
 float32 probabilities, renormalised per position, never zero where the exact value is positive
@@ -14,7 +18,8 @@ float32 probabilities, renormalised per position, never zero where the exact val
 Encodings (see FORMAT.md for the exact formulas):
 
 ``float16``
-    IEEE half-precision probabilities; values that round to 0 decode as 2**-27.
+    IEEE half-precision probabilities; values that round to 0 decode as 2**-27, but a target that
+    rounds to 0 has a target tail (one per-position byte, as below).
 ``log8``
     8-bit log-domain codes: code c in 1..255 stands for ln p = -(255 - c) * step; values below
     the floor ln p < -254.5 * step get code 0 and decode as the mean of the exact values that
@@ -25,6 +30,14 @@ Encodings (see FORMAT.md for the exact formulas):
     makes the KL contribution of every value the same (Hellinger); smaller gamma spends the
     codes on the high-probability values that dominate KL (more KL-accurate, larger).
     Defaults: gamma 0.47 for ``pow8`` (and ``pow8-ans``), 0.5 for ``pow12``/``pow16``.
+
+Target tails (every encoding, ``target_tails``, on for every store written now): where a
+position's target gets code 0 (``float16``: rounds to 0), a per-position byte holds its own value on the
+tail scale (-log2 p in 1/4 steps) and it decodes to that value, the tail mean being that of the
+position's other code-0 values; 0 where the target has a code. A teacher near-certain of a text
+and now and then wrong about its next byte gives such targets far below the tail mean: without
+them the stored likelihood is not the teacher's. A store whose manifest names no
+``target_tails`` was written before them and reads without (:func:`stored_encoding`).
 
 ``pow8-ans`` (the default)
     the ``pow8`` codes, entropy-coded per chunk with a static two-state rANS over up to 7725
@@ -75,11 +88,18 @@ class Encoding:
     def describe(self) -> dict:
         return {"name": self.name, "params": self.params}
 
-    def encode(self, values: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def encode(
+        self, values: np.ndarray, offsets: np.ndarray, targets: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``targets`` (P,): the index among ``values`` of each position's target, -1 where it is
+        off the support (:func:`bytestream.stream.target_indices`); None: no position's target known."""
         raise NotImplementedError
 
-    def decode(self, value_bytes: np.ndarray, position_bytes: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-        """Probabilities from stored bytes; ``ValueError`` for bytes no writer produces."""
+    def decode(
+        self, value_bytes: np.ndarray, position_bytes: np.ndarray, offsets: np.ndarray, targets: np.ndarray | None = None
+    ) -> np.ndarray:
+        """Probabilities from stored bytes (``targets`` as for :meth:`encode`); ``ValueError`` for
+        bytes no writer produces."""
         raise NotImplementedError
 
     def pack_values(self, value_bytes: np.ndarray, contexts: np.ndarray | None) -> bytes:
@@ -96,49 +116,116 @@ class Encoding:
 
 
 class Float16Encoding(Encoding):
+    """IEEE half probabilities; with ``target_tails``, one byte per position: the target's own
+    value on the tail scale where it rounds to 0 (0 where it does not)."""
+
     name = "float16"
     value_width = 2
-    position_width = 0
 
-    def encode(self, values, offsets):
-        half = np.asarray(values, dtype=np.float64).astype(np.float16)
-        return half.view(np.uint8).reshape(-1, 2), np.zeros((len(offsets) - 1, 0), np.uint8)
+    def __init__(self, target_tails: bool = True):
+        self.target_tails = bool(target_tails)
 
-    def decode(self, value_bytes, position_bytes, offsets):
+    @property
+    def position_width(self) -> int:
+        return 1 if self.target_tails else 0
+
+    @property
+    def params(self):
+        return {"target_tails": True} if self.target_tails else {}
+
+    def encode(self, values, offsets, targets=None):
+        values = np.asarray(values, dtype=np.float64)
+        half = values.astype(np.float16)
+        side = np.zeros((len(offsets) - 1, self.position_width), np.uint8)
+        if self.target_tails and targets is not None:
+            targets = _targets_or_none(targets, len(offsets) - 1)
+            lost = np.flatnonzero(targets >= 0)
+            lost = lost[half[targets[lost]] == 0]  # positions whose target rounds to 0
+            p = values[targets[lost]]
+            lost, p = lost[p > 0], p[p > 0]
+            side[lost, 0] = np.clip(np.round(-np.log2(p) * _TAIL_STEP), 1, 255)
+        return half.view(np.uint8).reshape(-1, 2), side
+
+    def decode(self, value_bytes, position_bytes, offsets, targets=None):
         values = np.ascontiguousarray(value_bytes).view(np.float16).reshape(-1).astype(np.float32)
         if not np.all(np.isfinite(values)) or np.any(np.signbit(values)):
             raise ValueError("a float16 value that is not a finite non-negative number")
-        values[values <= 0] = _F16_ZERO
+        rounded_to_zero = values <= 0
+        values[rounded_to_zero] = _F16_ZERO
+        if self.target_tails:
+            self._decode_target_tails(values, rounded_to_zero, np.asarray(position_bytes).reshape(-1), offsets, targets)
         return _renormalise(values, offsets)
+
+    @staticmethod
+    def _decode_target_tails(values, rounded_to_zero, target_tails, offsets, targets) -> None:
+        """The targets with a target tail take its value (in place)."""
+        tailed = np.flatnonzero(target_tails)
+        if not len(tailed):
+            return
+        if targets is None:
+            raise ValueError("target tails decoded without the positions' targets")
+        offsets = np.asarray(offsets, np.int64)
+        at = _targets_or_none(targets, len(target_tails))[tailed]
+        if np.any((at < offsets[tailed]) | (at >= offsets[tailed + 1])) or not rounded_to_zero[at].all():
+            raise ValueError("target tails at positions whose target is off the support or did not round to 0")
+        values[at] = 2.0 ** (-target_tails[tailed].astype(np.float64) / _TAIL_STEP)
 
 
 class _CodeTableEncoding(Encoding):
     """Integer codes (1 or 2 bytes) decoded through a table ``_table[code]``, with a per-position
-    tail byte for code 0."""
+    tail byte for code 0 and, with ``target_tails``, a second per-position byte: the target's own
+    value on the tail scale where the target got code 0 (0 where it did not)."""
 
     value_width = 1
-    position_width = 1
+    target_tails = True
 
-    def _fill_codes(self, values: np.ndarray, offsets: np.ndarray, codes: np.ndarray, tails: np.ndarray) -> None:
+    @property
+    def position_width(self) -> int:
+        return 2 if self.target_tails else 1
+
+    def _tail_params(self) -> dict:
+        """``target_tails`` as the manifest records it: named only when on (a store written before
+        target tails has none, and its description stays what it was)."""
+        return {"target_tails": True} if self.target_tails else {}
+
+    def _fill_codes(self, values, offsets, targets, codes, tails, target_tails) -> None:
         raise NotImplementedError
 
-    def encode(self, values, offsets):
+    def encode(self, values, offsets, targets=None):
+        positions = len(offsets) - 1
         codes = np.empty(len(values), np.uint8 if self.value_width == 1 else np.uint16)
-        tails = np.empty(len(offsets) - 1, np.uint8)
-        self._fill_codes(np.ascontiguousarray(values, np.float64), np.asarray(offsets, np.int64), codes, tails)
+        tails = np.empty(positions, np.uint8)
+        target_tails = np.zeros(positions, np.uint8)
+        targets = _targets_or_none(targets if self.target_tails else None, positions)
+        values = np.ascontiguousarray(values, np.float64)
+        self._fill_codes(values, np.asarray(offsets, np.int64), targets, codes, tails, target_tails)
         if self.value_width == 2:
             codes = codes.astype("<u2", copy=False).view(np.uint8)
-        return codes.reshape(-1, self.value_width), tails.reshape(-1, 1)
+        side = np.stack([tails, target_tails], axis=1) if self.target_tails else tails.reshape(-1, 1)
+        return codes.reshape(-1, self.value_width), side
 
-    def decode(self, value_bytes, position_bytes, offsets):
+    def decode(self, value_bytes, position_bytes, offsets, targets=None):
         raw = np.ascontiguousarray(value_bytes)
         codes = raw.reshape(-1) if self.value_width == 1 else raw.view("<u2").reshape(-1)
         if len(codes) and int(codes.max()) >= len(self._table):
             raise ValueError(f"value code {int(codes.max())} outside the {self.name} table of {len(self._table)}")
+        side = np.ascontiguousarray(position_bytes).reshape(-1, self.position_width)
+        positions = len(side)
+        target_tails = np.ascontiguousarray(side[:, 1]) if self.target_tails else np.zeros(positions, np.uint8)
+        if targets is None and target_tails.any():
+            raise ValueError("target tails decoded without the positions' targets")
         out = np.empty(len(codes), np.float32)
-        _decode_codes(
-            codes, np.ascontiguousarray(position_bytes).reshape(-1), np.asarray(offsets, np.int64), self._table, out
+        misplaced = _decode_codes(
+            codes,
+            np.ascontiguousarray(side[:, 0]),
+            target_tails,
+            _targets_or_none(targets, positions),
+            np.asarray(offsets, np.int64),
+            self._table,
+            out,
         )
+        if misplaced:
+            raise ValueError(f"{misplaced} target tails at positions whose target has a code")
         return out
 
 
@@ -147,19 +234,19 @@ class LogEncoding(_CodeTableEncoding):
 
     name = "log8"
     value_width = 1
-    position_width = 1
 
-    def __init__(self, step: float = 0.05):
+    def __init__(self, step: float = 0.05, target_tails: bool = True):
         if not 0 < step <= 1:
             raise UserError(f"log8 step must be in (0, 1], got {step}")
         self.step = float(step)
+        self.target_tails = bool(target_tails)
 
     @property
     def params(self):
-        return {"step": self.step}
+        return {"step": self.step} | self._tail_params()
 
-    def _fill_codes(self, values, offsets, codes, tails):
-        _encode_log(values, offsets, self.step, codes, tails)
+    def _fill_codes(self, values, offsets, targets, codes, tails, target_tails):
+        _encode_log(values, offsets, self.step, targets, codes, tails, target_tails)
 
     @cached_property
     def _table(self) -> np.ndarray:
@@ -169,7 +256,7 @@ class LogEncoding(_CodeTableEncoding):
 class PowerEncoding(_CodeTableEncoding):
     """Codes round(p**gamma * N) in 1 or 2 bytes, with a per-position tail mean for code 0."""
 
-    def __init__(self, bits: int = 8, gamma: float | None = None):
+    def __init__(self, bits: int = 8, gamma: float | None = None, target_tails: bool = True):
         if gamma is None:
             gamma = DEFAULT_GAMMA.get(bits, 0.5)
         if bits not in (8, 12, 16):
@@ -181,19 +268,20 @@ class PowerEncoding(_CodeTableEncoding):
         self.levels = (1 << self.bits) - 1
         self.name = f"pow{self.bits}"
         self.value_width = 1 if self.bits == 8 else 2
-        self.position_width = 1
+        self.target_tails = bool(target_tails)
 
     @property
     def params(self):
-        return {"gamma": self.gamma}
+        return {"gamma": self.gamma} | self._tail_params()
 
-    def _fill_codes(self, values, offsets, codes, tails):
+    def _fill_codes(self, values, offsets, targets, codes, tails, target_tails):
         if self.bits != 8:
-            _encode_pow(values, offsets, self.gamma, self.levels, codes, tails)
+            _encode_pow(values, offsets, self.gamma, self.levels, targets, codes, tails, target_tails)
             return
         thresholds, bucket_code, first_bucket = self._code_search
         _encode_pow_searched(
-            values, offsets, self.gamma, self.levels, codes, tails, thresholds, bucket_code, first_bucket
+            values, offsets, self.gamma, self.levels, targets, codes, tails, target_tails, thresholds, bucket_code,
+            first_bucket,
         )
 
     @cached_property
@@ -231,8 +319,8 @@ class ContextCodedEncoding(PowerEncoding):
     # the tables are sized for the widest alphabet, the fused one's (a context unused costs nothing)
     num_contexts = FUSED_ALPHABET_SIZE * DEPTHS * 5
 
-    def __init__(self, gamma: float | None = None):
-        super().__init__(8, DEFAULT_GAMMA[8] if gamma is None else gamma)
+    def __init__(self, gamma: float | None = None, target_tails: bool = True):
+        super().__init__(8, DEFAULT_GAMMA[8] if gamma is None else gamma, target_tails)
         self.name = "pow8-ans"
 
     def contexts(self, layout, out: np.ndarray | None = None) -> np.ndarray:
@@ -356,8 +444,18 @@ def _tail_code(total, count):
     return min(max(code, 1), 255)
 
 
+@_kernel(cache=True, inline="always")
+def _finish_position(values, targets, codes, tails, target_tails, i, total, count):
+    """The position's tail byte (the mean of its code-0 values but its target's) and, where its
+    target got code 0, the target's own value on the tail scale."""
+    tails[i] = _tail_code(total, count)
+    target = targets[i]
+    if target >= 0 and codes[target] == 0:
+        target_tails[i] = _tail_code(values[target], 1)
+
+
 @_kernel(cache=True, nogil=True)
-def _encode_log(values, offsets, step, codes, tails):
+def _encode_log(values, offsets, step, targets, codes, tails, target_tails):
     for i in range(len(offsets) - 1):
         total, count = 0.0, 0
         for at in range(offsets[i], offsets[i + 1]):
@@ -366,11 +464,11 @@ def _encode_log(values, offsets, step, codes, tails):
             if p > 0.0:
                 c = 255 - round(-math.log(p) / step)
                 c = min(max(c, 0), 255)
-            if c == 0:
+            if c == 0 and at != targets[i]:
                 total += p
                 count += 1
             codes[at] = c
-        tails[i] = _tail_code(total, count)
+        _finish_position(values, targets, codes, tails, target_tails, i, total, count)
 
 
 _BUCKET_SHIFT = 44  # a float64's bits above this: its exponent and the top 8 bits of its mantissa
@@ -385,7 +483,7 @@ def _surely_zero(gamma, levels):
 
 
 @_kernel(cache=True, nogil=True)
-def _encode_pow(values, offsets, gamma, levels, codes, tails):
+def _encode_pow(values, offsets, gamma, levels, targets, codes, tails, target_tails):
     surely_zero = _surely_zero(gamma, levels)
     for i in range(len(offsets) - 1):
         total, count = 0.0, 0
@@ -394,15 +492,17 @@ def _encode_pow(values, offsets, gamma, levels, codes, tails):
             c = 0
             if p >= surely_zero:
                 c = min(round(p**gamma * levels), levels)
-            if c == 0:
+            if c == 0 and at != targets[i]:
                 total += max(p, 0.0)
                 count += 1
             codes[at] = c
-        tails[i] = _tail_code(total, count)
+        _finish_position(values, targets, codes, tails, target_tails, i, total, count)
 
 
 @_kernel(cache=True, nogil=True)
-def _encode_pow_searched(values, offsets, gamma, levels, codes, tails, thresholds, bucket_code, first_bucket):
+def _encode_pow_searched(
+    values, offsets, gamma, levels, targets, codes, tails, target_tails, thresholds, bucket_code, first_bucket
+):
     """:func:`_encode_pow`'s codes, found without the power: from the code of p's bucket up to the
     threshold p is below; where p is within ``_SURE`` of a threshold, or above 1, by the power."""
     surely_zero = _surely_zero(gamma, levels)
@@ -420,17 +520,20 @@ def _encode_pow_searched(values, offsets, gamma, levels, codes, tails, threshold
                     c = min(round(p**gamma * levels), levels)
             elif p > 1.0:
                 c = min(round(p**gamma * levels), levels)
-            if c == 0:
+            if c == 0 and at != targets[i]:
                 total += max(p, 0.0)
                 count += 1
             codes[at] = c
-        tails[i] = _tail_code(total, count)
+        _finish_position(values, targets, codes, tails, target_tails, i, total, count)
 
 
 @_kernel(cache=True, nogil=True)
-def _decode_codes(codes, tails, offsets, table, out):
-    """q = table[code] (code 0: the position's tail mean), renormalised per position."""
+def _decode_codes(codes, tails, target_tails, targets, offsets, table, out):
+    """q = table[code] (code 0: the position's tail mean; the target's own value where it has a
+    target tail), renormalised per position. Returns the number of target tails whose target is
+    off the support or has a code (bytes no writer produces)."""
     lookup = table.copy()  # entry 0 is each position's tail in turn: no branch per value
+    misplaced = 0
     for i in range(len(offsets) - 1):
         lookup[0] = 0.0
         if tails[i] > 0:
@@ -440,10 +543,29 @@ def _decode_codes(codes, tails, offsets, table, out):
             q = lookup[codes[at]]
             out[at] = q
             total += q
+        if target_tails[i] > 0:
+            target = targets[i]
+            if target < offsets[i] or target >= offsets[i + 1] or codes[target] != 0:
+                misplaced += 1
+                continue
+            q = 2.0 ** (-float(target_tails[i]) / _TAIL_STEP)
+            total += q - out[target]
+            out[target] = q
         if total > 0.0:
             scale = 1.0 / total
             for at in range(offsets[i], offsets[i + 1]):
                 out[at] = out[at] * scale
+    return misplaced
+
+
+def _targets_or_none(targets: np.ndarray | None, positions: int) -> np.ndarray:
+    """Each position's target index as the kernels take it (int64; -1 everywhere for None)."""
+    if targets is None:
+        return np.full(positions, -1, np.int64)
+    targets = np.ascontiguousarray(targets, np.int64)
+    if len(targets) != positions:
+        raise ValueError(f"{len(targets)} targets for {positions} positions")
+    return targets
 
 
 def get_encoding(name: str, params: dict | None = None) -> Encoding:
@@ -467,6 +589,29 @@ def get_encoding(name: str, params: dict | None = None) -> Encoding:
 
 
 DEFAULT_GAMMA = {8: 0.47, 12: 0.5, 16: 0.5}
+
+
+def stored_encoding(description: dict) -> Encoding:
+    """The encoding a manifest's ``encoding`` object names. One whose params do not name
+    ``target_tails`` was written before target tails: it reads without them."""
+    params = {"target_tails": False} | dict(description.get("params") or {})
+    return get_encoding(description["name"], params)
+
+
+@_kernel(cache=True, nogil=True)
+def _kl_nats(exact, decoded):
+    total = 0.0  # summed in order, without fast math: the same figure on every machine
+    for at in range(len(exact)):
+        p = exact[at]
+        if p > 0.0:
+            total += p * (math.log(p) - math.log(max(float(decoded[at]), 1e-300)))
+    return total
+
+
+def kl_bits(exact: np.ndarray, decoded: np.ndarray) -> float:
+    """KL(exact || decoded) in bits summed over positions (values in support order, positions
+    normalised)."""
+    return float(_kl_nats(np.ascontiguousarray(exact, np.float64), np.ascontiguousarray(decoded))) / math.log(2)
 
 
 def kl_bits_per_position(exact: np.ndarray, decoded: np.ndarray, offsets: np.ndarray) -> np.ndarray:

@@ -24,6 +24,7 @@ class Completion:
     writer_id: int
     shards: int
     documents: int
+    kl_bits: float | None = None  # KL(exact || stored) summed over its documents' positions, if known
 
 
 def completion_path(directory: Path, writer_id: int) -> Path:
@@ -31,9 +32,10 @@ def completion_path(directory: Path, writer_id: int) -> Path:
 
 
 def write_completion(directory: Path, completion: Completion) -> None:
-    text = json.dumps(
-        {"writer_id": completion.writer_id, "shards": completion.shards, "documents": completion.documents}
-    )
+    record = {"writer_id": completion.writer_id, "shards": completion.shards, "documents": completion.documents}
+    if completion.kl_bits is not None:
+        record["kl_bits"] = completion.kl_bits
+    text = json.dumps(record)
     write_atomic(completion_path(directory, completion.writer_id), (text + "\n").encode(), completion.writer_id)
 
 
@@ -43,12 +45,23 @@ def read_completion(directory: Path, writer_id: int) -> Completion | None:
         return None
     try:
         data = json.loads(read_regular(path).decode("utf-8"))
-        completion = Completion(int(data["writer_id"]), int(data["shards"]), int(data["documents"]))
+        completion = Completion(
+            int(data["writer_id"]), int(data["shards"]), int(data["documents"]), _kl_bits(data.get("kl_bits"))
+        )
     except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
         raise UserError(f"{path} is corrupt ({exc})") from None
     if completion.writer_id != writer_id:
         raise UserError(f"{path} is corrupt (it names writer {completion.writer_id})")
     return completion
+
+
+def _kl_bits(value) -> float | None:
+    """A completion record's ``kl_bits``: absent (None) or a finite non-negative number."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+        raise ValueError(f"kl_bits {value!r} is not a finite non-negative number")
+    return float(value)
 
 
 def shard_sequences(directory: Path) -> dict[int, list[int]]:

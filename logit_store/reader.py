@@ -11,14 +11,14 @@ from pathlib import Path
 import numba
 import numpy as np
 
-from bytestream.stream import StreamLayout, target_values
+from bytestream.stream import StreamLayout, target_indices, target_values
 from bytestream.stream_kind import StreamKind
 from bytestream.trie import VocabTrie, build_trie
 from bytestream.vocab import TeacherVocab
 from common.errors import UserError
 from common.files import read_regular
 from logit_store.chunk import ChunkData, EncodedDocument
-from logit_store.encodings import get_encoding
+from logit_store.encodings import stored_encoding
 from logit_store.file_names import MANIFEST, SHARD, VOCAB_FILE
 from logit_store.hub import hub_shards
 from logit_store.hub_files import read_file_list
@@ -128,7 +128,7 @@ class LogitStore(StoreBase):
             )
         enc = self.manifest["encoding"]
         try:
-            self.encoding = get_encoding(enc["name"], enc.get("params"))
+            self.encoding = stored_encoding(enc)
         except UserError as exc:
             raise UserError(f"{self.directory / MANIFEST}: {exc}") from None
         self.teacher = self.manifest.get("teacher", "")
@@ -265,7 +265,7 @@ class LogitStore(StoreBase):
         if enc.text_bytes != layout.num_text_bytes():
             raise UserError(f"{where}: its text byte count does not match its tokens (corrupt)")
         try:
-            values = self.encoding.decode(enc.value_bytes, enc.position_bytes, layout.offsets)
+            values = self.encoding.decode(enc.value_bytes, enc.position_bytes, layout.offsets, target_indices(layout))
         except ValueError as exc:
             raise UserError(f"{where}: corrupt values ({exc})") from None
         return StoredDocument(token_ids, layout, values, enc.dropped_mass.copy(), enc.text_bytes, enc.key, enc.roles)

@@ -8,6 +8,7 @@ import time
 import numpy as np
 
 from common.errors import UserError
+from logit_store.integrity import read_completion
 from logit_store.reader import LogitStore
 
 
@@ -35,6 +36,7 @@ def verify_store(store: LogitStore, tolerance: float = 1e-3) -> dict:
         worst = max(worst, err)
     return {
         "ok": True,
+        "encoding_kl_bits_per_position": _encoding_kl(store, positions),
         "shards": len(store.shards),
         "chunks": chunks,
         "documents": len(store),
@@ -45,3 +47,14 @@ def verify_store(store: LogitStore, tolerance: float = 1e-3) -> dict:
         "max_normalisation_error": worst,
         "seconds": round(time.time() - start, 3),
     }
+
+
+def _encoding_kl(store: LogitStore, positions: int) -> float | None:
+    """The mean KL(exact || stored) in bits per position that the store's writers recorded when
+    they finished; None where one did not (unfinished, or written before the records held it)."""
+    if store.writer_states or not positions:
+        return None
+    records = [read_completion(store.directory, w) for w in sorted({s.record.writer_id for s in store.shards if s.record})]
+    if not records or any(r is None or r.kl_bits is None for r in records):
+        return None
+    return sum(r.kl_bits for r in records) / positions

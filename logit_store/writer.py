@@ -14,12 +14,12 @@ from typing import Self
 import numpy as np
 
 from bytestream.alphabet import EOT
-from bytestream.stream import StreamLayout, log_likelihood, target_values
+from bytestream.stream import StreamLayout, log_likelihood, target_indices, target_values
 from bytestream.stream_kind import StreamKind
 from bytestream.trie import VocabTrie, build_trie
 from common.errors import UserError
 from logit_store.chunk import EncodedDocument
-from logit_store.encodings import Encoding, get_encoding
+from logit_store.encodings import Encoding, get_encoding, kl_bits
 from logit_store.file_names import MANIFEST, PARTIAL_SHARD, SHARD, VOCAB_FILE
 from logit_store.identity import StoreIdentity
 from logit_store.integrity import (
@@ -27,6 +27,7 @@ from logit_store.integrity import (
     check_sequence,
     check_writer,
     completion_path,
+    read_completion,
     shard_sequences,
     write_completion,
 )
@@ -59,10 +60,12 @@ VALUES_IN_FLIGHT_PER_THREAD = 1 << 21
 
 @dataclass(frozen=True)
 class _Encoded:
-    """A document as its encoder thread left it: stored form and the log-likelihood a reader gets."""
+    """A document as its encoder thread left it: stored form, the log-likelihood a reader gets and
+    KL(exact || stored) summed over its positions."""
 
     document: EncodedDocument
     stored_log_likelihood: float
+    kl_bits: float
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,10 @@ class PendingDocument:
     def stored_log_likelihood(self) -> float:
         """The document's log-likelihood under its values as a reader decodes them."""
         return self.encoded.result().stored_log_likelihood
+
+    def kl_bits(self) -> float:
+        """KL(exact || stored) in bits, summed over the document's positions."""
+        return self.encoded.result().kl_bits
 
 
 class _Jobs:
@@ -237,11 +244,13 @@ class StoreWriter:
 
         for tmp in PARTIAL_SHARD.paths(self.directory, self.writer_id):
             tmp.unlink()
+        finished = read_completion(self.directory, self.writer_id)
         completion_path(self.directory, self.writer_id).unlink(missing_ok=True)  # writing again: not finished
         check_sequence(self.directory, self.writer_id, sequences)
         existing = [ShardReader(self.directory / SHARD(self.writer_id, s), self.encoding) for s in sequences]
         check_writer(self.directory, self.writer_id, existing, self._identity)
         self.num_existing_documents = sum(r.num_docs for r in existing)
+        self._kl_bits = _kl_bits_so_far(finished, self.num_existing_documents)
         self.existing_text_bytes = sum(int(r.docs["text_bytes"].sum()) for r in existing)
         self._next_sequence = len(sequences)
         self._writer_documents = self.num_existing_documents  # documents in this writer's complete shards
@@ -360,9 +369,9 @@ class StoreWriter:
         return 4 * len(token_ids) + values + positions + 4 * (len(token_ids) + 1) + key_bytes + role_bytes
 
     def _encode_document(self, token_ids, values, dropped_mass, text_bytes, key, layout, roles, size) -> _Encoded:
-        """An encoder thread's job: the document's codes, as stored, and its stored log-likelihood."""
-        value_bytes, position_bytes = self.encoding.encode(values, layout.offsets)
-        stored_log_likelihood = self._stored_log_likelihood(value_bytes, position_bytes, layout)
+        """An encoder thread's job: the document's codes, as stored, its stored log-likelihood and KL."""
+        value_bytes, position_bytes = self.encoding.encode(values, layout.offsets, target_indices(layout))
+        stored_log_likelihood, kl = self._stored_figures(value_bytes, position_bytes, layout, values)
         doc = EncodedDocument(
             token_ids=token_ids.astype(np.uint32),
             value_bytes=value_bytes,
@@ -375,7 +384,7 @@ class StoreWriter:
         )
         if doc.raw_size() != size:
             raise RuntimeError(f"a document of {doc.raw_size()} raw bytes, {size} were expected")
-        return _Encoded(doc, stored_log_likelihood)
+        return _Encoded(doc, stored_log_likelihood, kl)
 
     def _wait_for_encoding(self, at_most: int) -> None:
         """Wait until the documents handed to the threads and not encoded yet hold at most ``at_most``
@@ -384,22 +393,28 @@ class StoreWriter:
             self._encoding[0][0].done() or (len(self._encoding) > 1 and self._values_in_flight > at_most)
         ):
             encoded, values = self._encoding.popleft()
-            encoded.result()
+            kl = encoded.result().kl_bits
+            self._kl_bits = None if self._kl_bits is None else self._kl_bits + kl
             self._values_in_flight -= values
 
     def _coding_documents(self) -> int:
         return sum(documents for _, documents in self._coding)
 
-    def _stored_log_likelihood(self, value_bytes, position_bytes, layout: StreamLayout) -> float:
-        """The document's log-likelihood under its values as a reader decodes them, decoded
-        ``DECODE_RUN_VALUES`` at a time: a long document needs no float32 copy of its values."""
+    def _stored_figures(self, value_bytes, position_bytes, layout: StreamLayout, exact) -> tuple[float, float]:
+        """The document's log-likelihood under its values as a reader decodes them and KL(exact ||
+        decoded) in bits summed over its positions, decoded ``DECODE_RUN_VALUES`` at a time: a long
+        document needs no float32 copy of its values."""
         taken = np.empty(layout.num_positions, np.float32)  # what every encoding decodes to
+        kl = 0.0
         for run in layout.position_runs(DECODE_RUN_VALUES):
             first, last = layout.offsets[run.start], layout.offsets[run.stop]
             offsets = layout.offsets[run.start : run.stop + 1] - first
-            decoded = self.encoding.decode(value_bytes[first:last], position_bytes[run.start : run.stop], offsets)
+            decoded = self.encoding.decode(
+                value_bytes[first:last], position_bytes[run.start : run.stop], offsets, target_indices(layout, run)
+            )
             taken[run.start : run.stop] = target_values(layout, decoded, run)
-        return log_likelihood(taken)
+            kl += kl_bits(exact[first:last], decoded)
+        return log_likelihood(taken), kl
 
     def _flush_chunk(self) -> None:
         """Hand the pending documents to the threads as the next chunk of the shard."""
@@ -452,7 +467,9 @@ class StoreWriter:
         """Write what is pending as a final shard and record that this writer finished."""
         if not self._closed:
             self._finish_shard()
-            write_completion(self.directory, Completion(self.writer_id, self._next_sequence, self._writer_documents))
+            self._wait_for_encoding(0)  # every document is encoded: their KL is counted
+            completion = Completion(self.writer_id, self._next_sequence, self._writer_documents, self._kl_bits)
+            write_completion(self.directory, completion)
             fsync_directory(self.directory)
             self._closed = True
             self._jobs.shutdown()
@@ -472,6 +489,17 @@ class StoreWriter:
             self.close()
         else:
             self.abandon()
+
+
+def _kl_bits_so_far(finished: Completion | None, documents: int) -> float | None:
+    """The KL of a writer's documents already stored: 0 for none; what its completion record
+    says if it covers them all; else unknown (a run that stopped, or a store written before
+    completion records held it), and the writer's own record will not say it."""
+    if documents == 0:
+        return 0.0
+    if finished is not None and finished.documents == documents:
+        return finished.kl_bits
+    return None
 
 
 def _relative_to(source: str | None, directory: Path) -> str | None:

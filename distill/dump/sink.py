@@ -227,6 +227,7 @@ class _Receiver:
         in the order they were written."""
         while self._encoding and (wait or self._encoding[0][0].done()):
             pending, counts = self._encoding.popleft()
-            self._written = self._written.plus_document(nll=-pending.stored_log_likelihood(), **counts)
+            nll, kl = -pending.stored_log_likelihood(), pending.kl_bits()
+            self._written = self._written.plus_document(nll=nll, kl_bits=kl, **counts)
         elapsed = max(self._bar.format_dict.get("elapsed", 0.0), 1e-9)
         self._bar.set_postfix(docs=self._written.documents, bytes_s=f"{self._written.text_bytes / elapsed:,.0f}")

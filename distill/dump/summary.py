@@ -28,12 +28,21 @@ class WrittenCounts:
     positions: int = 0
     teacher_nll_nats: float = 0.0  # of the stored (decoded) values: what train and score read
     exact_teacher_nll_nats: float = 0.0  # of the exact values, before the encoding's quantisation
+    kl_bits: float = 0.0  # KL(exact || stored) summed over the positions
     dropped_mass_sum: float = 0.0
     teacher_rows: int = 0
     convert_write_seconds: float = 0.0  # conversion + encoding + writing, overlapped with the forward on CPU
 
     def plus_document(
-        self, *, text_bytes: int, tokens: int, positions: int, nll: float, exact_nll: float, dropped_mass
+        self,
+        *,
+        text_bytes: int,
+        tokens: int,
+        positions: int,
+        nll: float,
+        exact_nll: float,
+        kl_bits: float,
+        dropped_mass,
     ) -> WrittenCounts:
         """These counts with one more document (``dropped_mass``: its rows' dropped special mass)."""
         return dataclasses.replace(
@@ -44,6 +53,7 @@ class WrittenCounts:
             positions=self.positions + positions,
             teacher_nll_nats=self.teacher_nll_nats + nll,
             exact_teacher_nll_nats=self.exact_teacher_nll_nats + exact_nll,
+            kl_bits=self.kl_bits + kl_bits,
             dropped_mass_sum=self.dropped_mass_sum + float(dropped_mass.sum()),
             teacher_rows=self.teacher_rows + len(dropped_mass),
         )
@@ -128,6 +138,7 @@ class DumpSummary(WrittenCounts):
                 f"teacher BPB         {self.teacher_bpb:.4f} as stored (what train and score report; "
                 f"{self.exact_teacher_nll_nats / (math.log(2) * self.text_bytes):.4f} before the encoding's rounding)"
             ),
+            f"encoding KL         {self.kl_bits / max(self.positions, 1):.3g} bits per position (exact || stored, mean)",
             f"dropped special mass {mean_dropped:.3g} per teacher row (mean)",
             (
                 f"time                {self.seconds:.1f} s after {self.setup_seconds:.1f} s of setup "
