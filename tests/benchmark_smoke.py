@@ -27,6 +27,7 @@ SMOKED_TRAINING = {
     "on_policy": "summary: best on-policy run",
     "chat": "summary: chat student (loss on all, train's default; the default size)",
     "hub_store": "summary: Hub/disk positions/s after the first epoch",
+    "bytes_student": "summary: plain-byte BPB bytes - fused self-flagged at equal training FLOPs",
 }
 SMOKED_DUMPING = {
     "convert": "ratio numba(sorted columns)/floor",
