@@ -5,6 +5,7 @@ bundled GGUF's chat template."""
 from __future__ import annotations
 
 import json
+import shutil
 import time
 
 import pytest
@@ -12,7 +13,7 @@ import pytest
 from bytedistill.cli import main
 from bytestream.stream_kind import StreamKind
 from distill.corpus.conversations import conversation_document
-from distill.dump.respond import answers_path, partial_path
+from distill.dump.respond import answers_path, checks_path, partial_path
 from distill.teacher import template_budget
 from logit_store import LogitStore
 from tests.chat_families import smollm2_family
@@ -195,40 +196,177 @@ def answer_args(teacher, tmp_path, output: str, *extra: str) -> list[str]:
     return dump_args(teacher, corpus, tmp_path / output, *respond, *extra)
 
 
-@pytest.mark.slow  # four dumps of eight answers
-def test_answers_do_not_depend_on_the_batch_and_a_stopped_run_resumes(tmp_path, teacher, capsys):
+@pytest.fixture(scope="module")
+def other_teacher(tmp_path_factory):
+    """The same tokenizer and template as ``teacher``, other weights."""
+    return write_tiny_gguf(tmp_path_factory.mktemp("other-teacher") / "tiny.gguf", seed=1, chat_template=True)
+
+
+@pytest.fixture(scope="module")
+def answered(tmp_path_factory, teacher):
+    """A finished ``--respond`` run over QUESTIONS, three answers a batch: the folder that holds its
+    corpus and its answers files (``three.answers.jsonl`` and its checks)."""
+    folder = tmp_path_factory.mktemp("answered")
+    assert main(answer_args(teacher, folder, "three", "--respond-batch", "3")) == 0
+    return folder
+
+
+def stopped_partial(answered, tmp_path, output: str, batches: int, tail: bytes = b"") -> bytes:
+    """Write, for ``output`` in ``tmp_path``, the partial answers file a run stopped after ``batches``
+    whole batches leaves (the finished run's first line, answer lines and check lines), then ``tail``."""
+    first, *checks = (answered / "three.answers.jsonl.checks").read_bytes().splitlines(keepends=True)
+    lines = answers_path(answered / "three").read_bytes().splitlines(keepends=True)
+    partial = first
+    for k in range(batches):
+        partial += b"".join(lines[3 * k : 3 * k + 3]) + checks[k]
+    (tmp_path / "questions.jsonl").write_bytes((answered / "questions.jsonl").read_bytes())
+    partial_path(tmp_path / output).write_bytes(partial + tail)
+    return partial + tail
+
+
+def refusal(capsys) -> str:
+    """The one line a refused command wrote on stderr (after the GGUF loader's progress bar)."""
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if "error" in line.lower()]
+    assert "Traceback" not in err and len(errors) == 1 and errors[0].startswith("bytedistill dump: error: "), err
+    assert err.strip().splitlines()[-1] == errors[0]
+    return errors[0]
+
+
+@pytest.mark.slow  # three dumps of eight answers
+def test_answers_do_not_depend_on_the_batch_and_a_stopped_run_resumes(tmp_path, teacher, answered, capsys):
     """Greedy answers written three at a time equal those written one at a time; a partial file as a
     run stopped in its third batch leaves it (two whole batches, one of the third's lines, a line cut
     part-way) resumes to the same file, and the partial file is gone once the answers are complete."""
     assert main(answer_args(teacher, tmp_path, "one", "--respond-batch", "1")) == 0
-    assert main(answer_args(teacher, tmp_path, "three", "--respond-batch", "3")) == 0
-    whole = answers_path(tmp_path / "three").read_text(encoding="utf-8")
-    assert answers_path(tmp_path / "one").read_text(encoding="utf-8") == whole
-    assert not partial_path(tmp_path / "three").exists()
+    whole = answers_path(answered / "three").read_bytes()
+    assert answers_path(tmp_path / "one").read_bytes() == whole
+    assert not partial_path(answered / "three").exists()
     lines = whole.splitlines(keepends=True)
     assert len(lines) == 8
-    settings = {"max_tokens": 6, "temperature": 0.0, "seed": 0, "batch": 3}
-    stopped = json.dumps({"respond": settings}) + "\n" + "".join(lines[:7]) + lines[7][:9]
-    (tmp_path / "resumed.answers.jsonl.partial").write_text(stopped, encoding="utf-8")
+    stopped_partial(answered, tmp_path, "resumed", 2, lines[6] + lines[7][:9])
     assert main(answer_args(teacher, tmp_path, "resumed", "--respond-batch", "3")) == 0
-    assert answers_path(tmp_path / "resumed").read_text(encoding="utf-8") == whole
+    assert answers_path(tmp_path / "resumed").read_bytes() == whole
+    assert checks_path(tmp_path / "resumed").read_bytes() == checks_path(answered / "three").read_bytes()
     assert not partial_path(tmp_path / "resumed").exists()
 
 
-def test_a_partial_answers_file_of_other_settings_or_another_corpus_is_refused(tmp_path, teacher, capsys):
-    header = json.dumps({"respond": {"max_tokens": 6, "temperature": 0.0, "seed": 0, "batch": 1}}) + "\n"
-    partial = tmp_path / "store.answers.jsonl.partial"
-    partial.write_text(header + json.dumps({"key": "questions.jsonl@0", "messages": []}) + "\n", encoding="utf-8")
+def test_a_partial_answers_file_of_other_settings_is_refused(tmp_path, teacher, answered, capsys):
+    kept = stopped_partial(answered, tmp_path, "store", 1)
     capsys.readouterr()
     assert main(answer_args(teacher, tmp_path, "store", "--respond-batch", "2")) == 2
-    err = capsys.readouterr().err
-    assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("bytedistill dump: error: ")
-    assert "other settings" in err
-    partial.write_text(header + json.dumps({"key": "elsewhere.jsonl@0", "messages": []}) + "\n", encoding="utf-8")
-    assert main(answer_args(teacher, tmp_path, "store", "--respond-batch", "1")) == 2
-    err = capsys.readouterr().err
-    assert "Traceback" not in err and "another corpus" in err.strip().splitlines()[-1]
+    assert "other settings" in refusal(capsys)
+    assert partial_path(tmp_path / "store").read_bytes() == kept
     assert not answers_path(tmp_path / "store").exists() and not (tmp_path / "store").exists()
+
+
+def test_answers_of_another_teacher_are_refused_and_kept(tmp_path, other_teacher, answered, capsys):
+    """A partial file a teacher wrote, resumed with another teacher (same tokenizer, other weights),
+    is refused in one line and left as it is; so is a finished answers file."""
+    kept = stopped_partial(answered, tmp_path, "store", 2)
+    capsys.readouterr()
+    assert main(answer_args(other_teacher, tmp_path, "store", "--respond-batch", "3")) == 2
+    line = refusal(capsys)
+    assert "another teacher" in line and "rerun with that teacher, or remove it" in line
+    assert partial_path(tmp_path / "store").read_bytes() == kept
+    assert not answers_path(tmp_path / "store").exists() and not (tmp_path / "store").exists()
+    assert main(answer_args(other_teacher, answered, "three", "--respond-batch", "3")) == 2
+    assert "another teacher" in refusal(capsys)
+
+
+def test_answers_of_another_chat_template_are_refused(tmp_path, teacher, answered, capsys):
+    template = tmp_path / "template.jinja"
+    template.write_text(smollm2_chat_template() + "{# another template #}", encoding="utf-8")
+    kept = stopped_partial(answered, tmp_path, "store", 1)
+    capsys.readouterr()
+    args = answer_args(teacher, tmp_path, "store", "--respond-batch", "3", "--chat-template", str(template))
+    assert main(args) == 2
+    assert "another chat template" in refusal(capsys)
+    assert partial_path(tmp_path / "store").read_bytes() == kept
+
+
+def edit_question(folder, number: int, question: str) -> None:
+    """Change one question of ``folder``'s corpus in place (same length: the keys stay)."""
+    corpus = folder / "questions.jsonl"
+    before = corpus.read_bytes()
+    lines = corpus.read_text(encoding="utf-8").splitlines(keepends=True)
+    lines[number] = json.dumps({"prompt": question}, ensure_ascii=False) + "\n"
+    corpus.write_text("".join(lines), encoding="utf-8")
+    assert len(corpus.read_bytes()) == len(before)
+
+
+@pytest.mark.slow  # five dumps of up to eight answers
+def test_a_conversation_edited_in_place_is_answered_again(tmp_path, teacher, family, answered, capsys):
+    """A question edited in place (same length) after a run stopped is answered again with its batch
+    and those after it, the batches before it kept byte for byte; the same holds for a finished
+    answers file, which the store is then dumped from."""
+    whole = answers_path(answered / "three").read_bytes().splitlines(keepends=True)
+    stopped_partial(answered, tmp_path, "store", 2)
+    edited = "Question 4: what comes after 9?"
+    edit_question(tmp_path, 4, edited)
+    assert main(answer_args(teacher, tmp_path, "store", "--respond-batch", "3")) == 0
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    (fresh / "questions.jsonl").write_bytes((tmp_path / "questions.jsonl").read_bytes())
+    assert main(answer_args(teacher, fresh, "store", "--respond-batch", "3")) == 0
+    resumed = answers_path(tmp_path / "store").read_bytes()
+    assert resumed == answers_path(fresh / "store").read_bytes()
+    assert resumed.splitlines(keepends=True)[:3] == whole[:3]
+    assert json.loads(resumed.splitlines()[4])["messages"][0]["content"] == edited
+    # the finished file, with the store removed: the edited question is answered and distilled
+    shutil.rmtree(tmp_path / "store")
+    edit_question(tmp_path, 7, "Dis bonsoir — 你好")
+    edit_question(fresh, 7, "Dis bonsoir — 你好")
+    assert main(answer_args(teacher, tmp_path, "store", "--respond-batch", "3")) == 0
+    shutil.rmtree(fresh / "store")
+    answers_path(fresh / "store").unlink()
+    assert main(answer_args(teacher, fresh, "store", "--respond-batch", "3")) == 0
+    answers = answers_path(tmp_path / "store").read_bytes()
+    assert answers == answers_path(fresh / "store").read_bytes()
+    assert answers.splitlines(keepends=True)[:6] == resumed.splitlines(keepends=True)[:6]
+    last = json.loads(answers.splitlines()[7])["messages"]
+    distilled = LogitStore(tmp_path / "store").document(7).token_ids.tolist()
+    assert last[0]["content"] == "Dis bonsoir — 你好"
+    assert distilled == family.chat.encode(conversation_document(last)).token_ids.tolist()
+
+
+def test_a_forged_answer_is_refused(tmp_path, teacher, answered, capsys):
+    """An answer changed inside a whole batch of the partial file, or of the finished file, is
+    refused in one line, the file left as it is."""
+    forged = stopped_partial(answered, tmp_path, "store", 2).replace(b'"Question 1: ', b'"Question 1! ')
+    partial_path(tmp_path / "store").write_bytes(forged)
+    capsys.readouterr()
+    assert main(answer_args(teacher, tmp_path, "store", "--respond-batch", "3")) == 2
+    assert "not those the teacher wrote" in refusal(capsys)
+    assert partial_path(tmp_path / "store").read_bytes() == forged
+    finished = tmp_path / "finished"
+    shutil.copytree(answered, finished)
+    lines = answers_path(finished / "three").read_bytes().splitlines(keepends=True)
+    answer = json.loads(lines[5])
+    answer["messages"][-1]["content"] = "forged"
+    lines[5] = json.dumps(answer, ensure_ascii=False).encode("utf-8") + b"\n"
+    answers_path(finished / "three").write_bytes(b"".join(lines))
+    assert main(answer_args(teacher, finished, "three", "--respond-batch", "3")) == 2
+    assert "not those the teacher wrote" in refusal(capsys)
+
+
+def test_answers_files_of_an_earlier_version_are_refused(tmp_path, teacher, answered, capsys):
+    """A partial file with the settings line alone, or a finished answers file without its checks
+    (what an earlier version wrote), is refused in one line."""
+    lines = answers_path(answered / "three").read_bytes().splitlines(keepends=True)
+    settings = {"max_tokens": 6, "temperature": 0.0, "seed": 0, "batch": 3}
+    old = json.dumps({"respond": settings}).encode() + b"\n" + b"".join(lines[:3])
+    stopped_partial(answered, tmp_path, "store", 0)
+    partial_path(tmp_path / "store").write_bytes(old)
+    capsys.readouterr()
+    assert main(answer_args(teacher, tmp_path, "store", "--respond-batch", "3")) == 2
+    assert "earlier version" in refusal(capsys)
+    assert partial_path(tmp_path / "store").read_bytes() == old
+    partial_path(tmp_path / "store").unlink()
+    answers_path(tmp_path / "store").write_bytes(b"".join(lines))
+    assert main(answer_args(teacher, tmp_path, "store", "--respond-batch", "3")) == 2
+    assert "earlier version" in refusal(capsys)
+    assert not (tmp_path / "store").exists()
 
 
 def test_conversations_from_parquet_and_datasets(tmp_path):
