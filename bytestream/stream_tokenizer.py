@@ -461,6 +461,13 @@ class HealingProcessor(LogitsProcessor):
 # end-of-text token): ChatML (SmolLM2, Qwen), Llama-3, Gemma, Phi-3
 END_OF_TURN_TEXTS = ("<|im_end|>", "<|eot_id|>", "<|end_of_turn|>", "<end_of_turn>", "<|end|>", "<|eom_id|>")
 
+
+def turn_ending_texts(recorded: list[str] | None, eos_token: str | None) -> set[str | None]:
+    """The texts of the reserved symbols that end a turn: as the training store recorded them, else
+    (a store of an older version) the teacher's end-of-text text and the usual end-of-turn names."""
+    return set(recorded) if recorded is not None else {eos_token, *END_OF_TURN_TEXTS}
+
+
 FLAG_MARK = "\u23d0"  # the fused stream's "ends" byte: its GPT-2 character followed by this mark
 
 
@@ -570,10 +577,7 @@ class ByteStreamTokenizer(PreTrainedTokenizer):
         """The reserved symbols that end a turn (where ``generate`` stops): the ones the training store
         recorded (``end_of_turn``); for a folder exported before it did, those of the teacher's
         end-of-text or usual end-of-turn specials the chat template emits."""
-        recorded = self.end_of_turn
-        ends = (
-            set(recorded) if recorded is not None else {self.chat_template_tokens.get("eos_token"), *END_OF_TURN_TEXTS}
-        )
+        ends = turn_ending_texts(self.end_of_turn, self.chat_template_tokens.get("eos_token"))
         return [self.stream.alphabet_size + i for i, text in enumerate(self.reserved_symbols) if text in ends]
 
     def encode_chat(self, text: str) -> list[int]:

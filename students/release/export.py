@@ -43,7 +43,7 @@ from transformers import GenerationConfig
 
 from bytestream import stream_tokenizer
 from bytestream.stream_kind import StreamKind
-from bytestream.stream_tokenizer import END_OF_TURN_TEXTS, TEACHER_TOKENIZER_FILE, ByteStreamTokenizer
+from bytestream.stream_tokenizer import TEACHER_TOKENIZER_FILE, ByteStreamTokenizer, turn_ending_texts
 from common.errors import UserError
 from students.models.architectures import architecture_of_model
 from students.release import custom_generate
@@ -128,11 +128,7 @@ def end_of_turn_symbols(stream: StreamKind, chat: TeacherChat) -> list[int]:
     which records none, the teacher's end-of-text text and the usual end-of-turn names."""
     if not chat.reserved_symbols:
         return []
-    ends = (
-        set(chat.end_of_turn)
-        if chat.end_of_turn is not None
-        else {chat.template_tokens.get("eos_token"), *END_OF_TURN_TEXTS}
-    )
+    ends = turn_ending_texts(chat.end_of_turn, chat.template_tokens.get("eos_token"))
     return [stream.alphabet_size + i for i, text in enumerate(chat.reserved_symbols) if text in ends]
 
 
