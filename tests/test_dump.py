@@ -302,11 +302,14 @@ def test_corpus_fingerprint_follows_content_not_location(corpus_dir, tmp_path, m
     assert corpus_fingerprint(CorpusSpec("moved")) != original
 
 
-def test_store_names_its_teacher_by_content_not_location(small_teacher, corpus_dir, tmp_path):
+def test_store_names_its_teacher_by_content_not_location(small_teacher, corpus_dir, tmp_path, monkeypatch):
     """The same dump in two folders (teacher, corpus and store side by side in each) writes the
     same bytes in every store file: the manifest names the teacher by its folder name and its
-    weights' hash, and where its tokenizer was read relative to the store, never by an absolute path."""
+    weights' hash, and where its tokenizer was read relative to the store, never by an absolute path
+    (on the same torch thread count, which the manifest records)."""
     import shutil
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
 
     for where in ("one", "two/deeper"):
         shutil.copytree(small_teacher, tmp_path / where / "teacher")
