@@ -152,6 +152,7 @@ def train_and_export(args, work: Path, name: str, stores: dict[str, Path], *extr
         train_stores=stores["train"],
         eval_store=stores["heldout"],
         output_dir=run,
+        stream="fused",  # the chat student this benchmark measures reads the teacher's boundaries
         seq_len=args.seq_len,
         batch_size=args.batch_size,
         max_steps=args.steps,

@@ -9,10 +9,12 @@ toy quickstart of ``benchmarks/smoke.py`` in a temporary folder instead (seconds
 - the student on the store's streams (the teacher's token ends: ``<eot>`` marks or flagged bytes;
   what ``train`` reports);
 - the documented loading path: ``AutoTokenizer.from_pretrained(folder, trust_remote_code=True)``
-  (the folder's own ``tokenization_bytedistill.py``) on each document's text, then ``<eos>``;
+  (the folder's own ``tokenization_bytedistill.py``; a bytes folder's stock tokenizer, no remote
+  code) on each document's text, then ``<eos>``;
 - plain bytes, ``<bos>`` + the bytes with no token end (an ``<eot>`` folder's stock tokenizer, no
   remote code; a fused folder has none), P(byte) as is;
-- the same, renormalised over the 256 unflagged bytes + ``<eos>``.
+- the same, renormalised over the 256 unflagged bytes + ``<eos>``
+  (a bytes folder has neither: its stream is the plain bytes).
 
 Every row scores the same bytes with the same windows (``bytedistill score`` definitions).
 ``--write-card`` puts the table into the folder's model card (README.md).
@@ -27,24 +29,34 @@ from pathlib import Path
 import numpy as np
 
 from logit_store import LogitStore
-from students.release.exported_folder import load_model
+from bytestream.stream_kind import StreamKind
+from students.release.exported_folder import folder_stream, load_model
 from students.release.score import Document, ScoreOptions, score, score_documents
 
 CARD_HEADING = "## Held-out bits per byte by loading path"
 
 
 def documented_path_documents(folder: Path, store_path: Path) -> list[Document]:
-    """Each held-out document through the folder's remote-code tokenizer, as a user loads it."""
+    """Each held-out document through the folder's tokenizer, as a user loads it: a bytes folder's
+    stock one (no remote code), else its remote-code one."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
+    plain = folder_stream(folder) is StreamKind.BYTES
+    tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=not plain)
     store = LogitStore(store_path)
     docs = []
     for i in range(len(store)):
         data = store.document(i).layout.text_bytes()
         try:
-            symbols = tokenizer(data.decode("utf-8")).input_ids + [tokenizer.stream.eos]
-        except UnicodeDecodeError:  # not text: the tokenizer's bytes entry point
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:  # not text: the bytes themselves
+            text = None
+        if plain:
+            symbols = (tokenizer(text).input_ids if text is not None else [tokenizer.bos_token_id, *data])
+            symbols = [*symbols, tokenizer.eos_token_id]
+        elif text is not None:
+            symbols = tokenizer(text).input_ids + [tokenizer.stream.eos]
+        else:  # the tokenizer's bytes entry point
             symbols = tokenizer.encode_bytes(data, eos=True)
         docs.append(Document(0, np.asarray(symbols, dtype=np.int64), None))
     return docs
@@ -56,6 +68,13 @@ def measure(folder: Path, store: Path) -> tuple[list[tuple[str, float]], int]:
     documented = score_documents(
         load_model(folder), [store], documented_path_documents(folder, store), ScoreOptions(**quiet)
     )[-1]
+    if folder_stream(folder) is StreamKind.BYTES:  # its stream is the plain bytes
+        assert documented.bytes == stream.bytes, "every row must score the same bytes"
+        return [
+            ("teacher BPB", stream.teacher_bpb),
+            ("bytes stream, the store's text (what `train` reports)", stream.student_bpb),
+            ("documented path: `AutoTokenizer.from_pretrained(folder)`, no remote code", documented.student_bpb),
+        ], stream.bytes
     plain = score(folder, [store], ScoreOptions(mode="plain", **quiet))[-1]
     renormalised = score(folder, [store], ScoreOptions(mode="plain-renormalised", **quiet))[-1]
     assert documented.bytes == stream.bytes == plain.bytes, "every row must score the same bytes"
@@ -92,11 +111,9 @@ def report(folder: Path, store: Path, *, card: bool = False) -> str:
     text = table(rows, store, n_bytes)
     if card:
         write_card(folder, text)
-    stream, documented, plain = rows[1][1], rows[2][1], rows[3][1]
-    return (
-        f"{text}\n\nsummary: documented path {100 * (documented / stream - 1):+.2f}% vs the stream"
-        f" (goal: within 1%); plain bytes {100 * (plain / stream - 1):+.1f}%"
-    )
+    stream, documented = rows[1][1], rows[2][1]
+    plain = "" if len(rows) < 4 else f"; plain bytes {100 * (rows[3][1] / stream - 1):+.1f}%"
+    return f"{text}\n\nsummary: documented path {100 * (documented / stream - 1):+.2f}% vs the stream (goal: within 1%){plain}"
 
 
 def main() -> None:

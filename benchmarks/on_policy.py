@@ -100,6 +100,7 @@ def train_run(
         "train_stores": stores[0],
         "eval_store": stores[1],
         "output_dir": out,
+        "stream": "fused",  # the fused student, as the recorded rows
         "seq_len": args.seq_len,
         "batch_size": args.batch_size,
         "max_steps": steps,

@@ -83,6 +83,7 @@ def tiny_exported_student(work: Path, steps: int = 4) -> ExportedStudent:
         train_stores=work / "store/train",
         eval_store=work / "store/heldout",
         output_dir=work / "student",
+        stream="fused",  # the fused folder (teacher tokenizer, healing) the smoke runs exercise
         max_steps=steps,
         warmup_steps=1,
         eval_every=0,

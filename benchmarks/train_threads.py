@@ -5,7 +5,7 @@
 The quickstart's student (tiny preset, seq 256 × batch 16, random batches; forward, backward and
 an AdamW step, where torch's intra-op threads do their work) in one process, the thread counts
 interleaved over ``--rounds`` so that every setting sees the same load: 1 thread, one per CPU this
-process may use (torch's own default here), and bytedistill's default (``bytedistill.threads``: the
+process may use (torch's own default here), and bytedistill's default (``common.threads``: the
 CPUs other running tasks leave free). Prints the median seconds per step and the load average.
 """
 
@@ -19,7 +19,7 @@ import time
 import torch
 
 from benchmarks.results import markdown_table, write_section
-from bytedistill.threads import available_cpus, default_threads
+from common.threads import available_cpus, default_threads
 from students.models.llama import build_student, student_config
 
 

@@ -29,10 +29,10 @@ from bytedistill import (
     score,
     serve,
     store,
-    threads,
     train,
 )
 from bytedistill.config import check_config_files, config_files_first, config_from_namespace, config_parser, error_line
+from common import threads
 from common.errors import UserError
 from configs.fields import leaves
 from configs.ranges import range_problem

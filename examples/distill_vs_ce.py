@@ -47,6 +47,7 @@ def train(work: Path, train_store: Path, name: str, alpha: float, temperature: f
         train_stores=train_store,
         eval_store=work / "store/heldout",
         output_dir=out,
+        stream="fused",  # the fused student, as the recorded rows
         preset=args.preset,
         seq_len=256,
         batch_size=args.batch_size,

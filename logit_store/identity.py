@@ -27,3 +27,6 @@ class StoreIdentity:
     encoding_params: dict | None = None  # with a name: its parameters
     stream: StreamKind = StreamKind.EOT  # the stream every document's values are over
     reserved_symbols: list[dict] | None = None  # a chat store's kept specials ([{"text", "teacher_id"}, ...])
+    # how the teacher computed (device, dtype, CPU threads): recorded, not compared, so that a resume can
+    # compute the same way (a CPU's float kernels round differently with another thread count)
+    teacher_numerics: dict | None = None

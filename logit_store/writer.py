@@ -199,7 +199,7 @@ class StoreWriter:
             "settings_hash": settings_hash(settings),
             "encoding": self.encoding.describe(),
             "compression": {"codec": "zstd", "level": self.compression_level},
-        }
+        } | ({"teacher_numerics": identity.teacher_numerics} if identity.teacher_numerics is not None else {})
         self._identity = identity_hash(self.manifest)
         self._open_directory()
         self._shard: ShardFile | None = None

@@ -49,7 +49,7 @@ INNER_LOOP_SKIPS = (
 def pytest_configure(config):
     """Under pytest-xdist (``-n auto``) each worker is one of as many processes as CPUs: one torch
     thread each, or their threads would wait on each other (the commands they start choose their
-    own threads by the load, ``bytedistill/threads.py``)."""
+    own threads by the load, ``common/threads.py``)."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
         import torch
 

@@ -59,6 +59,8 @@ def build(root: Path, teacher: Path | None = None, heldout: list[bytes] | None =
                 str(root / "store/heldout"),
                 "--output-dir",
                 str(run),
+                "--stream",
+                "fused",  # the student whose tokenizer these tests read: the teacher's flags
                 "--preset",
                 "tiny",
                 "--hidden-size",

@@ -95,7 +95,7 @@ def test_windows_carry_roles_and_loss_on_assistant_masks_exactly_the_assistant_t
 def train_and_export(stores: Path, architecture: str) -> Path:
     run, folder = stores / f"run-{architecture}", stores / f"model-{architecture}"
     args = ["train", "--train-stores", str(stores / "train"), "--eval-store", str(stores / "heldout")]
-    args += ["--output-dir", str(run), "--architecture", architecture, *SHAPE]
+    args += ["--output-dir", str(run), "--architecture", architecture, "--stream", "fused", *SHAPE]
     args += ["--loss-on", "assistant"]  # a random teacher's prompts teach nothing: 120 steps for the answers alone
     if architecture == "flat":
         args += ["--preset", "tiny", "--hidden-size", "32", "--num-layers", "2", "--num-heads", "2"]

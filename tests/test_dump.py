@@ -132,9 +132,11 @@ def lorem_corpus(folder: Path, count: int) -> Path:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("conversion", ["numba", "torch"])
-def test_killed_dump_resumes_to_the_same_store(conversion, small_teacher, tmp_path, capsys):
+def test_killed_dump_resumes_to_the_same_store(conversion, small_teacher, tmp_path, capsys, monkeypatch):
     """A dump killed midway (its own process, SIGKILL after 3 of 12 shards) and resumed stores what
-    one uninterrupted run stores, and the resumed run passes over the documents already stored."""
+    one uninterrupted run stores, and the resumed run passes over the documents already stored
+    (the runs before the kill on one torch thread, the resume on the count the store records)."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
     corpus = lorem_corpus(tmp_path / "corpus", 24)
     args = [*KILLABLE, "--docs-per-shard", "2", "--conversion", conversion]
 
@@ -146,6 +148,7 @@ def test_killed_dump_resumes_to_the_same_store(conversion, small_teacher, tmp_pa
     partial = kill_after_shards([start_bytedistill(command(killed))], killed, 3)
     assert 0 < partial < 12
     capsys.readouterr()
+    monkeypatch.delenv("OMP_NUM_THREADS")
     assert cli_main(command(killed)) == 0
     resumed = capsys.readouterr().out
     assert f"+{2 * partial} already stored" in resumed
@@ -299,11 +302,14 @@ def test_corpus_fingerprint_follows_content_not_location(corpus_dir, tmp_path, m
     assert corpus_fingerprint(CorpusSpec("moved")) != original
 
 
-def test_store_names_its_teacher_by_content_not_location(small_teacher, corpus_dir, tmp_path):
+def test_store_names_its_teacher_by_content_not_location(small_teacher, corpus_dir, tmp_path, monkeypatch):
     """The same dump in two folders (teacher, corpus and store side by side in each) writes the
     same bytes in every store file: the manifest names the teacher by its folder name and its
-    weights' hash, and where its tokenizer was read relative to the store, never by an absolute path."""
+    weights' hash, and where its tokenizer was read relative to the store, never by an absolute path
+    (on the same torch thread count, which the manifest records)."""
     import shutil
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
 
     for where in ("one", "two/deeper"):
         shutil.copytree(small_teacher, tmp_path / where / "teacher")
@@ -420,7 +426,7 @@ def _store_documents(directory) -> list[tuple[str, bytes]]:
 
 
 @pytest.mark.slow
-def test_killed_two_process_dump_resumes_with_one_or_three(small_teacher, tmp_path, capsys):
+def test_killed_two_process_dump_resumes_with_one_or_three(small_teacher, tmp_path, capsys, monkeypatch):
     """Documents belong to fixed writers, not to processes: 2 jobs killed mid-run, resumed by 1
     job or by 3 at once, hold every document exactly once — the same store as one uninterrupted run."""
     import shutil
@@ -445,10 +451,12 @@ def test_killed_two_process_dump_resumes_with_one_or_three(small_teacher, tmp_pa
         ]
 
     whole, killed, again = tmp_path / "whole", tmp_path / "killed", tmp_path / "again"
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the resumes take the count the store records
     assert cli_main(command(whole, 1, 0)) == 0
     partial = kill_after_shards([start_bytedistill(command(killed, 2, k)) for k in range(2)], killed, 6)
     assert 0 < partial < 30
     shutil.copytree(killed, again)
+    monkeypatch.delenv("OMP_NUM_THREADS")
     assert cli_main(command(killed, 1, 0)) == 0
     jobs = [start_bytedistill(command(again, 3, k), stderr=subprocess.PIPE) for k in range(3)]  # at once
     for job in jobs:

@@ -9,9 +9,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from bytedistill.cli import main as bytedistill
+from common.threads import available_cpus
 from logit_store import LogitStore, store_content_hash
+from logit_store.manifest import read_manifest
 from logit_store.skips import Skip, SkipList, read_skips
 from tests.edges import Edge, check_edge
 from tests.gguf_teachers import write_tiny_gguf
@@ -44,10 +47,14 @@ def dump(teacher: Path, corpus: Path, output: Path, *extra: str) -> list[str]:
 
 
 @pytest.mark.slow
-def test_unencodable_documents_are_skipped_listed_and_resumed(teacher, tmp_path, capsys):
+def test_unencodable_documents_are_skipped_listed_and_resumed(teacher, tmp_path, capsys, monkeypatch):
     """The good documents are stored, the others listed with their reasons; a run killed midway
     and resumed gives the same store (content hash) and the same skip list, without encoding a
-    listed document again."""
+    listed document again. The runs up to the kill compute on one torch thread more than the machine
+    has CPUs (a count the load never chooses); the resume, told no count, takes the one the store
+    records, and a run told another count says its rows may round otherwise."""
+    threads = available_cpus() + 1
+    monkeypatch.setenv("OMP_NUM_THREADS", str(threads))
     corpus = mixed_corpus(tmp_path / "corpus")
     whole = tmp_path / "whole"
     assert bytedistill(dump(teacher, corpus, whole)) == 0
@@ -69,16 +76,24 @@ def test_unencodable_documents_are_skipped_listed_and_resumed(teacher, tmp_path,
     assert 0 < len(read_skips(killed)) < len(BAD)  # doc02 was skipped before the second shard
     assert read_skips(killed) == expected[: len(read_skips(killed))]
 
+    assert read_manifest(killed)["teacher_numerics"] == {"device": "cpu", "dtype": "float32", "cpu_threads": threads}
+
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    monkeypatch.delenv("TORCH_NUM_THREADS", raising=False)
     assert bytedistill(dump(teacher, corpus, killed)) == 0
-    resumed = capsys.readouterr().out
-    assert "listed by an earlier run)" in resumed
+    resumed = capsys.readouterr()
+    assert "listed by an earlier run)" in resumed.out
+    assert f"dump: resuming with {threads} torch threads, as the store was written" in resumed.err
+    assert torch.get_num_threads() == threads
     assert store_content_hash(killed) == store_content_hash(whole)
     assert read_skips(killed) == expected
 
     assert bytedistill(["inspect", str(killed)]) == 0
     assert "skipped:         10 documents" in capsys.readouterr().out
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
     assert bytedistill(dump(teacher, corpus, killed, "--verbose")) == 0  # nothing left; the entries by name
     captured = capsys.readouterr()
+    assert f"dump: note: the store was written with the teacher's cpu_threads {threads} (now 1)" in captured.err
     assert "nothing left to dump" in captured.out and "(10 listed by an earlier run)" in captured.out
     assert f"not read: {corpus / 'gone.txt'} (dangling link)" in captured.err
 

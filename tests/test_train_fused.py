@@ -138,16 +138,30 @@ def test_a_store_of_the_other_stream_is_refused_naming_the_flag(tmp_path, stores
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("store", ["eot", "fused"])
-def test_without_stream_a_student_reads_its_stores_stream(tmp_path, stores, capsys, store):
-    """``--stream auto`` (the default) trains a student of the stream its stores hold, and a resume
-    without the flag keeps it."""
-    status, err = _train_cli(tmp_path, capsys, [stores[store]], "--checkpoint-every", "1")
+@pytest.mark.parametrize(
+    ("store", "architecture", "student"),
+    [("eot", "flat", "eot"), ("fused", "flat", "bytes"), ("eot", "patched", "eot"), ("fused", "patched", "fused")],
+)
+def test_without_stream_a_student_reads_its_stores_stream(tmp_path, stores, capsys, store, architecture, student):
+    """``--stream auto`` (the default) trains a student of the stream its stores hold, except that a
+    flat student reads fused stores as the bytes stream (the patched one cannot); a resume without
+    the flag keeps the stream, a fused student's included."""
+    flags = ["--architecture", architecture, "--checkpoint-every", "1"]
+    status, err = _train_cli(tmp_path, capsys, [stores[store]], *flags)
     assert status == 0, err
     checkpoint = latest_checkpoint(tmp_path / "run")
-    assert StreamKind.of_config(json.loads((checkpoint / "config.json").read_text())) is StreamKind(store)
-    status, err = _train_cli(tmp_path, capsys, [stores[store]], "--resume", "latest", "--max-steps", "2")
+    assert StreamKind.of_config(json.loads((checkpoint / "config.json").read_text())) is StreamKind(student)
+    status, err = _train_cli(tmp_path, capsys, [stores[store]], *flags, "--resume", "latest", "--max-steps", "2")
     assert status == 0, err
+
+
+def test_a_fused_flat_student_resumes_on_its_stream_without_the_flag(tmp_path, stores, capsys):
+    status, err = _train_cli(tmp_path, capsys, [stores["fused"]], "--stream", "fused", "--checkpoint-every", "1")
+    assert status == 0, err
+    status, err = _train_cli(tmp_path, capsys, [stores["fused"]], "--resume", "latest", "--max-steps", "2")
+    assert status == 0, err
+    checkpoint = latest_checkpoint(tmp_path / "run")
+    assert StreamKind.of_config(json.loads((checkpoint / "config.json").read_text())) is StreamKind.FUSED
 
 
 @pytest.mark.parametrize("flags", [[], ["--stream", "fused"]])

@@ -138,7 +138,7 @@ class DumpConfig:
         default=0,
         metadata={"flag": "shard_index", "help": "which of --num-shards this job is (0-based)", "range": NON_NEGATIVE},
     )
-    # set by the command line before the dump runs (bytedistill/threads.py), the one owner of the count
+    # set by the command line before the dump runs (common/threads.py), the one owner of the count
     threads: int | None = field(
         default=None,
         metadata={

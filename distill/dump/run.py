@@ -42,6 +42,7 @@ from distill.corpus.shares import pieces_settings, share_fingerprints, writer_do
 from distill.corpus.spec import CorpusCounts, CorpusSpec, check_source, corpus_fingerprint, corpus_listing
 from distill.dump import memory as dump_memory
 from distill.dump.config import DEFAULT_MAX_MESSAGES, DumpConfig
+from distill.dump.numerics import match_recorded_numerics, teacher_numerics
 from distill.dump.plan import Grouping, Skipper, plan_groups
 from distill.dump.respond import with_answers
 from distill.dump.settle import DumpPlan, settle
@@ -172,6 +173,7 @@ def _dump_pass(plan: DumpPlan, teacher: Teacher, started: float | None) -> DumpS
     config, mine, worker, stream = plan.config, plan.mine, plan.worker, plan.stream
     spec = config.corpus
     started = time.perf_counter() if started is None else started
+    _match_numerics(config, teacher)
     chat = None
     if config.chat:
         stage(config, "reading the teacher's chat template")
@@ -261,6 +263,17 @@ def _dump_pass(plan: DumpPlan, teacher: Teacher, started: float | None) -> DumpS
     )
 
 
+def _match_numerics(config: DumpConfig, teacher: Teacher) -> None:
+    """Compute as the store being resumed was written, before the teacher's first forward
+    (:mod:`distill.dump.numerics`)."""
+    threads, note = match_recorded_numerics(Path(config.output), teacher.device, teacher.dtype, config.threads)
+    if threads is not None:  # with or without --progress: how this run's rows are computed
+        plural = "s" if threads != 1 else ""
+        print(f"dump: resuming with {threads} torch thread{plural}, as the store was written", file=sys.stderr)
+    if note is not None:
+        print(f"dump: {note}", file=sys.stderr, flush=True)
+
+
 def _open_stores(
     plan: DumpPlan, spec: CorpusSpec, teacher: Teacher, converter: Converter, chat: ChatEncoder | None = None
 ) -> dict:
@@ -280,6 +293,7 @@ def _open_stores(
         encoding=config.encoding,
         stream=plan.stream,
         reserved_symbols=None if chat is None else reserved_symbols(chat),
+        teacher_numerics=teacher_numerics(teacher.device, teacher.dtype),
     )
     source = share_fingerprints(spec, plan.writers, mine)
 

@@ -43,6 +43,11 @@ class Architecture(ABC):
         ``shape.max_positions``, else ``seq_len``; its alphabet is the stream's and the ``reserved``
         symbols after it (their texts, recorded in its config as ``reserved_symbols``)."""
 
+    def stream_from_stores(self, stored: Any) -> Any:
+        """The stream this architecture's student reads from stores of the stream ``stored`` when
+        ``train --stream`` is ``auto``: the stores' own by default."""
+        return stored
+
     def refuse_stream(self, stream: Any) -> None:
         """Refuse, in one line, a stream (a :class:`bytestream.stream_kind.StreamKind`) this architecture
         cannot read (none by default)."""

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bytestream.stream_kind import StreamKind
 from students.models.architecture import Architecture, load_weights
 from students.models.cost import (
     StreamRates,
@@ -59,6 +60,12 @@ class FlatArchitecture(Architecture):
             reserved=reserved,
         )
         return build_student(model_config, seed=seed)
+
+    def stream_from_stores(self, stored: StreamKind) -> StreamKind:
+        """Fused stores train the tokenizer-free bytes student (their rows with the boundary summed
+        out): on plain bytes it scored below the fused student placing its own flags at equal
+        training FLOPs (docs/RESULTS.md, "The bytes student on plain bytes")."""
+        return StreamKind.BYTES if stored is StreamKind.FUSED else stored
 
     def load(self, checkpoint: Path, saved_config: dict[str, Any]):
         from transformers import LlamaConfig, LlamaForCausalLM

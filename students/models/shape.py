@@ -36,7 +36,8 @@ class StudentShape:
             "help": "the stream the student reads, from stores of its stream: eot (bytes and an <eot> after "
             "each teacher token), fused (one symbol per byte that says whether the token ends with it), "
             "bytes (the text bytes alone, read from fused stores with each byte's two flags summed: a flat "
-            "student that needs no tokenizer) or auto: the training stores' stream (dump's default is fused)",
+            "student that needs no tokenizer) or auto: the stream of the run it resumes or the student it starts "
+            "from, else the training stores' (a flat student reads fused stores, dump's default, as bytes)",
             "choices": [AUTO_STREAM, *(kind.value for kind in StreamKind)],
         },
     )

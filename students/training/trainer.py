@@ -78,13 +78,13 @@ from students.training.checkpoints import (
     require_stream,
     resolve_resume,
     save_checkpoint,
-    stream_of_checkpoint,
     write_json,
 )
 from students.training.evaluation import ChatEvalMetrics, EvalMetrics, evaluate
 from students.training.hub_stores import RUN_INFO_KEY, hub_pins, with_hub_stores
 from students.training.init_from import (
     check_source,
+    saved_config,
     load_initial_weights,
     recorded_start,
     require_same_start,
@@ -165,12 +165,11 @@ def settle(config: TrainConfig) -> TrainPlan:
     chat settings."""
     resume_from = resolve_resume(config.resume, Path(config.output_dir))
     config = with_hub_stores(config, resume_from)  # hf://datasets/… names: the Hub cache's directories
-    stream = resolved_stream(config, resume_from)
+    init_from = None if config.init_from is None else source_folder(config.init_from)
+    stream = resolved_stream(config, resume_from, init_from)
     config = dataclasses.replace(config, student=dataclasses.replace(config.student, stream=stream.value))
     config, reserved = with_chat_settings(config)
-    init_from = None
-    if config.init_from is not None:
-        init_from = source_folder(config.init_from)
+    if init_from is not None:
         check_source(init_from, config.student.architecture, stream, Path(config.output_dir))
         if resume_from is not None:
             require_same_start(resume_from, init_from)
@@ -203,18 +202,21 @@ def train(config: TrainConfig, source: DataSource = STORE_SOURCE) -> TrainResult
         return train_session(plan, source, accelerator, run_id)
 
 
-def resolved_stream(config: TrainConfig, resume_from: Path | None) -> StreamKind:
-    """The student's stream: ``--stream`` when given; for ``auto``, the training stores' stream (the
-    first store's: stores of two streams are refused after), else that of the checkpoint it resumes
-    (``resume_from``), else ``<eot>``."""
+def resolved_stream(config: TrainConfig, resume_from: Path | None, init_from: Path | None = None) -> StreamKind:
+    """The student's stream: ``--stream`` when given; for ``auto``, the one the architecture reads from
+    the training stores' stream (the first store's: stores of two streams are refused after; a flat
+    student reads fused stores as the bytes stream), unless the checkpoint it resumes
+    (``resume_from``) or the student it starts from (``init_from``) reads the stores' own stream;
+    without stores, that student's stream, else ``<eot>``."""
     if config.student.stream != AUTO_STREAM:
         return StreamKind(config.student.stream)
+    earlier = resume_from if resume_from is not None else init_from
+    saved = None if earlier is None else StreamKind.of_config(saved_config(earlier))
     stores = streams_of_stores(list(config.train_stores))
-    if stores:
-        return next(iter(stores.values()))
-    if resume_from is not None:
-        return stream_of_checkpoint(resume_from)
-    return StreamKind.EOT
+    if not stores:
+        return saved or StreamKind.EOT
+    stored = next(iter(stores.values()))
+    return saved if saved is stored else architecture_named(config.student.architecture).stream_from_stores(stored)
 
 
 def with_chat_settings(config: TrainConfig) -> tuple[TrainConfig, tuple[str, ...]]:

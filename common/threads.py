@@ -7,7 +7,8 @@ thread under the same load. So the default is the CPUs this process may run on (
 mask) less the other tasks the kernel is running right now (``/proc/loadavg``), at least 1;
 ``OMP_NUM_THREADS`` (or ``TORCH_NUM_THREADS``) set in the environment wins over that default, and a
 command's own ``--threads`` (``dump``) over both. The router sets them once, before the command
-runs; nothing else sets torch's threads.
+runs; after that only a dump resuming a store written on a CPU changes them, to the count the store
+was written with when its user chose none (``distill/dump/numerics.py``).
 """
 
 from __future__ import annotations
@@ -43,12 +44,24 @@ def other_running_tasks(samples: int = 5, interval: float = 0.01) -> int:
     return sorted(counts)[len(counts) // 2]
 
 
-def default_threads(environ=os.environ) -> tuple[int, str]:
-    """The thread count and why."""
+def environment_threads(environ=os.environ) -> tuple[int, str] | None:
+    """The thread count the environment sets, and why (``None``: it sets none)."""
     for name in ENVIRONMENT:
         value = environ.get(name, "").strip()
         if value.isdigit() and int(value) > 0:
             return int(value), f"{name}={value}"
+    return None
+
+
+def threads_chosen(requested: int | None = None, environ=os.environ) -> bool:
+    """Whether the thread count was chosen by the user (``--threads``, the environment), not by the load."""
+    return bool(requested) or environment_threads(environ) is not None
+
+
+def default_threads(environ=os.environ) -> tuple[int, str]:
+    """The thread count and why."""
+    if (chosen := environment_threads(environ)) is not None:
+        return chosen
     cpus, busy = available_cpus(), other_running_tasks()
     return max(1, cpus - busy), f"{cpus} CPUs, {busy} other running tasks"
 
