@@ -282,14 +282,14 @@ def run_server(size: Shape, tokenizer_json: str, slots: int, compile: bool, devi
     """A child process: the server on a free port of 127.0.0.1 (the port put on ``queue``)."""
     torch.set_num_threads(threads)
     from students.serving.serve_options import ServeOptions
-    from students.serving.server import Served, Server
+    from students.serving.server import ServedModel, Server
 
     model = served_model(size).to(device)
     tokenizer = ByteStreamTokenizer(teacher_tokenizer_file=tokenizer_json)
     engine = Engine(model, slots=slots, max_queue=4 * slots, compile=compile)
     options = ServeOptions(slots=slots, compile=compile)
     engine.start(warm_up=engine.graph_keys(options.warm_up_entries))  # as `serve --compile` does
-    server = Server(Served(engine, tokenizer, "student", options))
+    server = Server(ServedModel(engine, tokenizer, "student", options))
     queue.put((server.port, len(engine.graph_keys(options.warm_up_entries))))
     server.run()
 
@@ -714,12 +714,12 @@ def main() -> None:
 def smoke_server(args, size: Shape) -> list[LoadRow]:
     from benchmarks.common import llama3_tokenizer_json
     from students.serving.serve_options import ServeOptions
-    from students.serving.server import Served, Server
+    from students.serving.server import ServedModel, Server
 
     tokenizer = ByteStreamTokenizer(teacher_tokenizer_file=str(llama3_tokenizer_json()))
     engine = Engine(served_model(size), slots=max(args.clients))
     engine.start()
-    server = Server(Served(engine, tokenizer, "student", ServeOptions())).start()
+    server = Server(ServedModel(engine, tokenizer, "student", ServeOptions())).start()
     try:
         return load_rows(args, size, "eager", server.url, ["In the begi"])
     finally:

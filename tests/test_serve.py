@@ -26,7 +26,7 @@ from students.release.generate import GenerateOptions, generate_bytes
 from students.serving.engine import Engine
 from students.serving.openai_api import read_request
 from students.serving.serve_options import ServeOptions
-from students.serving.server import Served, Server, listening_socket, load_served
+from students.serving.server import ServedModel, Server, listening_socket, load_served
 from students.training.synthetic import SYNTHETIC_SOURCE
 from students.training.trainer import train
 from tests.test_chat_student import CHATML, RESERVED, chat_tokenizer, teacher  # noqa: F401 (teacher: a fixture)
@@ -157,7 +157,7 @@ def test_chat_answers_through_the_chat_template_and_stops_at_the_end_of_turn(arc
     expected = answers(model, tokenizer, [messages], GenerateOptions(max_new_bytes=24, greedy=True))[0]
     engine = Engine(model, slots=2)
     engine.start()
-    running = Server(Served(engine, tokenizer, "chat", OPTIONS)).start()
+    running = Server(ServedModel(engine, tokenizer, "chat", OPTIONS)).start()
     try:
         client = openai.OpenAI(base_url=f"{running.url}/v1", api_key="unused", max_retries=0)
         answer = client.chat.completions.create(model="chat", messages=messages, max_tokens=24, temperature=0)
@@ -185,7 +185,7 @@ def test_a_chat_template_past_its_render_budget_is_a_400_and_the_server_keeps_se
     model = architecture_named("flat").build(shape, seq_len=64, seed=0, reserved=tuple(RESERVED)).eval()
     engine = Engine(model, slots=2)
     engine.start()
-    running = Server(Served(engine, tokenizer, "chat", OPTIONS)).start()
+    running = Server(ServedModel(engine, tokenizer, "chat", OPTIONS)).start()
     try:
         url, ask = f"{running.url}/v1/chat/completions", {"model": "chat", "max_tokens": 4}
         started = time.perf_counter()
@@ -213,7 +213,7 @@ def test_malformed_unknown_oversized_and_unauthorised_requests_are_refused(serve
     huge_body = httpx.post(url, content=b" " * (5 * OPTIONS.max_prompt_bytes + 70000))
     assert huge_body.status_code == 400 and huge_body.json()["error"]["code"] == "request_too_large"
     still_serving(server)
-    guarded = Server(Served(server.served.engine, server.served.tokenizer, "tiny", replace(OPTIONS, api_key="k")))
+    guarded = Server(ServedModel(server.served.engine, server.served.tokenizer, "tiny", replace(OPTIONS, api_key="k")))
     guarded.start()
     try:
         refused = httpx.post(f"{guarded.url}/v1/completions", json={"model": "tiny", "prompt": "x", "max_tokens": 2})
@@ -318,7 +318,7 @@ def test_the_api_key_is_compared_in_constant_time(server, monkeypatch):
     real_compare_digest = hmac.compare_digest
     monkeypatch.setattr(hmac, "compare_digest", compare_digest)
     guarded = Server(
-        Served(server.served.engine, server.served.tokenizer, "tiny", replace(OPTIONS, api_key="k"))
+        ServedModel(server.served.engine, server.served.tokenizer, "tiny", replace(OPTIONS, api_key="k"))
     ).start()
     try:
         url, body = f"{guarded.url}/v1/completions", {"model": "tiny", "prompt": "x", "max_tokens": 2}
@@ -334,16 +334,16 @@ def test_the_api_key_is_compared_in_constant_time(server, monkeypatch):
 
 def test_a_client_that_leaves_mid_stream_frees_its_slot(server):
     engine = server.served.engine
-    before = engine.load()["cancelled"]
+    before = engine.occupancy()["cancelled"]
     body = {"model": "tiny", "prompt": PROMPT, "max_tokens": OPTIONS.max_tokens_limit, "temperature": 0, "stream": True}
     with httpx.stream("POST", f"{server.url}/v1/completions", json=body) as response:
         assert response.status_code == 200
         lines = response.iter_lines()
         assert next(line for line in lines if line.startswith("data: "))
     deadline = time.monotonic() + 20
-    while engine.load()["cancelled"] == before and time.monotonic() < deadline:
+    while engine.occupancy()["cancelled"] == before and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert engine.load()["cancelled"] == before + 1 and engine.load()["running"] == 0
+    assert engine.occupancy()["cancelled"] == before + 1 and engine.occupancy()["running"] == 0
     still_serving(server)
 
 
@@ -353,7 +353,7 @@ def endless(server):
     engine = Engine(server.served.engine.model, slots=2, max_queue=4, stop=frozenset())
     engine.start()
     options = replace(OPTIONS, max_tokens_limit=100_000)
-    running = Server(Served(engine, server.served.tokenizer, "tiny", options)).start()
+    running = Server(ServedModel(engine, server.served.tokenizer, "tiny", options)).start()
     yield running
     running.stop()
 
@@ -373,15 +373,15 @@ def test_clients_that_leave_non_streamed_answers_free_their_slots_and_the_queue_
     for client in clients:
         client.start()
     deadline = time.monotonic() + 2.5
-    while (engine.load()["running"], engine.load()["waiting"]) != (2, 1) and time.monotonic() < deadline:
+    while (engine.occupancy()["running"], engine.occupancy()["waiting"]) != (2, 1) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert engine.load()["running"] == 2 and engine.load()["waiting"] == 1
+    assert engine.occupancy()["running"] == 2 and engine.occupancy()["waiting"] == 1
     for client in clients:
         client.join()
     deadline = time.monotonic() + 2
-    while (engine.load()["running"] or engine.load()["waiting"]) and time.monotonic() < deadline:
+    while (engine.occupancy()["running"] or engine.occupancy()["waiting"]) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert engine.load()["running"] == 0 and engine.load()["waiting"] == 0 and engine.load()["cancelled"] == 3
+    assert engine.occupancy()["running"] == 0 and engine.occupancy()["waiting"] == 0 and engine.occupancy()["cancelled"] == 3
     still_serving(endless)
 
 
@@ -389,16 +389,16 @@ def test_a_full_queue_answers_503(server):
     """One slot, a queue of one: a third request is refused while the first two are held."""
     engine = Engine(server.served.engine.model, slots=1, max_queue=1, stop=frozenset())  # only budgets end answers
     engine.start()
-    busy = Server(Served(engine, server.served.tokenizer, "tiny", OPTIONS)).start()
+    busy = Server(ServedModel(engine, server.served.tokenizer, "tiny", OPTIONS)).start()
     url, long = f"{busy.url}/v1/completions", {"model": "tiny", "prompt": "x", "max_tokens": 8000, "stream": True}
     try:
         with httpx.stream("POST", url, json=long) as first, httpx.stream("POST", url, json=long) as second:
             assert first.status_code == 200 and second.status_code == 200
-            assert engine.load()["running"] == 1 and engine.load()["waiting"] == 1
+            assert engine.occupancy()["running"] == 1 and engine.occupancy()["waiting"] == 1
             refused = httpx.post(url, json={"model": "tiny", "prompt": "x"})
             assert refused.status_code == 503 and refused.json()["error"]["code"] == "queue_full"
         deadline = time.monotonic() + 20
-        while (engine.load()["running"] or engine.load()["waiting"]) and time.monotonic() < deadline:
+        while (engine.occupancy()["running"] or engine.occupancy()["waiting"]) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert httpx.post(url, json={"model": "tiny", "prompt": "x", "max_tokens": 2}).status_code == 200
     finally:
@@ -411,7 +411,7 @@ def test_every_architecture_and_stream_answers_what_generate_gives(name, tokeniz
     tokenizer = tokenizers["fused" if name.endswith("fused") else "eot"]
     engine = Engine(model, slots=2)
     engine.start()
-    running = Server(Served(engine, tokenizer, name, OPTIONS)).start()
+    running = Server(ServedModel(engine, tokenizer, name, OPTIONS)).start()
     try:
         client = openai.OpenAI(base_url=f"{running.url}/v1", api_key="unused", max_retries=0)
         answer = client.completions.create(model=name, prompt=PROMPT, max_tokens=16, temperature=0).choices[0].text

@@ -141,7 +141,7 @@ class Engine:
             self.pending.append(request)
             self.lock.notify()
 
-    def load(self) -> dict[str, int]:
+    def occupancy(self) -> dict[str, int]:
         """Busy slots, waiting requests, and the requests finished and cancelled so far."""
         with self.lock:
             running = sum(row is not None for row in self.rows)

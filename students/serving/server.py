@@ -46,7 +46,7 @@ from students.serving.serve_options import ServeOptions
 BODY_SLACK = 65536  # bytes a request body may hold beyond its prompt (the other fields, JSON escapes)
 
 
-class Served:
+class ServedModel:
     """The model behind the routes: its engine, tokenizer and name."""
 
     def __init__(self, engine: Engine, tokenizer, name: str, options: ServeOptions):
@@ -128,7 +128,7 @@ async def read_json(http: HttpRequest, limit: int):
         raise ApiError(400, "the request body is not valid JSON: it nests too deep", code="invalid_json") from None
 
 
-def submit(served: Served, request: Request) -> AsyncIterator[Event]:
+def submit(served: ServedModel, request: Request) -> AsyncIterator[Event]:
     """Queue ``request`` (503 when the queue is full) and return its events as they come, up to the
     one that says why it finished; events that arrived while the reader was busy come as one."""
     loop = asyncio.get_running_loop()
@@ -162,7 +162,7 @@ def submit(served: Served, request: Request) -> AsyncIterator[Event]:
     return events()
 
 
-def build_app(served: Served) -> Starlette:
+def build_app(served: ServedModel) -> Starlette:
     options = served.options
     body_limit = 4 * options.max_prompt_bytes + BODY_SLACK
 
@@ -185,7 +185,7 @@ def build_app(served: Served) -> Starlette:
             body = {"status": "warming", "model": served.name, "graphs_compiled": done, "graphs": total}
             return JSONResponse(body, status_code=503, headers={"Retry-After": "5"})
         compiled = {"graphs_compiled": len(engine.warm)} if engine.compiled else {}
-        return JSONResponse({"status": "ok", "model": served.name, **engine.load(), **compiled})
+        return JSONResponse({"status": "ok", "model": served.name, **engine.occupancy(), **compiled})
 
     async def models(http: HttpRequest) -> JSONResponse:
         try:
@@ -252,7 +252,7 @@ def build_app(served: Served) -> Starlette:
     return Starlette(routes=routes, exception_handlers={404: not_found, 405: not_allowed})
 
 
-async def whole(http: HttpRequest, served: Served, chat: bool, stream) -> JSONResponse:
+async def whole(http: HttpRequest, served: ServedModel, chat: bool, stream) -> JSONResponse:
     """The whole answer as one JSON body; a client that leaves meanwhile is answered 499 (nobody
     reads it) as soon as it leaves, however fast the engine writes."""
     answer = asyncio.ensure_future(gather(stream))
@@ -291,7 +291,7 @@ async def client_left(http: HttpRequest) -> None:
         pass
 
 
-async def sse(served: Served, asked: api.Asked, chat: bool, request: Request, stream) -> AsyncIterator[str]:
+async def sse(served: ServedModel, asked: api.Asked, chat: bool, request: Request, stream) -> AsyncIterator[str]:
     """The answer as server-sent events: a chunk per release of bytes, the finish reason, usage
     when asked, then ``[DONE]``. A client that leaves cancels the request (Starlette cancels this
     generator when it sees the disconnect)."""
@@ -321,7 +321,7 @@ def _data(payload: dict) -> str:
     return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
 
 
-def load_served(folder: Path, options: ServeOptions) -> Served:
+def load_served(folder: Path, options: ServeOptions) -> ServedModel:
     """The exported student on ``options.device`` behind an engine (started), with its tokenizer."""
     import torch
 
@@ -334,7 +334,7 @@ def load_served(folder: Path, options: ServeOptions) -> Served:
     engine = Engine(model, slots=options.slots, max_queue=options.max_queue, compile=options.compile)
     engine.start(warm_up=engine.graph_keys(options.warm_up_entries))
     name = options.model_name or Path(folder).resolve().name
-    return Served(engine, tokenizer, name, options)
+    return ServedModel(engine, tokenizer, name, options)
 
 
 def listening_socket(host: str, port: int) -> socket.socket:
@@ -350,7 +350,7 @@ class Server:
     """uvicorn serving ``served`` on a socket of its own, in this thread (:meth:`run`) or in a
     background one (:meth:`start`, :meth:`stop`: tests and the benchmark)."""
 
-    def __init__(self, served: Served, host: str = "127.0.0.1", port: int = 0):
+    def __init__(self, served: ServedModel, host: str = "127.0.0.1", port: int = 0):
         import uvicorn
 
         self.served = served
