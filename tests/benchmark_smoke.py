@@ -38,6 +38,7 @@ SMOKED_DUMPING = {
     "dump_memory": "summary: worst |estimate - peak| / peak",
     "budget": "summary: <eot> stream: best BPB patched - flat at budgets",
     "fused_store_coding": "summary: fused/<eot> shard bytes",
+    "step_profile": "summary: flat S batch 1 step",
 }
 SMOKED = SMOKED_TRAINING | SMOKED_DUMPING
 
