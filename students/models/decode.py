@@ -61,14 +61,17 @@ def generate_compiled(model, **kwargs):
     try:
         return model.generate(**kwargs, **decoding)
     except torch._dynamo.exc.BackendCompilerFailed as error:  # e.g. the C++ compiler fails
-        print(f"warning: decoding eagerly: compiling the step failed ({_cause(error)})", file=sys.stderr)
+        warn_compiling_failed(error)
         torch.random.set_rng_state(random_state)  # sampling draws what it would have drawn
         if cuda_state is not None:
             torch.cuda.set_rng_state_all(cuda_state)
         return model.generate(**kwargs)
 
 
-def _cause(error: torch._dynamo.exc.BackendCompilerFailed) -> str:
-    """The compiler's own error, in one line."""
+def warn_compiling_failed(error: torch._dynamo.exc.BackendCompilerFailed) -> None:
+    """The one warning line of a step that decodes eagerly from now on: the compiler's own error."""
     inner = error.inner_exception or error
-    return f"{type(inner).__name__}: {first_line(inner)}"
+    print(
+        f"warning: decoding eagerly: compiling the step failed ({type(inner).__name__}: {first_line(inner)})",
+        file=sys.stderr,
+    )

@@ -29,7 +29,7 @@ import torch
 from bytestream.stream_kind import StreamKind
 from bytestream.stream_tokenizer import STREAMS
 from common.errors import first_line
-from students.models.decode import compile_config, why_not_compiled
+from students.models.decode import compile_config, warn_compiling_failed, why_not_compiled
 from students.models.patched_model import PatchedStudent
 from students.serving.flat_step import FlatStepper, bucket
 from students.serving.patched_step import PatchedStepper
@@ -341,11 +341,7 @@ class Engine:
             self.warm.add(key)
             return chosen
         except torch._dynamo.exc.BackendCompilerFailed as error:  # e.g. the C++ compiler fails
-            inner = error.inner_exception or error
-            print(
-                f"warning: decoding eagerly: compiling the step failed ({type(inner).__name__}: {first_line(inner)})",
-                file=sys.stderr,
-            )
+            warn_compiling_failed(error)
             self.graph, self.compiled = self._graph, False
             return self._graph(lane, sampled, *args)
 

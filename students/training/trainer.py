@@ -84,10 +84,10 @@ from students.training.evaluation import ChatEvalMetrics, EvalMetrics, evaluate
 from students.training.hub_stores import RUN_INFO_KEY, hub_pins, with_hub_stores
 from students.training.init_from import (
     check_source,
-    saved_config,
     load_initial_weights,
     recorded_start,
     require_same_start,
+    saved_config,
     source_folder,
     start_record,
 )
