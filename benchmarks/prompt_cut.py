@@ -3,6 +3,11 @@ the word boundary before them.
 
     python -m benchmarks.prompt_cut [MODEL_FOLDER] [--books Ruth] [--cuts 200] [--seed 0] [--prompts] [--smoke]
 
+MODEL_FOLDER is a fused (or ``<eot>``) student's export, whose prompts carry the teacher's flags
+and so can be cut inside a word (default ``runs/fused/model``:
+``python -m examples.quickstart --stream fused --workdir runs/fused``); a bytes student reads plain
+bytes, has no flags to heal, and is refused.
+
 Documents: KJV chapters of ``--books`` (default Ruth, the quickstart's held-out book). Cuts are
 drawn at uniformly random byte offsets (at least 16 bytes from either end) until ``--cuts`` of
 them fall inside a word (an ASCII letter on both sides); the fraction that did is printed. For a
@@ -125,7 +130,7 @@ def prompt_table(model, tokenizer) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "model", nargs="?", type=Path, default=Path("runs/quickstart/model"), help="exported model folder"
+        "model", nargs="?", type=Path, default=Path("runs/fused/model"), help="a fused student's exported folder"
     )
     parser.add_argument("--books", nargs="+", default=["Ruth"], help="KJV books whose chapters are the documents")
     parser.add_argument("--chapters", type=int, default=0, help="only the first N chapters (0: all)")
@@ -149,6 +154,13 @@ def measure_and_print(args) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from bytestream.stream_tokenizer import TEACHER_TOKENIZER_FILE
+
+    if not (args.model / TEACHER_TOKENIZER_FILE).is_file():  # a bytes student's folder: plain bytes, no flags
+        raise SystemExit(
+            f"{args.model} has no {TEACHER_TOKENIZER_FILE}: not a fused student's folder, whose prompts carry the "
+            "teacher's flags (python -m examples.quickstart --stream fused --workdir runs/fused makes one)"
+        )
     torch.set_num_threads(1)
     model = AutoModelForCausalLM.from_pretrained(args.model).eval()
     tokenizer = AutoTokenizer.from_pretrained(args.model, trust_remote_code=True)

@@ -81,6 +81,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=300, help="training steps")
     parser.add_argument("--max-length", type=int, default=1024, help="teacher window length")
     parser.add_argument(
+        "--stream",
+        default="auto",
+        choices=["auto", "bytes", "fused"],
+        help="the student's stream (train --stream): auto, the flat student's default on fused stores, is bytes",
+    )
+    parser.add_argument(
         "--markdown", action="store_true", help="also write the closing table into docs/RESULTS.md ('Quickstart')"
     )
     args = parser.parse_args()
@@ -96,7 +102,7 @@ def main() -> None:
     for name, stage in (("train", "dump train"), ("heldout", "dump held-out")):
         corpus, store = work / "corpus" / name / "kjv.jsonl", work / "store" / name
         run(stage, ["dump", *common, *flags(corpus=corpus, output=store)], timings)
-    run("train", ["train", *training_flags(work, args.preset, args.steps)], timings)
+    run("train", ["train", *training_flags(work, args.preset, args.steps), "--stream", args.stream], timings)
     card = flags(teacher="SmolLM2-135M-Instruct", data="King James Bible (Genesis; Ruth held out)")
     run("export", ["export", str(work / "student"), str(work / "model"), *card], timings)
     generation = flags(prompt="And God said, ", max_new_bytes=120, seed=0)
