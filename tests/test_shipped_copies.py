@@ -50,6 +50,7 @@ def same_streams_as_kinds(copy) -> None:
         assert (stream.text_symbols, stream.alphabet_size) == (kind.text_symbols, kind.alphabet_size)
         closes = [stream.closes_token(s) for s in range(kind.alphabet_size)]
         assert closes == [kind.closes_token(s) for s in range(kind.alphabet_size)], kind
+        assert [stream.choices(b) for b in range(256)] == [kind.choices(b) for b in range(256)], kind
 
 
 # sources that are not values: how a copy of them is checked
