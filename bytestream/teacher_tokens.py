@@ -1,7 +1,7 @@
 """The teacher's tokenization of document bytes, exactly as the dump reads it: the rules read from
 a ``tokenizer.json`` (its family, SentencePiece's dummy prefix) and :class:`TeacherTokens`, each
-token's id, bytes and word, and a prompt split at its last word (docs/DESIGN.md, "`<eot>` at
-inference").
+token's id, bytes and word, and a prompt split at its last word
+(docs/DESIGN.md, "`<eot>` at inference").
 
 Two teacher families: byte-level BPE (GPT-2 byte alphabet: Llama-3, SmolLM2, Qwen, GPT-2) and
 SentencePiece with byte fallback (Llama-2, Mistral, Phi-3: ``▁`` is a space, ``<0xNN>`` the byte
