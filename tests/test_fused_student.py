@@ -16,8 +16,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Llama
 from bytedistill.cli import main as cli_main
 from bytestream.alphabet import FUSED_BOS, FUSED_ENDS, FUSED_EOS, FUSED_PAD, NUM_BYTES
 from bytestream.stream_kind import StreamKind
-from bytestream.stream_tokenizer import ByteStreamTokenizer
-from bytestream.teacher_tokens import TeacherTokens
+from bytestream.stream_tokenizer import ByteStreamTokenizer, TeacherTokens
 from bytestream.trie import build_trie
 from distill.teacher.encode import DocumentEncoder, with_specials_marked
 from logit_store import LogitStore
