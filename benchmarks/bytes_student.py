@@ -245,7 +245,7 @@ def teacher_bits(teacher, tokens, data: bytes) -> float:
 
 
 def teacher_tokens(teacher):
-    from bytestream.stream_tokenizer import TeacherTokens
+    from bytestream.teacher_tokens import TeacherTokens
 
     return TeacherTokens(teacher.tokenizer.backend_tokenizer.to_str())
 

@@ -39,8 +39,9 @@ import torch
 from benchmarks import patched
 from benchmarks.patched import Recipe, Size, dump_store, prompts, train
 from benchmarks.results import markdown_table, write_section
+from bytestream.stream_kind import StreamKind
 
-STREAMS = ("eot", "fused")
+STREAMS = (StreamKind.EOT, StreamKind.FUSED)
 GOAL_FLAT_STEPS, GOAL_FLOPS, GOAL_BPB, GOAL_STORE, GOAL_DUMP = 1.00, 0.82, 0.01, 1.1, 1.1
 QUICKSTART_CHAPTERS = 12  # examples/quickstart.py trains on the first 12 chapters of Genesis
 
@@ -68,7 +69,7 @@ def smoke_recipe() -> Recipe:
 
 @dataclass(frozen=True)
 class StreamStores:
-    stream: str
+    stream: StreamKind
     train: Path
     heldout: Path
     bytes_per_text_byte: float  # the training store's shards, manifest and vocabulary
@@ -76,7 +77,7 @@ class StreamStores:
     quickstart_steps_per_byte: float  # flat steps per text byte on the quickstart's chapters
 
 
-def dumped(work: Path, recipe: Recipe, stream: str) -> StreamStores:
+def dumped(work: Path, recipe: Recipe, stream: StreamKind) -> StreamStores:
     """The stream's train and held-out stores (dumped unless complete; the seconds of each dump
     made here are kept in ``WORKDIR/dump_seconds.json``)."""
     from logit_store import LogitStore
@@ -85,10 +86,10 @@ def dumped(work: Path, recipe: Recipe, stream: str) -> StreamStores:
 
     paths = []
     for split, books in (("train", recipe.train), ("heldout", recipe.heldout)):
-        name = f"{split}-{stream}"
+        name = f"{split}-{stream.value}"
         fresh = not (work / "store" / name / MANIFEST).is_file()
         start = time.perf_counter()
-        paths.append(dump_store(work, name, *books, recipe.teacher, stream=stream))
+        paths.append(dump_store(work, name, *books, recipe.teacher, stream=stream.value))
         if fresh:
             record_seconds(work, {name: time.perf_counter() - start})
     store = LogitStore(paths[0])
@@ -111,10 +112,10 @@ def record_seconds(work: Path, seconds: dict[str, float] | None = None) -> dict[
     return kept
 
 
-def dumped_seconds(work: Path) -> dict[str, float]:
+def dumped_seconds(work: Path) -> dict[StreamKind, float]:
     """Each stream's train and held-out dump times, as the run that dumped them measured."""
     kept = record_seconds(work)
-    names = {stream: (f"train-{stream}", f"heldout-{stream}") for stream in STREAMS}
+    names = {stream: (f"train-{stream.value}", f"heldout-{stream.value}") for stream in STREAMS}
     missing = [n for pair in names.values() for n in pair if n not in kept]
     if missing:
         raise SystemExit(
@@ -123,16 +124,16 @@ def dumped_seconds(work: Path) -> dict[str, float]:
     return {stream: kept[a] + kept[b] for stream, (a, b) in names.items()}
 
 
-def timed_dumps(work: Path, recipe: Recipe, repeats: int) -> dict[str, float]:
+def timed_dumps(work: Path, recipe: Recipe, repeats: int) -> dict[StreamKind, float]:
     """Each stream's fastest of ``repeats`` fresh dumps of the held-out corpus, the streams taking
     turns, so that a shared machine's changing load falls on both alike."""
-    times: dict[str, list[float]] = {stream: [] for stream in STREAMS}
+    times: dict[StreamKind, list[float]] = {stream: [] for stream in STREAMS}
     for attempt in range(repeats):
         for stream in STREAMS:
-            name = f"timing-{stream}-{attempt}"
+            name = f"timing-{stream.value}-{attempt}"
             shutil.rmtree(work / "store" / name, ignore_errors=True)
             start = time.perf_counter()
-            dump_store(work, name, *recipe.heldout, recipe.teacher, stream=stream)
+            dump_store(work, name, *recipe.heldout, recipe.teacher, stream=stream.value)
             times[stream].append(time.perf_counter() - start)
             shutil.rmtree(work / "store" / name)
     return {stream: min(seconds) for stream, seconds in times.items()}
@@ -153,13 +154,13 @@ class Student:
     """One training run: a size, a stream and its number of steps."""
 
     size: Size
-    stream: str
+    stream: StreamKind
     steps: int
     label: str  # "" for the recipe's steps, else why the steps differ
 
     @property
     def name(self) -> str:
-        return f"{self.size.name}-{self.stream}" + (f"-{self.label}" if self.label else "")
+        return f"{self.size.name}-{self.stream.value}" + (f"-{self.label}" if self.label else "")
 
 
 @dataclass
@@ -181,25 +182,25 @@ def flops_per_step(size: Size, stores: StreamStores, args) -> float:
     from students.models.architectures import architecture_named, student_cost
     from students.models.shape import StudentShape
 
-    shape = StudentShape(**size.train_flags(args.sizes_scale), stream=stores.stream)
+    shape = StudentShape(**size.train_flags(args.sizes_scale), stream=stores.stream.value)
     model = architecture_named(size.architecture).build(shape, seq_len=args.seq_len, seed=0)
     return student_cost(model).train_flops_per_symbol(stores.rates, args.seq_len) * args.batch_size * args.seq_len
 
 
-def students_of(size: Size, stores: dict[str, StreamStores], args) -> list[Student]:
+def students_of(size: Size, stores: dict[StreamKind, StreamStores], args) -> list[Student]:
     """The ``<eot>`` student, the fused one at equal steps and the fused one at equal training FLOPs
     (as many steps as the ``<eot>`` run's FLOPs pay for, each run with its own whole schedule)."""
-    ratio = flops_per_step(size, stores["eot"], args) / flops_per_step(size, stores["fused"], args)
+    ratio = flops_per_step(size, stores[StreamKind.EOT], args) / flops_per_step(size, stores[StreamKind.FUSED], args)
     return [
-        Student(size, "eot", args.steps, ""),
-        Student(size, "fused", args.steps, ""),
-        Student(size, "fused", max(round(args.steps * ratio), 1), "equal-flops"),
+        Student(size, StreamKind.EOT, args.steps, ""),
+        Student(size, StreamKind.FUSED, args.steps, ""),
+        Student(size, StreamKind.FUSED, max(round(args.steps * ratio), 1), "equal-flops"),
     ]
 
 
 def train_student(work: Path, student: Student, stores: StreamStores, args) -> Path:
     extra = {
-        "stream": student.stream,
+        "stream": student.stream.value,
         "max_steps": student.steps,
         "warmup_steps": max(student.steps // 10, 1),
         "eval_every": max(student.steps // 4, 1),
@@ -241,9 +242,9 @@ def measure(run: Path, student: Student, stores: StreamStores, args) -> Row:
 
 
 def report(
-    rows: list[Row], stores: dict[str, StreamStores], seconds: dict[str, float], recipe: Recipe, args
+    rows: list[Row], stores: dict[StreamKind, StreamStores], seconds: dict[StreamKind, float], recipe: Recipe, args
 ) -> tuple[list[str], str]:
-    eot, fused = stores["eot"], stores["fused"]
+    eot, fused = stores[StreamKind.EOT], stores[StreamKind.FUSED]
     lines = [
         (
             f"teacher {recipe.teacher_name}; train {recipe.train[1]} chapters of {', '.join(recipe.train[0])}, "
@@ -254,7 +255,7 @@ def report(
         ),
         (
             f"stores: <eot> {eot.bytes_per_text_byte:.2f} B/B, fused {fused.bytes_per_text_byte:.2f} B/B; "
-            f"{dump_basis(args)}: <eot> {seconds['eot']:.0f} s, fused {seconds['fused']:.0f} s; symbols per text byte "
+            f"{dump_basis(args)}: <eot> {seconds[StreamKind.EOT]:.0f} s, fused {seconds[StreamKind.FUSED]:.0f} s; symbols per text byte "
             f"<eot> {eot.rates.symbols_per_byte:.3f}, fused {fused.rates.symbols_per_byte:.3f}; teacher tokens "
             f"(patches) per byte {eot.rates.patches_per_byte:.3f}"
         ),
@@ -286,7 +287,7 @@ def report(
         equal_flops.append(same_flops.bpb - base.bpb)
     steps = (eot.quickstart_steps_per_byte, fused.quickstart_steps_per_byte)
     store_ratio = fused.bytes_per_text_byte / eot.bytes_per_text_byte
-    dump_ratio = seconds["fused"] / seconds["eot"]
+    dump_ratio = seconds[StreamKind.FUSED] / seconds[StreamKind.EOT]
     lines.append(
         f"summary: flat steps per text byte on the quickstart's chapters {steps[0]:.3f} -> {steps[1]:.3f} "
         f"({verdict(steps[1] <= GOAL_FLAT_STEPS + 0.005)}, goal 1.00); training FLOPs per byte fused/<eot> "

@@ -117,6 +117,13 @@ class StreamKind(Enum):
         symbol = int(symbol)
         return FUSED_ENDS <= symbol < FUSED_BOS if self is StreamKind.FUSED else symbol == self.eot
 
+    def choices(self, byte: int) -> list[int]:
+        """The two symbols a healed prompt byte may take: the byte and ``<eot>``, or its two flags
+        ("goes on" and "ends"); in the bytes stream, which places no token end, the byte twice."""
+        if self is StreamKind.FUSED:
+            return [byte, FUSED_ENDS + byte]
+        return [byte, byte if self.eot is None else self.eot]
+
     @property
     def shown(self) -> str:
         """How a message names it: ``<eot>``, ``fused`` or ``bytes``."""

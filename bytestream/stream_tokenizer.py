@@ -22,8 +22,12 @@ and nothing after the prompt is invented.
 
 Self-contained on purpose: ``export`` copies this file into the folder as
 ``tokenization_bytedistill.py`` (loaded with ``trust_remote_code=True``), where bytedistill is not
-installed, so it imports only ``tokenizers``, ``transformers`` and ``torch``. The library uses the
-same module (``dump``, ``score``, ``generate``), so there is one implementation.
+installed, so it imports only ``tokenizers``, ``transformers`` and ``torch``. What it shares with
+the library are marked copies of library modules (``# Copied from …``: the teacher's tokens from
+``bytestream/teacher_tokens.py``, the stream's symbols from ``bytestream/stream_symbols.py``, the
+healing processor from ``bytestream/healing.py``, ``Stream`` from ``bytestream/stream_kind.py``),
+which tests/test_shipped_copies.py holds to their sources. The library imports only the tokenizer
+class and its file's names from here (tests/test_layout.py).
 
 Two teacher families: byte-level BPE (GPT-2 byte alphabet: Llama-3, SmolLM2, Qwen, GPT-2) and
 SentencePiece with byte fallback (Llama-2, Mistral, Phi-3: ``▁`` is a space, ``<0xNN>`` the byte
@@ -61,14 +65,17 @@ FUSED_ENDS, FUSED_BOS, FUSED_EOS, FUSED_PAD, FUSED_ALPHABET_SIZE = 256, 512, 513
 # Copied from bytestream.alphabet: FUSED_SPECIAL_NAMES
 FUSED_SPECIAL_NAMES = {FUSED_BOS: "<bos>", FUSED_EOS: "<eos>", FUSED_PAD: "<pad>"}
 TEACHER_TOKENIZER_FILE = "teacher_tokenizer.json"
+# Copied from bytestream.teacher_tokens: BYTE_LEVEL, BYTE_FALLBACK, BYTE_CHARS, CHAR_BYTES, WORD_BOUNDARY
 BYTE_LEVEL, BYTE_FALLBACK = "byte-level", "sentencepiece-byte-fallback"
 BYTE_CHARS = bytes_to_unicode()  # byte value -> GPT-2's printable character for it
 CHAR_BYTES = {char: value for value, char in BYTE_CHARS.items()}
 WORD_BOUNDARY = "\u2581"  # SentencePiece's ▁, a space in the token bytes
+# Copied from bytestream.teacher_tokens: _BYTE_PIECE, _ESCAPED
 _BYTE_PIECE = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 _ESCAPED = re.compile("[\udc80-\udcff]+")  # invalid bytes, as ``surrogateescape`` decodes them
 
 
+# Copied from bytestream.teacher_tokens: utf8_runs
 def utf8_runs(data: bytes) -> list[tuple[bool, bytes]]:
     """Split ``data`` into maximal runs of valid UTF-8 ``(True, run)`` and of invalid bytes
     ``(False, run)``, in linear time: one decode that escapes each invalid byte as a lone
@@ -89,6 +96,7 @@ def utf8_runs(data: bytes) -> list[tuple[bool, bytes]]:
 # ------------------------------------------------------------------ tokenizer.json rules
 
 
+# Copied from bytestream.teacher_tokens: spec_steps
 def spec_steps(item: dict | None, key: str) -> list[dict]:
     """The steps of a ``tokenizer.json`` normalizer (``key`` "normalizers") or pre-tokenizer
     ("pretokenizers"), with Sequences flattened."""
@@ -99,6 +107,7 @@ def spec_steps(item: dict | None, key: str) -> list[dict]:
     return [item]
 
 
+# Copied from bytestream.teacher_tokens: tokenizer_family
 def tokenizer_family(spec: dict) -> str | None:
     """``BYTE_LEVEL`` (a ByteLevel pre-tokenizer or decoder), ``BYTE_FALLBACK`` (a model with
     ``byte_fallback``), or None: a family whose tokens cannot be mapped to bytes exactly."""
@@ -109,6 +118,7 @@ def tokenizer_family(spec: dict) -> str | None:
     return None
 
 
+# Copied from bytestream.teacher_tokens: sentencepiece_piece_bytes
 def sentencepiece_piece_bytes(piece: str) -> bytes:
     """A SentencePiece piece's bytes: ``<0xNN>`` is the byte NN, ``▁`` a space."""
     match = _BYTE_PIECE.match(piece)
@@ -117,6 +127,7 @@ def sentencepiece_piece_bytes(piece: str) -> bytes:
     return piece.replace(WORD_BOUNDARY, " ").encode("utf-8")
 
 
+# Copied from bytestream.teacher_tokens: adds_dummy_prefix
 def adds_dummy_prefix(spec: dict) -> bool:
     """SentencePiece's dummy prefix: a ``Prepend("▁")`` normalizer or a Metaspace pre-tokenizer
     that prepends (``prepend_scheme`` "first"/"always", or the older ``add_prefix_space``)."""
@@ -129,6 +140,7 @@ def adds_dummy_prefix(spec: dict) -> bool:
     )
 
 
+# Copied from bytestream.teacher_tokens: without_dummy_prefix
 def without_dummy_prefix(spec: dict) -> dict:
     """A copy of a ``tokenizer.json`` spec whose normalizer and pre-tokenizer add no dummy prefix
     (the encoder puts the space in front itself, once per document): ``Prepend`` and replacements
@@ -147,6 +159,7 @@ def without_dummy_prefix(spec: dict) -> dict:
     return spec
 
 
+# Copied from bytestream.teacher_tokens: _is_prefix_rule
 def _is_prefix_rule(step: dict) -> bool:
     pattern = step.get("pattern", {}).get("Regex", "") if step.get("type") == "Replace" else ""
     return step.get("type") == "Prepend" or pattern.startswith(("\\A", "^"))
@@ -155,6 +168,7 @@ def _is_prefix_rule(step: dict) -> bool:
 # ------------------------------------------------------------------ the teacher's tokens
 
 
+# Copied from bytestream.teacher_tokens: _parsed_teacher
 @functools.lru_cache(maxsize=4)
 def _parsed_teacher(tokenizer_json: str) -> tuple[str, bool, Tokenizer, dict[int, bytes]]:
     """The family, dummy prefix, encoder and non-special added tokens of a ``tokenizer.json``,
@@ -175,6 +189,7 @@ def _parsed_teacher(tokenizer_json: str) -> tuple[str, bool, Tokenizer, dict[int
     return family, adds_dummy_prefix(spec), tokenizer, added
 
 
+# Copied from bytestream.teacher_tokens: TeacherTokens
 class TeacherTokens:
     """The teacher's tokenization of document bytes: each token's id, its bytes in the stream and
     the pre-token ("word") it belongs to.
@@ -342,6 +357,7 @@ class TeacherTokens:
         return spelled[:start], b"".join(spelled[start:])
 
 
+# Copied from bytestream.teacher_tokens: _as_streamed
 def _as_streamed(spelled: list[bytes], after_prefix: bool) -> list[bytes]:
     """Token bytes as the stream holds them: the first token's less the dummy prefix space."""
     if after_prefix and spelled:
@@ -393,14 +409,12 @@ STREAMS = {
 }
 
 
-def stream_symbols(
-    spelled: list[bytes | int], *, bos: bool = True, eos: bool = False, byte_stream: str = "eot"
-) -> list[int]:
-    """The training stream of the tokens' bytes: ``[<bos>] bytes(t_1) <eot> … bytes(t_m) <eot> [<eos>]``,
+# Copied from bytestream.stream_symbols: stream_symbols
+def stream_symbols(spelled: list[bytes | int], stream: Stream, *, bos: bool = True, eos: bool = False) -> list[int]:
+    """The ``stream`` of the tokens' bytes: ``[<bos>] bytes(t_1) <eot> … bytes(t_m) <eot> [<eos>]``,
     or in the fused stream each token's bytes with its last one flagged (a token with no bytes, the
     dummy prefix space alone, is context and holds no symbol); a reserved special (an int ``i``,
     as :meth:`TeacherTokens.streamed_tokens` gives it) is the one symbol ``alphabet_size + i``."""
-    stream = STREAMS[byte_stream]
     symbols = [stream.bos] if bos else []
     for spelling in spelled:
         if isinstance(spelling, int):
@@ -416,6 +430,7 @@ def stream_symbols(
     return symbols
 
 
+# Copied from bytestream.healing: _per_row
 def _per_row(items: list, rows: int) -> list:
     """``items`` (one per prompt) for each of ``rows`` rows, as ``generate`` expands prompts: each
     prompt's ``rows // len(items)`` copies next to each other."""
@@ -425,6 +440,7 @@ def _per_row(items: list, rows: int) -> list:
     return [items[row // copies] for row in range(rows)]
 
 
+# Copied from bytestream.healing: HealingProcessor
 class HealingProcessor(LogitsProcessor):
     """Feeds each row's open bytes (its prompt's last word) to ``generate``, for any model.
 
@@ -438,8 +454,8 @@ class HealingProcessor(LogitsProcessor):
     prompt ``r // k``'s (:func:`_per_row`).
     """
 
-    def __init__(self, forced: list[bytes], prompt_length: int, byte_stream: str = "eot"):
-        self.forced, self.prompt_length, self.stream = list(forced), prompt_length, STREAMS[byte_stream]
+    def __init__(self, forced: list[bytes], prompt_length: int, stream: Stream):
+        self.forced, self.prompt_length, self.stream = list(forced), prompt_length, stream
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         stream = self.stream
@@ -459,9 +475,11 @@ class HealingProcessor(LogitsProcessor):
 
 # the specials that end a turn in the chat templates of the common families (besides the template's
 # end-of-text token): ChatML (SmolLM2, Qwen), Llama-3, Gemma, Phi-3
+# Copied from bytestream.teacher_tokens: END_OF_TURN_TEXTS
 END_OF_TURN_TEXTS = ("<|im_end|>", "<|eot_id|>", "<|end_of_turn|>", "<end_of_turn>", "<|end|>", "<|eom_id|>")
 
 
+# Copied from bytestream.teacher_tokens: turn_ending_texts
 def turn_ending_texts(recorded: list[str] | None, eos_token: str | None) -> set[str | None]:
     """The texts of the reserved symbols that end a turn: as the training store recorded them, else
     (a store of an older version) the teacher's end-of-text text and the usual end-of-turn names."""
@@ -547,14 +565,14 @@ class ByteStreamTokenizer(PreTrainedTokenizer):
 
     def encode_bytes(self, data: bytes, *, bos: bool = True, eos: bool = False) -> list[int]:
         """The stream of raw document bytes (any bytes, not only valid UTF-8)."""
-        return stream_symbols(self.teacher.streamed_tokens(data), bos=bos, eos=eos, byte_stream=self.byte_stream)
+        return stream_symbols(self.teacher.streamed_tokens(data), self.stream, bos=bos, eos=eos)
 
     def encode_prompt(self, data: bytes, max_open: int | None = None) -> tuple[list[int], bytes]:
         """A prompt's stream up to its last word (``<bos>`` first), and that word's bytes (at most
         ``max_open`` of them, where the word is longer), to be fed with :class:`HealingProcessor`
         (see :meth:`TeacherTokens.split_prompt`)."""
         committed, open_bytes = self.teacher.split_prompt(data, max_open)
-        return stream_symbols(committed, byte_stream=self.byte_stream), open_bytes
+        return stream_symbols(committed, self.stream), open_bytes
 
     def text_bytes(self, ids) -> bytes:
         """The exact bytes of a symbol sequence (flags and specials dropped; any bytes, not only UTF-8)."""
@@ -656,7 +674,7 @@ class ByteStreamTokenizer(PreTrainedTokenizer):
 
     def healing(self, forced: list[bytes], prompt_length: int) -> HealingProcessor:
         """The processor that feeds ``forced`` after ``prompt_length`` symbols, in this tokenizer's stream."""
-        return HealingProcessor(forced, prompt_length, self.byte_stream)
+        return HealingProcessor(forced, prompt_length, self.stream)
 
     def prompt(self, text: str | list[str], padding: bool | str = True) -> BatchEncoding:
         """Prompts ready for ``model.generate(**tokenizer.prompt(text), …)``: ``input_ids`` and
@@ -744,11 +762,11 @@ class ByteStreamTokenizer(PreTrainedTokenizer):
         start = 0 if row[:1] == [stream.bos] else ends[0] + 1 if ends else len(row)
         tail = row[start:]
         data = self.stream_text(tail)
-        own = stream_symbols(self.teacher.streamed_tokens(data), bos=start == 0, byte_stream=self.byte_stream)
+        own = stream_symbols(self.teacher.streamed_tokens(data), stream, bos=start == 0)
         if not data or tail != own:
             return row, b""
         committed, open_bytes = self.teacher.split_prompt(data)
-        return row[:start] + stream_symbols(committed, bos=start == 0, byte_stream=self.byte_stream), open_bytes
+        return row[:start] + stream_symbols(committed, stream, bos=start == 0), open_bytes
 
     def tokenize(self, text: str, **kwargs) -> list[str]:
         data = text.encode("utf-8")

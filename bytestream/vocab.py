@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 from tokenizers.pre_tokenizers import ByteLevel
 
-from bytestream.stream_tokenizer import (  # self-contained (shipped with exports): the one copy of the rules
+from bytestream.teacher_tokens import (
     BYTE_FALLBACK,
     BYTE_LEVEL,
     adds_dummy_prefix,

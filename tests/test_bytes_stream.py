@@ -166,3 +166,9 @@ def test_what_the_bytes_stream_cannot_take_is_refused_in_one_line(tmp_path, stor
     err = capsys.readouterr().err.strip()
     assert err.startswith("bytedistill train: error: ") and len(err.splitlines()) == 1 and says in err, err
     assert not (tmp_path / "run").exists()
+
+
+def test_a_healed_byte_of_the_bytes_stream_has_one_symbol():
+    """The bytes stream places no token end: a fed prompt byte is that byte, whichever choice is made."""
+    assert StreamKind.BYTES.choices(0x41) == [0x41, 0x41]
+    assert StreamKind.FUSED.choices(0x41) == [0x41, FUSED_ENDS + 0x41]

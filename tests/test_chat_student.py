@@ -14,7 +14,9 @@ import torch
 
 from bytestream import stream_tokenizer
 from bytestream.stream_kind import StreamKind
-from bytestream.stream_tokenizer import ByteStreamTokenizer, TeacherTokens, stream_symbols
+from bytestream.stream_symbols import stream_symbols
+from bytestream.stream_tokenizer import ByteStreamTokenizer
+from bytestream.teacher_tokens import TeacherTokens
 from students.training.loss import ASSISTANT, counted_targets, distill_loss, resolved_loss_on
 from tests.gguf_teachers import write_tiny_gguf
 
@@ -76,7 +78,7 @@ def test_chat_template_gives_the_stream_with_reserved_symbols(teacher, tmp_path,
     ids = inputs["input_ids"][0].tolist()
     assert inputs["attention_mask"].tolist() == [[1] * len(ids)]
     pieces = TeacherTokens(tokenizer_json, RESERVED).streamed_tokens(text.encode("utf-8"))
-    assert ids == stream_symbols(pieces, byte_stream=stream) == student(text).input_ids
+    assert ids == stream_symbols(pieces, StreamKind(stream)) == student(text).input_ids
     assert ids[:2] == [StreamKind(stream).bos, base] and ids.count(base + 1) == text.count("<|im_end|>")
     if stream == "eot":  # a reserved symbol is a whole teacher token: no <eot> after it
         assert all(ids[i + 1] != 256 for i, s in enumerate(ids[:-1]) if s >= base)

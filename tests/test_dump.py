@@ -327,7 +327,7 @@ def test_store_names_its_teacher_by_content_not_location(small_teacher, corpus_d
 
 
 def test_utf8_runs_exact_and_linear():
-    from bytestream.stream_tokenizer import utf8_runs
+    from bytestream.teacher_tokens import utf8_runs
 
     def reference(data: bytes) -> list[tuple[bool, bytes]]:  # byte by byte: the longest valid prefix
         runs, pos = [], 0

@@ -219,6 +219,64 @@ def test_no_module_imports_itself_back():
     assert not circles(), circles()
 
 
+# the shipped tokenizer file (a copy for exports, not a module of the library): what the library may take from it
+SHIPPED_TOKENIZER = "bytestream.stream_tokenizer"
+FROM_SHIPPED_TOKENIZER = {"ByteStreamTokenizer", "TEACHER_TOKENIZER_FILE", "auto_map", "__file__"}
+
+
+def shipped_tokenizer_names(package: str) -> list[tuple[Path, str]]:
+    """(file, name) for every name a module of ``package`` takes from the shipped tokenizer file:
+    imported from it, or read off the module where the module itself is imported."""
+    found = []
+    for path in sorted((ROOT / package).rglob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        bound = set()  # the local names the module is bound to
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module == SHIPPED_TOKENIZER:
+                found += [(path, alias.name) for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module == "bytestream":
+                bound |= {alias.asname or alias.name for alias in node.names if alias.name == "stream_tokenizer"}
+            elif isinstance(node, ast.Import):
+                bound |= {alias.asname for alias in node.names if alias.name == SHIPPED_TOKENIZER and alias.asname}
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Attribute):
+                continue
+            # ``shipped.X`` for a bound name, or ``bytestream.stream_tokenizer.X`` after a plain import
+            of_module = isinstance(node.value, ast.Name) and node.value.id in bound
+            if of_module or ast.unparse(node.value) == SHIPPED_TOKENIZER:
+                found.append((path, node.attr))
+    return found
+
+
+@pytest.mark.parametrize("package", [*ALLOWED, "benchmarks"])
+def test_only_the_tokenizer_class_is_taken_from_the_shipped_tokenizer(package):
+    """What the library uses of the student's tokenizer lives in its own modules (teacher_tokens,
+    stream_symbols, healing, stream_kind); the shipped file only copies them."""
+    wrong = [
+        f"{p.relative_to(ROOT)}: {name}"
+        for p, name in shipped_tokenizer_names(package)
+        if name not in FROM_SHIPPED_TOKENIZER
+    ]
+    assert not wrong, f"take only {sorted(FROM_SHIPPED_TOKENIZER)} from {SHIPPED_TOKENIZER}: {wrong}"
+
+
+def test_the_checker_sees_a_name_taken_from_the_shipped_tokenizer(tmp_path, monkeypatch):
+    """Each way of taking a name from the shipped file is seen, and a name beyond the class is caught."""
+    monkeypatch.setattr("tests.test_layout.ROOT", tmp_path)
+    (tmp_path / "students").mkdir()
+    (tmp_path / "students/bad.py").write_text(
+        "from bytestream.stream_tokenizer import STREAMS, ByteStreamTokenizer\n"
+        "from bytestream import stream_tokenizer as shipped\n"
+        "import bytestream.stream_tokenizer\n"
+        "def f():\n"
+        "    return shipped.HealingProcessor, bytestream.stream_tokenizer.stream_symbols, shipped.auto_map\n"
+    )
+    names = [name for _, name in shipped_tokenizer_names("students")]
+    assert sorted(names) == ["ByteStreamTokenizer", "HealingProcessor", "STREAMS", "auto_map", "stream_symbols"]
+    with pytest.raises(AssertionError, match="STREAMS.*HealingProcessor|HealingProcessor.*STREAMS"):
+        test_only_the_tokenizer_class_is_taken_from_the_shipped_tokenizer("students")
+
+
 def test_the_checker_sees_a_forbidden_import(tmp_path, monkeypatch):
     """A file that imports the router from the store is caught (the rule can fail)."""
     monkeypatch.setattr("tests.test_layout.ROOT", tmp_path)

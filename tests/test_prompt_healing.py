@@ -12,7 +12,8 @@ import torch
 from transformers import AutoTokenizer
 
 from bytestream.alphabet import BOS, EOS, EOT, NUM_BYTES, PAD
-from bytestream.stream_tokenizer import ByteStreamTokenizer, TeacherTokens
+from bytestream.stream_tokenizer import ByteStreamTokenizer
+from bytestream.teacher_tokens import TeacherTokens
 from bytestream.vocab import vocab_from_tokenizer
 from distill.teacher.encode import with_specials_marked
 from students.models.llama import build_student, student_config

@@ -5,14 +5,17 @@ does, each copy says where it comes from, on the line above it::
 
     # Copied from bytestream.alphabet: ALPHABET_SIZE as NUM_SYMBOLS, EOT, BOS
 
-and this test holds every marked copy to its source: a value must equal it, a copy of a stream
-kind must name the same symbols and close tokens at the same ones. A name of the alphabet that a
-shipped file defines without a marker is caught too.
+and this test holds every marked copy to its source: a value must equal it, a function or class
+must be its source's text (decorators and docstring included, each ``as`` rename of the file's
+markers applied: the tokenizer's ``stream_symbols`` reads ``stream: Stream`` where its source reads
+``StreamKind``), a copy of a stream kind must name the same symbols and close tokens at the same
+ones. A name of the alphabet that a shipped file defines without a marker is caught too.
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
 import re
 from pathlib import Path
 
@@ -50,10 +53,20 @@ def same_streams_as_kinds(copy) -> None:
         assert (stream.text_symbols, stream.alphabet_size) == (kind.text_symbols, kind.alphabet_size)
         closes = [stream.closes_token(s) for s in range(kind.alphabet_size)]
         assert closes == [kind.closes_token(s) for s in range(kind.alphabet_size)], kind
+        assert [stream.choices(b) for b in range(256)] == [kind.choices(b) for b in range(256)], kind
 
 
 # sources that are not values: how a copy of them is checked
 BEHAVIOURS = {("bytestream.stream_kind", "StreamKind"): same_streams_as_kinds}
+
+
+def renamed_source(source, path: str) -> str:
+    """The source text of a function or class as ``path`` copies it: each ``as`` rename of its markers applied."""
+    text = inspect.getsource(source)
+    for _, name, copy_name in copies(path):
+        if copy_name != name:
+            text = re.sub(rf"\b{re.escape(name)}\b", copy_name, text)
+    return text
 
 
 def module_of(path: str):
@@ -69,7 +82,11 @@ def test_every_marked_copy_matches_its_source(path):
             BEHAVIOURS[source_module, source_name](copy)
         else:
             source = getattr(importlib.import_module(source_module), source_name)
-            assert copy == source, f"{path}: {copy_name} is not {source_module}.{source_name}"
+            if callable(source):  # a function or class: the same text
+                same = inspect.getsource(copy) == renamed_source(source, path)
+                assert same, f"{path}: {copy_name} is not the text of {source_module}.{source_name}"
+            else:
+                assert copy == source, f"{path}: {copy_name} is not {source_module}.{source_name}"
 
 
 @pytest.mark.parametrize("path", SHIPPED)
@@ -102,3 +119,17 @@ def test_the_checker_sees_a_wrong_copy(tmp_path, monkeypatch):
     ]
     with pytest.raises(AssertionError, match="SIZE is not bytestream.alphabet.ALPHABET_SIZE"):
         test_every_marked_copy_matches_its_source("shipped.py")
+
+
+def test_the_checker_sees_a_function_copy_that_differs(tmp_path, monkeypatch):
+    """A marked copy of a function whose text differs from its source's (here: one word of its
+    docstring) is caught; the same text passes."""
+    source = inspect.getsource(importlib.import_module("bytestream.teacher_tokens").spec_steps)
+    head = "# Copied from bytestream.teacher_tokens: spec_steps\n"
+    monkeypatch.setattr("tests.test_shipped_copies.ROOT", tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "shipped_same.py").write_text(head + source)
+    (tmp_path / "shipped_other.py").write_text(head + source.replace("flattened", "flat"))
+    test_every_marked_copy_matches_its_source("shipped_same.py")
+    with pytest.raises(AssertionError, match="spec_steps is not the text of bytestream.teacher_tokens.spec_steps"):
+        test_every_marked_copy_matches_its_source("shipped_other.py")

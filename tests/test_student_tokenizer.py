@@ -9,11 +9,10 @@ from tokenizers import models as _models
 from transformers import AutoTokenizer
 
 from bytestream.alphabet import BOS, EOS, EOT, PAD
-from bytestream.stream_tokenizer import (
-    ByteStreamTokenizer,
-    TeacherTokens,
-    stream_symbols,
-)
+from bytestream.stream_kind import StreamKind
+from bytestream.stream_symbols import stream_symbols
+from bytestream.stream_tokenizer import ByteStreamTokenizer
+from bytestream.teacher_tokens import TeacherTokens
 from students.release.tokenizer import build_tokenizer, decode_bytes
 from tests.conftest import SAMPLE_DOCUMENTS
 
@@ -79,7 +78,7 @@ def test_stream_tokens_are_the_dump_encoders_tokens(name, stream_tokenizer, llam
     data = SAMPLE_DOCUMENTS[name]
     expected = [llama3_vocab.bytes_of([t]) for t in llama3_encoder.encode(data)]
     assert stream_tokenizer.teacher.streamed_tokens(data) == expected
-    assert stream_tokenizer.encode_bytes(data, eos=True) == stream_symbols(expected, eos=True)
+    assert stream_tokenizer.encode_bytes(data, eos=True) == stream_symbols(expected, StreamKind.EOT, eos=True)
 
 
 def test_call_places_eot_after_every_teacher_token(stream_tokenizer):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer, decoders, models, normalizers
 
-from bytestream.stream_tokenizer import utf8_runs
+from bytestream.teacher_tokens import utf8_runs
 from bytestream.trie import build_trie
 from bytestream.vocab import (
     BYTE_FALLBACK,

@@ -8,8 +8,9 @@ the encoder's own tokenizer copy has the prefix rule switched off and the space 
 document explicitly, so a document split into several runs gets it once. A normalizer that changes
 the text in a way the token bytes cannot undo is refused, naming the byte and the rule.
 
-The rules themselves live in :mod:`bytestream.stream_tokenizer` (``TeacherTokens``), which exported
-folders ship, so that a student's tokenizer encodes text exactly as the dump did.
+The rules themselves live in :mod:`bytestream.teacher_tokens` (``TeacherTokens``), of which the
+student's tokenizer that exported folders ship keeps a checked copy, so that it encodes text
+exactly as the dump did.
 """
 
 from __future__ import annotations
@@ -18,10 +19,7 @@ import json
 
 import numpy as np
 
-from bytestream.stream_tokenizer import (  # self-contained (shipped with exports): the one copy of the rules
-    WORD_BOUNDARY,
-    TeacherTokens,
-)
+from bytestream.teacher_tokens import WORD_BOUNDARY, TeacherTokens
 from bytestream.vocab import BYTE_FALLBACK, TeacherVocab
 from common.errors import UserError
 

@@ -43,7 +43,8 @@ from transformers import GenerationConfig
 
 from bytestream import stream_tokenizer
 from bytestream.stream_kind import StreamKind
-from bytestream.stream_tokenizer import TEACHER_TOKENIZER_FILE, ByteStreamTokenizer, turn_ending_texts
+from bytestream.stream_tokenizer import TEACHER_TOKENIZER_FILE, ByteStreamTokenizer
+from bytestream.teacher_tokens import turn_ending_texts
 from common.errors import UserError
 from students.models.architectures import architecture_of_model
 from students.release import custom_generate

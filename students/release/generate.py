@@ -20,8 +20,8 @@ from pathlib import Path
 import torch
 from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
+from bytestream.healing import HealingProcessor
 from bytestream.stream_kind import StreamKind
-from bytestream.stream_tokenizer import HealingProcessor
 from students.models.decode import generate_compiled
 from students.release.exported_folder import load_model, load_stream_tokenizer, require_same_stream
 from students.release.generate_options import GenerateOptions
@@ -125,7 +125,7 @@ def continue_streams(
         mask = torch.tensor([[0] * (length - len(w)) + [1] * len(w) for w in windows], device=device)
         opened = [open_bytes[r][produced[r] :] for r in active]
         # the last word's bytes fed, the student placing its token ends (the bytes stream has none: no word is open)
-        healing = [HealingProcessor(opened, length, stream.value)] if any(opened) else []
+        healing = [HealingProcessor(opened, length, stream)] if any(opened) else []
         # each row stops where its own window reaches the context, so it slides where it would alone;
         # a call makes at most a context of symbols, so a budget beyond that is the context
         limits = [context - len(w) for w in windows]

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bytestream.stream_tokenizer import TeacherTokens
+from bytestream.teacher_tokens import TeacherTokens
 from bytestream.vocab import TeacherVocab
 from common.errors import UserError
 

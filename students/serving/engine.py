@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 import torch
 
 from bytestream.stream_kind import StreamKind
-from bytestream.stream_tokenizer import STREAMS
 from common.errors import first_line
 from students.models.decode import compile_config, warn_compiling_failed, why_not_compiled
 from students.models.patched_model import PatchedStudent
@@ -480,7 +479,7 @@ class Engine:
         if row.chosen < len(request.replay):
             choices = [request.replay[row.chosen]] * 2
         elif row.produced < len(request.open_bytes):
-            choices = STREAMS[self.stream.value].choices(request.open_bytes[row.produced])
+            choices = self.stream.choices(request.open_bytes[row.produced])
         else:
             choices = [-1, -1]
         row.forced = choices[0] >= 0
