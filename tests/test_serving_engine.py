@@ -105,7 +105,7 @@ def test_greedy_requests_get_what_generate_gives_each_prompt_alone(name, tokeniz
     for prompt, budget, whole, (_, sink) in zip(PROMPTS, BUDGETS, alone, made):
         assert bytes(sink.data) == whole[:budget], (name, prompt)
         assert sink.finish == ("length" if len(whole) >= budget else "stop")
-    assert engine.load() == {"slots": 2, "running": 0, "waiting": 0, "finished": 4, "cancelled": 0}
+    assert engine.occupancy() == {"slots": 2, "running": 0, "waiting": 0, "finished": 4, "cancelled": 0}
 
 
 def test_sampling_is_reproducible_by_seed_whatever_shares_the_batch(tokenizers):
@@ -189,10 +189,10 @@ def test_a_cancelled_request_leaves_its_slot_and_a_full_queue_refuses(tokenizers
     with pytest.raises(QueueFull):
         engine.submit(request(tokenizer, "x", 5)[0])
     long.cancel()
-    while engine.load()["running"] or engine.load()["waiting"]:
+    while engine.occupancy()["running"] or engine.occupancy()["waiting"]:
         engine.step()
     assert sink_long.finish is None and sink_waiting.finish is not None
-    assert engine.load()["cancelled"] == 1 and engine.load()["finished"] == 1
+    assert engine.occupancy()["cancelled"] == 1 and engine.occupancy()["finished"] == 1
 
 
 @pytest.mark.slow
