@@ -11,7 +11,8 @@ and the orchestration of the stages, each a module with one owner of its state:
 
 - the plan (:mod:`distill.dump.plan`): which documents are left, encoded or skipped, cut into
   teacher windows and read in groups;
-- the teacher pass (:mod:`distill.dump.teacher_pass`): a group's windows batched by length through the
+- the teacher pass (:mod:`distill.dump.teacher_pass`): a group's windows read by the teacher's reader
+  (:mod:`distill.teacher.reader`, the one on-policy scoring reads with), batched by length through the
   trunk, then the LM head (in float32, permuted into the conversion's column order) in chunks of
   ``head_rows`` rows, so logits never pile up (:mod:`distill.dump.memory`); on CUDA each chunk is
   converted on the device right after the head;
@@ -43,7 +44,7 @@ from distill.corpus.spec import CorpusCounts, CorpusSpec, check_source, corpus_f
 from distill.dump import memory as dump_memory
 from distill.dump.config import DEFAULT_MAX_MESSAGES, DumpConfig
 from distill.dump.numerics import match_recorded_numerics, teacher_numerics
-from distill.dump.plan import Grouping, Skipper, plan_groups
+from distill.dump.plan import Skipper, plan_groups
 from distill.dump.respond import with_answers
 from distill.dump.settle import DumpPlan, settle
 from distill.dump.sharding import WriterLock
@@ -53,21 +54,23 @@ from distill.dump.teacher_pass import TeacherPass
 from distill.teacher.chat import ChatEncoder, chat_encoder, reserved_symbols
 from distill.teacher.encode import DocumentEncoder
 from distill.teacher.model import Teacher, load_teacher
+from distill.teacher.reader import TeacherReader
 from logit_store.file_names import SHARD, WRITER_LOCK
 from logit_store.ownership import check_store_files
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def store_settings(config: DumpConfig, teacher: Teacher, writers: int, chat: ChatEncoder | None = None) -> dict:
+def store_settings(plan: DumpPlan, teacher: Teacher, chat: ChatEncoder | None = None) -> dict:
     """What determines the store's values and which writer holds which document: recorded in
-    the manifest, compared on resume (a chat store's: the template that renders its conversations)."""
+    the manifest, compared on resume (a chat store's: the template that renders its conversations;
+    the reading, which on-policy training reads back: :meth:`distill.teacher.windows.Reading.of_manifest`)."""
+    config, writers = plan.config, plan.writers
     chat_settings = {} if chat is None else chat.settings()
     return (
         chat_settings
+        | plan.reading.settings()
         | {
-            "max_length": config.max_length,
-            "stride": config.stride,
             "context_prefix": teacher.context_prefix,
             "teacher_dtype": str(teacher.dtype).removeprefix("torch."),
             "end_of_text_ids": list(teacher.vocab.end_of_text_ids),
@@ -185,7 +188,8 @@ def _dump_pass(plan: DumpPlan, teacher: Teacher, started: float | None) -> DumpS
     stage(config, f"building the conversion tables ({teacher.vocab.size:,} tokens)")
     converter = Converter(teacher.vocab)
     stage(config, "ordering the output layer's rows for the conversion")
-    teacher = teacher.with_sorted_head(converter.sorted_columns)
+    reader = TeacherReader(teacher.with_sorted_head(converter.sorted_columns), converter, plan.reading)
+    teacher = reader.teacher
     budget = _check_memory(memory_terms(plan, teacher), teacher.device, config.group_tokens, stream)
     encoder = chat if chat is not None else DocumentEncoder(teacher.tokenizer, teacher.vocab)
     check_store_files(Path(config.output))  # before the locks are created in it
@@ -206,7 +210,6 @@ def _dump_pass(plan: DumpPlan, teacher: Teacher, started: float | None) -> DumpS
         fingerprints = {label: digest for s in stores.values() for label, digest in (s.source_pieces or {}).items()}
         read = writer_documents(spec, plan.writers, mine, counts, fingerprints=fingerprints)  # checked as read
         documents = skipper.remaining(read, stored)
-        grouping = Grouping(len(teacher.context_prefix), config.max_length, config.stride, config.group_tokens)
         bar = tqdm(
             desc=f"dump[{worker}] teacher rows",
             unit="row",
@@ -218,16 +221,14 @@ def _dump_pass(plan: DumpPlan, teacher: Teacher, started: float | None) -> DumpS
         sink = ConversionSink(stores, converter, bar)
         try:
             teacher_pass = TeacherPass(
-                teacher,
-                converter,
+                reader,
                 sink,
                 batch_tokens=config.batch_tokens,
                 head_rows=config.head_rows,
                 on_device=plan.on_device,
                 bar=bar,
-                stream=stream,
             )
-            for group in plan_groups(documents, skipper, encoder, converter, grouping, stream):
+            for group in plan_groups(documents, skipper, encoder, reader, config.group_tokens):
                 sink.send(DocumentsPlanned(group))
                 teacher_pass.run(group)
             written = sink.close()
@@ -289,7 +290,7 @@ def _open_stores(
         teacher_hash=teacher.weights_hash,
         tokenizer_source=teacher.tokenizer_source,
         corpus_hash=corpus_fingerprint(spec),
-        settings=store_settings(config, teacher, plan.writers, chat),
+        settings=store_settings(plan, teacher, chat),
         encoding=config.encoding,
         stream=plan.stream,
         reserved_symbols=None if chat is None else reserved_symbols(chat),

@@ -13,6 +13,7 @@ from pathlib import Path
 from bytestream.stream_kind import AUTO_STREAM, StreamKind
 from distill.dump.config import DumpConfig
 from distill.dump.sharding import writers_of
+from distill.teacher.windows import Reading
 
 DEVICE_ENCODE_THREADS = 4  # a store writer's encoder threads by default where the device converts
 
@@ -30,6 +31,11 @@ class DumpPlan:
     on_device: bool  # convert on the teacher's device (else with Numba on the CPU, beside the forward)
     chunk_bytes: int  # raw bytes of a store chunk: --chunk-bytes, else the encoding's
     encode_threads: int  # --encode-threads, else DEVICE_ENCODE_THREADS on the device path and 1 on the host's
+
+    @property
+    def reading(self) -> Reading:
+        """How the teacher reads the documents into the store's rows (recorded in its manifest)."""
+        return Reading(self.stream, self.config.max_length, self.config.stride)
 
 
 def settle(config: DumpConfig, device, worker: int = 0, workers: int = 1) -> DumpPlan:
