@@ -56,7 +56,6 @@ from distill.teacher.encode import DocumentEncoder
 from distill.teacher.model import Teacher, load_teacher
 from distill.teacher.reader import TeacherReader
 from logit_store.file_names import SHARD, WRITER_LOCK
-from logit_store.ownership import check_store_files
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -74,7 +73,7 @@ def store_settings(plan: DumpPlan, teacher: Teacher, chat: ChatEncoder | None = 
             "context_prefix": teacher.context_prefix,
             "teacher_dtype": str(teacher.dtype).removeprefix("torch."),
             "end_of_text_ids": list(teacher.vocab.end_of_text_ids),
-            "corpus": {k: v for k, v in asdict(config.corpus).items() if k != "source"},
+            "corpus": stored_corpus(config.corpus),
             "writers": writers,
             "corpus_pieces": pieces_settings(),
         }
@@ -106,14 +105,13 @@ def run_dump(config: DumpConfig) -> DumpSummary:
 
     _validate(config)
     check_source(config.corpus)
-    check_store_files(Path(config.output))  # before the teacher loads: a refusal is quick
-    if not config.chat:  # a chat dump's corpus is known once the teacher renders it
-        refuse_other_corpus(config)
     started = time.perf_counter()
     state = PartialState(cpu=config.device == "cpu" or not torch.cuda.is_available())
     device = parse_device(config.device, "--device", auto=state.device)
     worker = config.job_index * state.num_processes + state.process_index
-    plan = settle(config, device, worker, config.job_count * state.num_processes)
+    plan = settle(config, device, worker, config.job_count * state.num_processes)  # the store's files checked
+    if not config.chat:  # a chat dump's corpus is known once the teacher renders it
+        refuse_other_corpus(plan)
     stage(config, f"loading the teacher {config.teacher}")
     teacher = load_teacher(
         config.teacher,
@@ -126,23 +124,21 @@ def run_dump(config: DumpConfig) -> DumpSummary:
     return _dump_pass(plan, teacher, started)
 
 
-def refuse_other_corpus(config: DumpConfig) -> None:
+def refuse_other_corpus(plan: DumpPlan) -> None:
     """Refuse, before the teacher loads, a store of another corpus (its listing differs) that holds
     finished documents and was dumped with the same corpus selection, window and encoding (when one
     of those differs too, the store writer names every difference once the teacher is loaded; a
     store without finished documents it replaces)."""
-    from logit_store.file_names import MANIFEST
     from logit_store.integrity import shard_sequences
-    from logit_store.manifest import read_manifest
 
-    output = Path(config.output)
-    if not (output / MANIFEST).is_file():
+    config, manifest = plan.config, plan.manifest
+    if manifest is None:
         return
-    manifest, fingerprint = read_manifest(output), corpus_fingerprint(config.corpus)
+    output, fingerprint = Path(config.output), corpus_fingerprint(config.corpus)
     settings = manifest.get("settings") or {}
     same_run = (
-        settings.get("corpus") == {k: v for k, v in asdict(config.corpus).items() if k != "source"}
-        and (settings.get("max_length"), settings.get("stride")) == (config.max_length, config.stride)
+        settings.get("corpus") == stored_corpus(config.corpus)
+        and all(settings.get(k) == v for k, v in plan.reading.settings().items())
         and (manifest.get("encoding") or {}).get("name") == config.encoding
     )
     stored = manifest.get("corpus_hash")
@@ -151,6 +147,11 @@ def refuse_other_corpus(config: DumpConfig) -> None:
             f"{output} holds a different store (corpus_hash differ): corpus_hash: store has {stored!r}, "
             f"this run has {fingerprint!r}; it holds finished documents: choose another --output, or move it away"
         )
+
+
+def stored_corpus(spec: CorpusSpec) -> dict:
+    """The corpus selection a store's settings record (its source is recorded by its hash)."""
+    return {k: v for k, v in asdict(spec).items() if k != "source"}
 
 
 def stage(config: DumpConfig, what: str) -> None:
@@ -176,7 +177,7 @@ def _dump_pass(plan: DumpPlan, teacher: Teacher, started: float | None) -> DumpS
     config, mine, worker, stream = plan.config, plan.mine, plan.worker, plan.stream
     spec = config.corpus
     started = time.perf_counter() if started is None else started
-    _match_numerics(config, teacher)
+    _match_numerics(plan, teacher)
     chat = None
     if config.chat:
         stage(config, "reading the teacher's chat template")
@@ -192,7 +193,6 @@ def _dump_pass(plan: DumpPlan, teacher: Teacher, started: float | None) -> DumpS
     teacher = reader.teacher
     budget = _check_memory(memory_terms(plan, teacher), teacher.device, config.group_tokens, stream)
     encoder = chat if chat is not None else DocumentEncoder(teacher.tokenizer, teacher.vocab)
-    check_store_files(Path(config.output))  # before the locks are created in it
     with ExitStack() as locks:
         for w in mine:
             locks.enter_context(WriterLock(Path(config.output), w))
@@ -264,10 +264,10 @@ def _dump_pass(plan: DumpPlan, teacher: Teacher, started: float | None) -> DumpS
     )
 
 
-def _match_numerics(config: DumpConfig, teacher: Teacher) -> None:
+def _match_numerics(plan: DumpPlan, teacher: Teacher) -> None:
     """Compute as the store being resumed was written, before the teacher's first forward
     (:mod:`distill.dump.numerics`)."""
-    threads, note = match_recorded_numerics(Path(config.output), teacher.device, teacher.dtype, config.threads)
+    threads, note = match_recorded_numerics(plan.manifest, teacher.device, teacher.dtype, plan.config.threads)
     if threads is not None:  # with or without --progress: how this run's rows are computed
         plural = "s" if threads != 1 else ""
         print(f"dump: resuming with {threads} torch thread{plural}, as the store was written", file=sys.stderr)

@@ -1,6 +1,7 @@
 """What a dump's settings settle to at its entry (:class:`DumpPlan`): every ``auto`` and every value
 derived from the settings and the store it resumes, worked out once, before the teacher loads, and
-read by every step after.
+read by every step after. The store it resumes is read once here: its files are checked to be a
+store's and its manifest read (:func:`existing_manifest`); the steps after read ``DumpPlan.manifest``.
 
 Importing it loads no torch (the device is any object with a ``type``: ``cpu``, ``cuda``).
 """
@@ -23,6 +24,7 @@ class DumpPlan:
     """A dump's settings, settled: ``config`` with its ``stream`` settled too, and what follows from it."""
 
     config: DumpConfig
+    manifest: dict | None  # the manifest of the store it resumes, read once (None: no store there yet)
     stream: StreamKind  # --stream; for auto the stream of the store it resumes, else fused
     worker: int  # this worker among ``workers`` (processes × --num-shards)
     workers: int
@@ -42,11 +44,13 @@ def settle(config: DumpConfig, device, worker: int = 0, workers: int = 1) -> Dum
     """The plan of worker ``worker`` of ``workers`` whose teacher runs on ``device``."""
     from logit_store.encodings import get_encoding
 
-    stream = store_stream(config)
-    writers = store_writers(config, workers)
+    manifest = existing_manifest(config.output)
+    stream = store_stream(config, manifest)
+    writers = store_writers(config, workers, manifest)
     on_device = config.conversion == "torch" or (config.conversion == "auto" and device.type == "cuda")
     return DumpPlan(
         config=replace(config, stream=stream.value),
+        manifest=manifest,
         stream=stream,
         worker=worker,
         workers=workers,
@@ -58,28 +62,36 @@ def settle(config: DumpConfig, device, worker: int = 0, workers: int = 1) -> Dum
     )
 
 
-def store_stream(config: DumpConfig) -> StreamKind:
-    """The stream the dump writes: ``--stream``, or for ``auto`` the stream of the store it resumes,
-    else fused (the default: docs/DESIGN.md, "The fused stream")."""
+def existing_manifest(output: str) -> dict | None:
+    """The manifest of the store at ``output`` (None where there is none yet), after refusing a file
+    there with a store's name that no store writer wrote (a refusal before the teacher loads is quick)."""
     from logit_store.file_names import MANIFEST
-    from logit_store.manifest import manifest_stream, read_manifest
+    from logit_store.manifest import read_manifest
+    from logit_store.ownership import check_store_files
+
+    check_store_files(Path(output))
+    return read_manifest(Path(output)) if (Path(output) / MANIFEST).is_file() else None
+
+
+def store_stream(config: DumpConfig, manifest: dict | None) -> StreamKind:
+    """The stream the dump writes: ``--stream``, or for ``auto`` the stream of the store it resumes
+    (its ``manifest``), else fused (the default: docs/DESIGN.md, "The fused stream")."""
+    from logit_store.manifest import manifest_stream
 
     if config.stream != AUTO_STREAM:
         return StreamKind(config.stream)
-    if (Path(config.output) / MANIFEST).is_file():
-        return manifest_stream(read_manifest(Path(config.output)))
+    if manifest is not None:
+        return manifest_stream(manifest)
     return StreamKind.FUSED
 
 
-def store_writers(config: DumpConfig, workers: int) -> int:
-    """The store's fixed writer count: given, recorded in an existing store, or the workers now."""
-    from logit_store.file_names import MANIFEST
-    from logit_store.manifest import read_manifest
-
+def store_writers(config: DumpConfig, workers: int, manifest: dict | None) -> int:
+    """The store's fixed writer count: given, recorded in the store it resumes (its ``manifest``), or
+    the workers now."""
     if config.writers is not None:
         return config.writers
-    if (Path(config.output) / MANIFEST).is_file():
-        recorded = read_manifest(Path(config.output)).get("settings", {}).get("writers")
+    if manifest is not None:
+        recorded = manifest.get("settings", {}).get("writers")
         if isinstance(recorded, int) and recorded > 0:
             return recorded
     return workers
