@@ -98,11 +98,12 @@ def test_encoder_threads_default_to_four_on_the_device_path_and_one_on_the_host_
     from distill.corpus.spec import CorpusSpec
     from distill.dump.config import DumpConfig
     from distill.dump.settle import settle
+    from distill.teacher.source import TeacherSource
 
-    config = DumpConfig(teacher="t", corpus=CorpusSpec(str(tmp_path / "c.jsonl")), output=str(tmp_path / "o"))
+    config = DumpConfig(TeacherSource("t"), CorpusSpec(str(tmp_path / "c.jsonl")), output=str(tmp_path / "o"))
     cpu, cuda = SimpleNamespace(type="cpu"), SimpleNamespace(type="cuda")
     assert settle(config, cpu).encode_threads == 1  # the Numba conversion: the host's work is converting
     assert settle(config, cuda).encode_threads == 4
-    assert settle(replace(config, conversion="torch"), cpu).encode_threads == 4
-    assert settle(replace(config, conversion="numba"), cuda).encode_threads == 1
-    assert settle(replace(config, encode_threads=2), cuda).encode_threads == 2
+    assert settle(replace(config, batching=replace(config.batching, conversion="torch")), cpu).encode_threads == 4
+    assert settle(replace(config, batching=replace(config.batching, conversion="numba")), cuda).encode_threads == 1
+    assert settle(replace(config, store=replace(config.store, encode_threads=2)), cuda).encode_threads == 2

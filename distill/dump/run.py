@@ -38,7 +38,6 @@ from bytestream.stream_kind import StreamKind
 from common.devices import parse_device
 from common.errors import UserError
 from distill.conversion.converter import Converter
-from distill.corpus.conversations import ConversationFields
 from distill.corpus.shares import pieces_settings, share_fingerprints, writer_documents
 from distill.corpus.spec import CorpusCounts, CorpusSpec, check_source, corpus_fingerprint, corpus_listing
 from distill.dump import memory as dump_memory
@@ -53,11 +52,9 @@ from distill.dump.summary import DumpSummary
 from distill.dump.teacher_pass import TeacherPass
 from distill.teacher.chat import ChatEncoder, chat_encoder, reserved_symbols
 from distill.teacher.encode import DocumentEncoder
-from distill.teacher.model import Teacher, load_teacher
+from distill.teacher.model import Teacher
 from distill.teacher.reader import TeacherReader
 from logit_store.file_names import SHARD, WRITER_LOCK
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def store_settings(plan: DumpPlan, teacher: Teacher, chat: ChatEncoder | None = None) -> dict:
@@ -78,25 +75,26 @@ def store_settings(plan: DumpPlan, teacher: Teacher, chat: ChatEncoder | None = 
             "corpus_pieces": pieces_settings(),
         }
         | ({"max_document_bytes": config.max_document_bytes} if config.max_document_bytes is not None else {})
-        | ({"max_messages": config.max_messages} if chat and config.max_messages != DEFAULT_MAX_MESSAGES else {})
+        | (
+            {"max_messages": config.chat.max_messages}
+            if chat and config.chat.max_messages != DEFAULT_MAX_MESSAGES
+            else {}
+        )
     )
-
-
-def conversation_fields(config: DumpConfig) -> ConversationFields:
-    """Where a record's conversation is, by the dump's flags."""
-    return ConversationFields(config.messages_field, config.prompt_field, config.answer_field)
 
 
 def _validate(config: DumpConfig) -> None:
     """What no field's range can say (each range is checked when the config is built): the bounds one
     setting sets for another. A config may be parsed with them unmet, as a file of defaults is."""
-    if config.stride >= config.max_length - 1:
-        raise UserError(f"--stride must be in 0..{config.max_length - 2} (below --max-length minus the BOS)")
+    if config.windows.stride >= config.windows.max_length - 1:
+        raise UserError(f"--stride must be in 0..{config.windows.max_length - 2} (below --max-length minus the BOS)")
     if config.job_index >= config.job_count:
         raise UserError(f"--shard-index must be in 0..{config.job_count - 1}")
-    if config.batch_tokens < config.max_length:
+    if config.batching.batch_tokens < config.windows.max_length:
         raise UserError("--batch-tokens must be at least --max-length")
-    if not config.chat and (config.respond or config.chat_template is not None or config.prompt_field is not None):
+    if not config.chat.chat and (
+        config.chat.respond or config.chat.chat_template is not None or config.chat.fields.prompt is not None
+    ):
         raise UserError("--respond, --chat-template and --prompt-field read conversations: add --chat")
 
 
@@ -106,21 +104,14 @@ def run_dump(config: DumpConfig) -> DumpSummary:
     _validate(config)
     check_source(config.corpus)
     started = time.perf_counter()
-    state = PartialState(cpu=config.device == "cpu" or not torch.cuda.is_available())
-    device = parse_device(config.device, "--device", auto=state.device)
+    state = PartialState(cpu=config.teacher.device == "cpu" or not torch.cuda.is_available())
+    device = parse_device(config.teacher.device, "--device", auto=state.device)
     worker = config.job_index * state.num_processes + state.process_index
     plan = settle(config, device, worker, config.job_count * state.num_processes)  # the store's files checked
-    if not config.chat:  # a chat dump's corpus is known once the teacher renders it
+    if not config.chat.chat:  # a chat dump's corpus is known once the teacher renders it
         refuse_other_corpus(plan)
-    stage(config, f"loading the teacher {config.teacher}")
-    teacher = load_teacher(
-        config.teacher,
-        tokenizer_source=config.tokenizer,
-        gguf_file=config.gguf_file,
-        device=device,
-        dtype=None if config.dtype == "auto" else DTYPES[config.dtype],
-        end_of_text=config.end_of_text,
-    )
+    stage(config, f"loading the teacher {config.teacher.source}")
+    teacher = config.teacher.load(device)
     return _dump_pass(plan, teacher, started)
 
 
@@ -139,7 +130,7 @@ def refuse_other_corpus(plan: DumpPlan) -> None:
     same_run = (
         settings.get("corpus") == stored_corpus(config.corpus)
         and all(settings.get(k) == v for k, v in plan.reading.settings().items())
-        and (manifest.get("encoding") or {}).get("name") == config.encoding
+        and (manifest.get("encoding") or {}).get("name") == config.store.encoding
     )
     stored = manifest.get("corpus_hash")
     if same_run and stored is not None and stored != fingerprint and shard_sequences(output):
@@ -179,19 +170,19 @@ def _dump_pass(plan: DumpPlan, teacher: Teacher, started: float | None) -> DumpS
     started = time.perf_counter() if started is None else started
     _match_numerics(plan, teacher)
     chat = None
-    if config.chat:
+    if config.chat.chat:
         stage(config, "reading the teacher's chat template")
-        chat = chat_encoder(teacher.tokenizer, teacher.vocab, config.chat_template, config.max_messages)
+        chat = chat_encoder(teacher.tokenizer, teacher.vocab, config.chat.chat_template, config.chat.max_messages)
         teacher = replace(teacher, vocab=chat.vocab)
-        spec = replace(spec, text_field=conversation_fields(config))
-        if config.respond:
+        spec = replace(spec, text_field=config.chat.fields)
+        if config.chat.respond:
             spec = with_answers(config, chat, teacher, spec)
     stage(config, f"building the conversion tables ({teacher.vocab.size:,} tokens)")
     converter = Converter(teacher.vocab)
     stage(config, "ordering the output layer's rows for the conversion")
     reader = TeacherReader(teacher.with_sorted_head(converter.sorted_columns), converter, plan.reading)
     teacher = reader.teacher
-    budget = _check_memory(memory_terms(plan, teacher), teacher.device, config.group_tokens, stream)
+    budget = _check_memory(memory_terms(plan, teacher), teacher.device, config.batching.group_tokens, stream)
     encoder = chat if chat is not None else DocumentEncoder(teacher.tokenizer, teacher.vocab)
     with ExitStack() as locks:
         for w in mine:
@@ -223,12 +214,12 @@ def _dump_pass(plan: DumpPlan, teacher: Teacher, started: float | None) -> DumpS
             teacher_pass = TeacherPass(
                 reader,
                 sink,
-                batch_tokens=config.batch_tokens,
-                head_rows=config.head_rows,
+                batch_tokens=config.batching.batch_tokens,
+                head_rows=config.batching.head_rows,
                 on_device=plan.on_device,
                 bar=bar,
             )
-            for group in plan_groups(documents, skipper, encoder, reader, config.group_tokens):
+            for group in plan_groups(documents, skipper, encoder, reader, config.batching.group_tokens):
                 sink.send(DocumentsPlanned(group))
                 teacher_pass.run(group)
             written = sink.close()
@@ -291,7 +282,7 @@ def _open_stores(
         tokenizer_source=teacher.tokenizer_source,
         corpus_hash=corpus_fingerprint(spec),
         settings=store_settings(plan, teacher, chat),
-        encoding=config.encoding,
+        encoding=config.store.encoding,
         stream=plan.stream,
         reserved_symbols=None if chat is None else reserved_symbols(chat),
         teacher_numerics=teacher_numerics(teacher.device, teacher.dtype),
@@ -304,8 +295,8 @@ def _open_stores(
             identity,
             source_pieces=source[w],
             writer_id=w,
-            docs_per_shard=config.docs_per_shard,
-            chunk_bytes=config.chunk_bytes,
+            docs_per_shard=config.store.docs_per_shard,
+            chunk_bytes=config.store.chunk_bytes,
             trie=converter.trie,
             encode_threads=plan.encode_threads,
         )
@@ -352,10 +343,10 @@ def memory_terms(plan: DumpPlan, teacher: Teacher, longest_document_tokens: int 
     config = plan.config
     return dump_memory.memory_terms(
         teacher,
-        batch_tokens=config.batch_tokens,
-        max_length=config.max_length,
-        head_rows=config.head_rows,
-        group_tokens=config.group_tokens,
+        batch_tokens=config.batching.batch_tokens,
+        max_length=config.windows.max_length,
+        head_rows=config.batching.head_rows,
+        group_tokens=config.batching.group_tokens,
         device_conversion=plan.on_device,
         writers=len(plan.mine),
         chunk_bytes=plan.chunk_bytes,

@@ -37,7 +37,7 @@ class DumpPlan:
     @property
     def reading(self) -> Reading:
         """How the teacher reads the documents into the store's rows (recorded in its manifest)."""
-        return Reading(self.stream, self.config.max_length, self.config.stride)
+        return Reading(self.stream, self.config.windows.max_length, self.config.windows.stride)
 
 
 def settle(config: DumpConfig, device, worker: int = 0, workers: int = 1) -> DumpPlan:
@@ -47,9 +47,9 @@ def settle(config: DumpConfig, device, worker: int = 0, workers: int = 1) -> Dum
     manifest = existing_manifest(config.output)
     stream = store_stream(config, manifest)
     writers = store_writers(config, workers, manifest)
-    on_device = config.conversion == "torch" or (config.conversion == "auto" and device.type == "cuda")
+    on_device = config.batching.conversion == "torch" or (config.batching.conversion == "auto" and device.type == "cuda")
     return DumpPlan(
-        config=replace(config, stream=stream.value),
+        config=replace(config, store=replace(config.store, stream=stream.value)),
         manifest=manifest,
         stream=stream,
         worker=worker,
@@ -57,8 +57,8 @@ def settle(config: DumpConfig, device, worker: int = 0, workers: int = 1) -> Dum
         writers=writers,
         mine=tuple(writers_of(worker, workers, writers)),
         on_device=on_device,
-        chunk_bytes=config.chunk_bytes or get_encoding(config.encoding).chunk_bytes,
-        encode_threads=config.encode_threads or (DEVICE_ENCODE_THREADS if on_device else 1),
+        chunk_bytes=config.store.chunk_bytes or get_encoding(config.store.encoding).chunk_bytes,
+        encode_threads=config.store.encode_threads or (DEVICE_ENCODE_THREADS if on_device else 1),
     )
 
 
@@ -78,8 +78,8 @@ def store_stream(config: DumpConfig, manifest: dict | None) -> StreamKind:
     (its ``manifest``), else fused (the default: docs/DESIGN.md, "The fused stream")."""
     from logit_store.manifest import manifest_stream
 
-    if config.stream != AUTO_STREAM:
-        return StreamKind(config.stream)
+    if config.store.stream != AUTO_STREAM:
+        return StreamKind(config.store.stream)
     if manifest is not None:
         return manifest_stream(manifest)
     return StreamKind.FUSED
@@ -88,8 +88,8 @@ def store_stream(config: DumpConfig, manifest: dict | None) -> StreamKind:
 def store_writers(config: DumpConfig, workers: int, manifest: dict | None) -> int:
     """The store's fixed writer count: given, recorded in the store it resumes (its ``manifest``), or
     the workers now."""
-    if config.writers is not None:
-        return config.writers
+    if config.store.writers is not None:
+        return config.store.writers
     if manifest is not None:
         recorded = manifest.get("settings", {}).get("writers")
         if isinstance(recorded, int) and recorded > 0:

@@ -14,11 +14,12 @@ the store's manifest; on-policy training reads it back from there (:meth:`Readin
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from bytestream.stream_kind import StreamKind
+from configs.ranges import NON_NEGATIVE, at_least
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,23 @@ def plan_windows(num_tokens: int, prefix_length: int, max_length: int, stride: i
         row_start = row_stop
         token_start = max(0, row_start - stride)
     return windows
+
+
+@dataclass
+class TeacherWindows:
+    """The windows a dump reads long documents in (the flags ``--max-length`` and ``--stride``)."""
+
+    max_length: int = field(
+        default=2048, metadata={"help": "teacher window length in tokens, its BOS included", "range": at_least(2)}
+    )
+    stride: int = field(
+        default=512,
+        metadata={
+            "help": "overlap between windows: every prediction sees at least this many earlier tokens of its document "
+            "(or all of them)",
+            "range": NON_NEGATIVE,
+        },
+    )
 
 
 @dataclass(frozen=True)
