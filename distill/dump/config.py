@@ -124,9 +124,10 @@ class ChatSettings:
     """A corpus read as conversations (``--chat``): where a record's conversation is, and how the
     teacher's chat template renders it (:mod:`distill.teacher.chat`)."""
 
-    chat: bool = field(
+    enabled: bool = field(
         default=False,
         metadata={
+            "flag": "chat",
             "help": "read the corpus as conversations, rendered by the teacher's chat template: the specials it "
             "writes become reserved symbols of the stream and each position records who speaks "
             "(docs/DESIGN.md, Conversations)"

@@ -92,7 +92,7 @@ def _validate(config: DumpConfig) -> None:
         raise UserError(f"--shard-index must be in 0..{config.job_count - 1}")
     if config.batching.batch_tokens < config.windows.max_length:
         raise UserError("--batch-tokens must be at least --max-length")
-    if not config.chat.chat and (
+    if not config.chat.enabled and (
         config.chat.respond or config.chat.chat_template is not None or config.chat.fields.prompt is not None
     ):
         raise UserError("--respond, --chat-template and --prompt-field read conversations: add --chat")
@@ -108,7 +108,7 @@ def run_dump(config: DumpConfig) -> DumpSummary:
     device = parse_device(config.teacher.device, "--device", auto=state.device)
     worker = config.job_index * state.num_processes + state.process_index
     plan = settle(config, device, worker, config.job_count * state.num_processes)  # the store's files checked
-    if not config.chat.chat:  # a chat dump's corpus is known once the teacher renders it
+    if not config.chat.enabled:  # a chat dump's corpus is known once the teacher renders it
         refuse_other_corpus(plan)
     stage(config, f"loading the teacher {config.teacher.source}")
     teacher = config.teacher.load(device)
@@ -170,7 +170,7 @@ def _dump_pass(plan: DumpPlan, teacher: Teacher, started: float | None) -> DumpS
     started = time.perf_counter() if started is None else started
     _match_numerics(plan, teacher)
     chat = None
-    if config.chat.chat:
+    if config.chat.enabled:
         stage(config, "reading the teacher's chat template")
         chat = chat_encoder(teacher.tokenizer, teacher.vocab, config.chat.chat_template, config.chat.max_messages)
         teacher = replace(teacher, vocab=chat.vocab)
