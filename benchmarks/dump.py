@@ -52,7 +52,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         corpus = Path(tmp)
         text_bytes = write_corpus(corpus, args.chapters)
-        config = DumpConfig(
+        config = DumpConfig.of(
             teacher=teacher,
             corpus=CorpusSpec(str(corpus / "kjv.jsonl")),
             output=str(corpus / "store"),

@@ -126,7 +126,7 @@ def main() -> None:
     for name in BATCH_SETTINGS:
         parser.add_argument(
             f"--{name.replace('_', '-')}",
-            type=type(DumpConfig.__dataclass_fields__[name].default),
+            type=type(DumpConfig.default(name)),
             help=f"override {name} of {EXAMPLE.name}",
         )
     parser.add_argument("--host-tokens", type=int, default=60_000, help="teacher tokens of the host side's measure")
@@ -173,7 +173,7 @@ def teacher_dump(args, settings: dict, tokenizer: str, vocabulary: str, conversi
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         write_corpus(tmp / "kjv.jsonl", 4 * args.tokens, books)
-        warm = DumpConfig(
+        warm = DumpConfig.of(
             teacher=teacher.name,
             corpus=CorpusSpec(str(tmp / "kjv.jsonl"), max_docs=2),
             output=str(tmp / "warm"),
@@ -185,7 +185,7 @@ def teacher_dump(args, settings: dict, tokenizer: str, vocabulary: str, conversi
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         start = time.perf_counter()
-        config = DumpConfig(
+        config = DumpConfig.of(
             teacher=teacher.name,
             corpus=CorpusSpec(str(tmp / "kjv.jsonl")),
             output=str(tmp / "store"),

@@ -32,9 +32,9 @@ from benchmarks.common import kjv_chapters
 from bytestream.stream import target_indices
 from bytestream.stream_kind import StreamKind
 from distill.conversion.converter import Converter, DocumentDistributions
-from distill.dump.plan import PlannedDocument
 from distill.dump.sink import ConvertedRows, ConvertedSpan, DocumentsPlanned, _Receiver
 from distill.teacher.encode import DocumentEncoder
+from distill.teacher.reader import PlannedDocument
 from logit_store import StoreIdentity, StoreWriter
 from logit_store.chunk import EncodedDocument, build_chunk
 from logit_store.file_names import SHARD

@@ -52,8 +52,8 @@ from distill.teacher.encode import DocumentEncoder
 from distill.teacher.model import load_teacher
 
 MAX_SCALE = 8
-DEFAULTS = {f: DumpConfig.__dataclass_fields__[f].default for f in ("max_length", "stride", "batch_tokens")}
-DEFAULTS |= {f: DumpConfig.__dataclass_fields__[f].default for f in ("group_tokens", "head_rows")}
+DEFAULTS = {f: DumpConfig.default(f) for f in ("max_length", "stride", "batch_tokens")}
+DEFAULTS |= {f: DumpConfig.default(f) for f in ("group_tokens", "head_rows")}
 DEFAULT_CHUNK_BYTES = 16 << 20  # pow8-ans
 
 
@@ -105,7 +105,7 @@ def scaled_settings(scale: int) -> dict:
 
 def child(args) -> None:
     """One dump in this process: its peak RSS, then the formula's estimate for it."""
-    config = DumpConfig(
+    config = DumpConfig.of(
         teacher=args.teacher,
         tokenizer=None if args.teacher.endswith(".gguf") else str(llama3_tokenizer_json()),
         corpus=CorpusSpec(args.corpus),
@@ -117,7 +117,7 @@ def child(args) -> None:
     torch.set_num_threads(1)  # what the command line's --threads 1 does
     s = run_dump(config)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    teacher = load_teacher(config.teacher, tokenizer_source=config.tokenizer, device=torch.device("cpu"))
+    teacher = load_teacher(config.teacher.source, tokenizer_source=config.teacher.tokenizer, device=torch.device("cpu"))
     encoder = DocumentEncoder(teacher.tokenizer, teacher.vocab)
     texts = [json.loads(line)["text"].encode() for line in Path(args.corpus).read_text().splitlines()]
     longest = len(encoder.encode(max(texts, key=len)))

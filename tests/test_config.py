@@ -38,14 +38,14 @@ def test_json_file_and_flags_win_wherever_they_stand(tmp_path):
     path = tmp_path / "dump.json"
     path.write_text(json.dumps({"teacher": "t", "corpus": "c", "output": "o", "max-length": 128, "streaming": True}))
     config = parse_config(DumpConfig, ["--max-length", "256", "--config", str(path), "--end-of-text", "a", "b"])
-    assert (config.teacher, config.max_length, config.corpus.streaming, config.end_of_text) == (
+    assert (config.teacher.source, config.windows.max_length, config.corpus.streaming, config.teacher.end_of_text) == (
         "t",
         256,
         True,
         ["a", "b"],
     )
     assert parse_config(DumpConfig, ["--config", str(path), "--streaming", "false"]).corpus.streaming is False
-    assert parse_config(DumpConfig, ["--config", str(path), "--stride", "3"]).max_length == 128
+    assert parse_config(DumpConfig, ["--config", str(path), "--stride", "3"]).windows.max_length == 128
 
 
 def test_a_lone_value_for_a_list_field_is_a_one_item_list(tmp_path, capsys):
@@ -57,12 +57,61 @@ def test_a_lone_value_for_a_list_field_is_a_one_item_list(tmp_path, capsys):
         cli_main(["train", "--config", str(path), "--print-config"])
     assert "train_stores:\n- a\n" in capsys.readouterr().out
     path.write_text("teacher: t\ncorpus: c\noutput: o\nend-of-text: <|x|>\n")
-    assert parse_config(DumpConfig, ["--config", str(path)]).end_of_text == ["<|x|>"]
+    assert parse_config(DumpConfig, ["--config", str(path)]).teacher.end_of_text == ["<|x|>"]
     path.write_text("train_stores: 5\noutput_dir: o\nmax_steps: 5\n")  # a text setting's value is its text
     assert parse_config(TrainConfig, ["--config", str(path)]).train_stores == ["5"]
     path.write_text("train_stores: {a: 1}\noutput_dir: o\n")
     with pytest.raises(UserError, match="train_stores"):
         parse_config(TrainConfig, ["--config", str(path)])
+
+
+def test_a_dump_config_is_grouped_by_the_modules_that_read_it_under_the_same_flat_flags():
+    """DumpConfig holds its settings in groups, each declared by the module that reads it (as
+    TrainConfig's are); the flags are the flat ones recorded before the grouping, and a flat config
+    builds the same groups back."""
+    import typing
+
+    from configs.fields import flat_values, from_flat
+    from distill.corpus.conversations import ConversationFields
+    from distill.corpus.spec import CorpusSpec
+    from distill.dump.config import Batching, ChatSettings, RespondSettings, StoreSettings
+    from distill.teacher.source import TeacherSource
+    from distill.teacher.windows import TeacherWindows
+
+    hints = typing.get_type_hints(DumpConfig)
+    groups = {name: kind for name, kind in hints.items() if dataclasses.is_dataclass(kind)}
+    assert groups == {
+        "teacher": TeacherSource,
+        "corpus": CorpusSpec,
+        "windows": TeacherWindows,
+        "batching": Batching,
+        "store": StoreSettings,
+        "chat": ChatSettings,
+        "answers": RespondSettings,
+    }
+    assert typing.get_type_hints(ChatSettings)["fields"] is ConversationFields
+    loose = set(hints) - set(groups)
+    assert loose == {
+        "output",
+        "job_count",
+        "job_index",
+        "threads",
+        "progress",
+        "strict",
+        "max_document_bytes",
+        "verbose",
+    }
+    recorded = json.loads((Path(__file__).parent / "data" / "config_compat.json").read_text())
+    assert [leaf.name for leaf in leaves(DumpConfig)] and {leaf.name for leaf in leaves(DumpConfig)} == set(
+        recorded["cases"]["defaults dump"]["values"]
+    )
+    argv = ["--teacher", "t", "--corpus", "c", "--output", "o", "--max-length", "64", "--dtype", "float16"]
+    argv += ["--messages-field", "m", "--respond-seed", "3", "--num-shards", "2", "--encoding", "pow8"]
+    config = parse_config(DumpConfig, [*argv, "--head-rows", "8"])
+    assert (config.teacher.source, config.teacher.dtype, config.windows.max_length) == ("t", "float16", 64)
+    assert (config.chat.fields.messages, config.answers.seed, config.job_count) == ("m", 3, 2)
+    assert (config.store.encoding, config.batching.head_rows, config.corpus.source) == ("pow8", 8, "c")
+    assert from_flat(DumpConfig, flat_values(config)) == config
 
 
 def test_unknown_missing_and_mistyped_options(tmp_path):

@@ -98,11 +98,42 @@ def test_encoder_threads_default_to_four_on_the_device_path_and_one_on_the_host_
     from distill.corpus.spec import CorpusSpec
     from distill.dump.config import DumpConfig
     from distill.dump.settle import settle
+    from distill.teacher.source import TeacherSource
 
-    config = DumpConfig(teacher="t", corpus=CorpusSpec(str(tmp_path / "c.jsonl")), output=str(tmp_path / "o"))
+    config = DumpConfig(TeacherSource("t"), CorpusSpec(str(tmp_path / "c.jsonl")), output=str(tmp_path / "o"))
     cpu, cuda = SimpleNamespace(type="cpu"), SimpleNamespace(type="cuda")
     assert settle(config, cpu).encode_threads == 1  # the Numba conversion: the host's work is converting
     assert settle(config, cuda).encode_threads == 4
-    assert settle(replace(config, conversion="torch"), cpu).encode_threads == 4
-    assert settle(replace(config, conversion="numba"), cuda).encode_threads == 1
-    assert settle(replace(config, encode_threads=2), cuda).encode_threads == 2
+    assert settle(replace(config, batching=replace(config.batching, conversion="torch")), cpu).encode_threads == 4
+    assert settle(replace(config, batching=replace(config.batching, conversion="numba")), cuda).encode_threads == 1
+    assert settle(replace(config, store=replace(config.store, encode_threads=2)), cuda).encode_threads == 2
+
+
+def test_settle_checks_the_store_it_resumes_and_reads_its_manifest_once_for_every_step(tmp_path):
+    """The plan carries the resumed store's manifest, read once, and the stream and writer count come
+    from it; a file with a store's name that no writer wrote is refused by settle itself, so a library
+    caller (``dump_with_teacher``) is refused as the command line is, before the teacher runs."""
+    import shutil
+    from types import SimpleNamespace
+
+    from common.errors import UserError
+    from distill.corpus.spec import CorpusSpec
+    from distill.dump.config import DumpConfig
+    from distill.dump.settle import settle
+    from distill.teacher.source import TeacherSource
+    from logit_store.manifest import read_manifest
+
+    store = tmp_path / "store"
+    shutil.copytree(Path(__file__).parent / "data" / "store-v1", store)
+    manifest = json.loads((store / "manifest.json").read_text())
+    manifest["settings"] = {"writers": 5}
+    (store / "manifest.json").write_text(json.dumps(manifest, sort_keys=True, indent=2))
+    config = DumpConfig(TeacherSource("t"), CorpusSpec(str(tmp_path / "c.jsonl")), output=str(store))
+    plan = settle(config, SimpleNamespace(type="cpu"), 0, 2)
+    assert plan.manifest == read_manifest(store) and plan.manifest["settings"] == {"writers": 5}
+    assert (plan.stream, plan.writers, plan.mine) == (StreamKind.EOT, 5, (0, 2, 4))
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "vocab.bin").write_bytes(b"mine")
+    with pytest.raises(UserError, match="vocab.bin is not from a store"):
+        settle(DumpConfig(TeacherSource("t"), config.corpus, output=str(foreign)), SimpleNamespace(type="cpu"))

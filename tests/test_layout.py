@@ -91,6 +91,17 @@ def test_no_private_name_crosses_a_package_boundary(package):
     assert not private, private
 
 
+def test_students_read_a_teacher_through_distill_teacher_not_the_dumps_modules():
+    """On-policy scoring reads text as the dump did through the teacher's reader
+    (``distill.teacher.reader``), so no student module imports the dump's own modules."""
+    dump = [
+        f"{p.relative_to(ROOT)}: {m}"
+        for p, m, names in imports_of("students")
+        if m == "distill.dump" or m.startswith("distill.dump.") or (m == "distill" and "dump" in names)
+    ]
+    assert not dump, dump
+
+
 def test_the_graph_is_the_one_the_design_draws():
     """docs/DESIGN.md lists the arrows; the code has exactly those (a new arrow is a design change)."""
     design = (ROOT / "docs/DESIGN.md").read_text()

@@ -18,7 +18,9 @@ from safetensors.torch import load_file
 
 from bytedistill.cli import main as cli_main
 from bytestream.stream_kind import StreamKind
+from distill.teacher.windows import Reading
 from logit_store import LogitStore
+from logit_store.manifest import read_manifest
 from students.models.architectures import student_cost
 from students.training.checkpoints import ANSWERS, latest_checkpoint
 from students.training.on_policy import OnPolicy, on_policy_row, written_by_student
@@ -136,6 +138,25 @@ def test_the_teachers_distributions_on_a_text_equal_a_dump_of_it(stream, teacher
     row = on_policy_row(scored, Answer(b"", (), SCORED, True), 256, StreamKind(stream))
     n = scored.layout.num_positions
     np.testing.assert_allclose(row["probs"][:n], scored.dense(), rtol=1e-6)
+
+
+def test_on_policy_reads_with_the_stream_and_windows_the_dump_recorded(teacher, tmp_path):
+    """A store dumped in short windows: the scoring teacher reads back the reading the dump recorded
+    in the manifest (its stream, max_length and stride), cuts a text into the same several windows
+    and gives the store's values."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "text.txt").write_bytes(SCORED)
+    store = tmp_path / "store"
+    assert cli_main(dump_args(teacher, corpus, store, "--max-length", "12", "--stride", "3", "--stream", "eot")) == 0
+    scoring = ScoringTeacher.load(str(teacher), str(store), torch.device("cpu"))
+    assert scoring.reading == Reading(StreamKind.EOT, 12, 3) == Reading.of_manifest(read_manifest(store))
+    ids = scoring.encode(SCORED)
+    assert len(scoring.reader.document(ids).windows) > 2
+    (scored,) = scoring.score([SCORED], [ids])
+    stored = LogitStore(store).document(0)
+    assert scored.layout.symbols.tolist() == stored.layout.symbols.tolist()
+    np.testing.assert_allclose(scored.dense(), stored.dense(), atol=2e-3, rtol=2e-3)
 
 
 def _by_hand(p: np.ndarray, q: np.ndarray, beta: float) -> float:

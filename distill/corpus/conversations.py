@@ -13,7 +13,7 @@ encode).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from common.errors import UserError
 
@@ -24,11 +24,30 @@ DEFAULT_ANSWER_FIELD = "response"
 @dataclass(frozen=True)
 class ConversationFields:
     """Where a record's conversation is: its ``messages`` field, or its ``prompt`` field (and
-    ``answer``) when a prompt field is named."""
+    ``answer``) when a prompt field is named (the ``dump --chat`` flags ``--messages-field``,
+    ``--prompt-field`` and ``--answer-field``)."""
 
-    messages: str = DEFAULT_MESSAGES_FIELD
-    prompt: str | None = None
-    answer: str = DEFAULT_ANSWER_FIELD
+    messages: str = field(
+        default=DEFAULT_MESSAGES_FIELD,
+        metadata={
+            "flag": "messages_field",
+            "help": "with --chat: record field holding a conversation's messages (a list of {role, content})",
+        },
+    )
+    prompt: str | None = field(
+        default=None,
+        metadata={
+            "flag": "prompt_field",
+            "help": "with --chat: read prompt/answer pairs instead, the prompt from this field",
+        },
+    )
+    answer: str = field(
+        default=DEFAULT_ANSWER_FIELD,
+        metadata={
+            "flag": "answer_field",
+            "help": "with --prompt-field: the field holding the answer (missing or empty: --respond writes it)",
+        },
+    )
 
     def columns(self) -> list[str]:
         """The fields a record's conversation is read from (a parquet file's columns)."""

@@ -1,5 +1,13 @@
 """The settings of a dump (:class:`DumpConfig`, the ``dump`` flags); the dump itself is :mod:`distill.dump.run`.
 
+The settings are grouped by the module that reads them, as ``TrainConfig``'s are: the teacher
+(:class:`distill.teacher.source.TeacherSource`), the corpus (:class:`distill.corpus.spec.CorpusSpec`),
+the teacher windows (:class:`distill.teacher.windows.TeacherWindows`), the batching of the teacher
+pass (:class:`Batching`), the store written (:class:`StoreSettings`), conversations
+(:class:`ChatSettings`, with :class:`distill.corpus.conversations.ConversationFields`) and the
+teacher's answers (:class:`RespondSettings`); the flags and a file's keys stay flat
+(:mod:`configs.fields`).
+
 Importing it loads no torch: ``bytedistill dump --help`` builds its parser from it.
 """
 
@@ -9,10 +17,12 @@ from dataclasses import dataclass, field
 
 from bytestream.stream_kind import AUTO_STREAM, StreamKind
 from common.errors import UserError
-from configs.fields import flat_values
-from configs.ranges import COUNT, NON_NEGATIVE, at_least, range_problem
-from distill.corpus.conversations import DEFAULT_ANSWER_FIELD, DEFAULT_MESSAGES_FIELD
+from configs.fields import flat_values, from_flat, leaves
+from configs.ranges import COUNT, NON_NEGATIVE, range_problem
+from distill.corpus.conversations import ConversationFields
 from distill.corpus.spec import CorpusSpec
+from distill.teacher.source import TeacherSource
+from distill.teacher.windows import TeacherWindows
 from logit_store.encodings import DEFAULT_ENCODING, ENCODINGS
 from logit_store.file_names import SKIP_LIST
 
@@ -20,31 +30,10 @@ DEFAULT_MAX_MESSAGES = 256  # the most messages of a conversation dump --chat re
 
 
 @dataclass
-class DumpConfig:
-    teacher: str = field(metadata={"help": "teacher: a model folder, a Hub id, or a .gguf file"})
-    corpus: CorpusSpec  # the flags --corpus, --text-field … --max-bytes
-    output: str = field(metadata={"help": "store directory to write (rerun the same command to resume)"})
-    tokenizer: str | None = field(
-        default=None, metadata={"help": "tokenizer source if not the teacher's own (folder, tokenizer.json, .gguf)"}
-    )
-    gguf_file: str | None = field(default=None, metadata={"help": "GGUF file name inside a teacher folder"})
-    end_of_text: list[str] | None = field(
-        default=None,
-        metadata={
-            "help": "end-of-text token(s) whose mass becomes <eos> (default: the usual names + the tokenizer's eos)"
-        },
-    )
-    max_length: int = field(
-        default=2048, metadata={"help": "teacher window length in tokens, its BOS included", "range": at_least(2)}
-    )
-    stride: int = field(
-        default=512,
-        metadata={
-            "help": "overlap between windows: every prediction sees at least this many earlier tokens of its document "
-            "(or all of them)",
-            "range": NON_NEGATIVE,
-        },
-    )
+class Batching:
+    """How the teacher pass batches its work (:mod:`distill.dump.plan`, :mod:`distill.dump.teacher_pass`)
+    and where the conversion runs."""
+
     batch_tokens: int = field(
         default=8192, metadata={"help": "padded tokens per teacher forward batch", "range": COUNT}
     )
@@ -64,6 +53,21 @@ class DumpConfig:
             "range": COUNT,
         },
     )
+    conversion: str = field(
+        default="auto",
+        metadata={
+            "help": "auto: on the device next to the forward on CUDA, Numba in a background thread on CPU; "
+            "torch: the device path on any device (as CUDA runs it)",
+            "choices": ["auto", "numba", "torch"],
+        },
+    )
+
+
+@dataclass
+class StoreSettings:
+    """The store a dump writes: its stream, writers and encoding (:mod:`distill.dump.settle`, the store
+    writers)."""
+
     stream: str = field(
         default=AUTO_STREAM,
         metadata={
@@ -75,14 +79,6 @@ class DumpConfig:
             "choices": [AUTO_STREAM, *(kind.value for kind in StreamKind.stored_kinds())],
         },
     )
-    conversion: str = field(
-        default="auto",
-        metadata={
-            "help": "auto: on the device next to the forward on CUDA, Numba in a background thread on CPU; "
-            "torch: the device path on any device (as CUDA runs it)",
-            "choices": ["auto", "numba", "torch"],
-        },
-    )
     writers: int | None = field(
         default=None,
         metadata={
@@ -90,14 +86,6 @@ class DumpConfig:
             "(default: the store's own on resume, else processes × --num-shards); "
             "any number of processes up to it can resume",
             "range": COUNT,
-        },
-    )
-    device: str = field(default="auto", metadata={"help": "cpu, cuda, cuda:N or auto (the accelerate device)"})
-    dtype: str = field(
-        default="auto",
-        metadata={
-            "help": "teacher dtype: auto (bfloat16 on GPU, float32 on CPU), float32, bfloat16, float16",
-            "choices": ["auto", "float32", "bfloat16", "float16"],
         },
     )
     encoding: str = field(
@@ -129,6 +117,88 @@ class DumpConfig:
     docs_per_shard: int | None = field(  # a shard: one of the store's files
         default=None, metadata={"help": "close a shard after this many documents (default: by size)", "range": COUNT}
     )
+
+
+@dataclass
+class ChatSettings:
+    """A corpus read as conversations (``--chat``): where a record's conversation is, and how the
+    teacher's chat template renders it (:mod:`distill.teacher.chat`)."""
+
+    enabled: bool = field(
+        default=False,
+        metadata={
+            "flag": "chat",
+            "help": "read the corpus as conversations, rendered by the teacher's chat template: the specials it "
+            "writes become reserved symbols of the stream and each position records who speaks "
+            "(docs/DESIGN.md, Conversations)"
+        },
+    )
+    fields: ConversationFields = field(default_factory=ConversationFields)  # --messages-field … --answer-field
+    max_messages: int = field(
+        default=DEFAULT_MAX_MESSAGES,
+        metadata={
+            "help": "with --chat: skip (and list) conversations of more messages than this (every prefix of a "
+            "conversation is rendered to check that the template renders it as a prefix, a cost that grows with "
+            "the square of the messages)",
+            "range": COUNT,
+        },
+    )
+    chat_template: str | None = field(
+        default=None,
+        metadata={"help": "with --chat: a Jinja chat template file (default: the teacher's own, or its GGUF's)"},
+    )
+    respond: bool = field(
+        default=False,
+        metadata={
+            "help": "with --chat: the teacher writes the last assistant turn of every conversation (those that end "
+            "with a user message always get one), kept beside the store as OUTPUT.answers.jsonl, which is dumped"
+        },
+    )
+
+
+@dataclass(frozen=True)
+class RespondSettings:
+    """How the teacher writes the answers with ``--respond`` (:mod:`distill.dump.respond`; recorded in
+    the partial file: a resumed run must match)."""
+
+    max_tokens: int = field(
+        default=256,
+        metadata={"flag": "respond_tokens", "help": "the most tokens of an answer --respond writes", "range": COUNT},
+    )
+    temperature: float = field(
+        default=0.0,
+        metadata={
+            "flag": "respond_temperature",
+            "help": "--respond sampling temperature (0: greedy)",
+            "range": NON_NEGATIVE,
+        },
+    )
+    seed: int = field(
+        default=0,
+        metadata={
+            "flag": "respond_seed",
+            "help": "--respond sampling seed (a batch draws from it plus its first conversation's number)",
+            "range": NON_NEGATIVE,
+        },
+    )
+    batch: int = field(
+        default=16,
+        metadata={
+            "flag": "respond_batch",
+            "help": "--respond: the conversations the teacher answers at once (a stopped run resumes from its last whole batch)",
+            "range": COUNT,
+        },
+    )
+
+
+@dataclass
+class DumpConfig:
+    teacher: TeacherSource  # the flags --teacher … --dtype
+    corpus: CorpusSpec  # the flags --corpus, --text-field … --max-bytes
+    output: str = field(metadata={"help": "store directory to write (rerun the same command to resume)"})
+    windows: TeacherWindows = field(default_factory=TeacherWindows)  # --max-length, --stride
+    batching: Batching = field(default_factory=Batching)
+    store: StoreSettings = field(default_factory=StoreSettings)
     # the jobs the work is split across; their flags say "shards", a name kept for the command line
     job_count: int = field(
         default=1,
@@ -158,67 +228,20 @@ class DumpConfig:
         default=None, metadata={"help": "skip (and list) documents longer than this many bytes", "range": COUNT}
     )
     verbose: bool = field(default=False, metadata={"help": "name every corpus entry that is not read, and why"})
-    chat: bool = field(
-        default=False,
-        metadata={
-            "help": "read the corpus as conversations, rendered by the teacher's chat template: the specials it "
-            "writes become reserved symbols of the stream and each position records who speaks "
-            "(docs/DESIGN.md, Conversations)"
-        },
-    )
-    messages_field: str = field(
-        default=DEFAULT_MESSAGES_FIELD,
-        metadata={"help": "with --chat: record field holding a conversation's messages (a list of {role, content})"},
-    )
-    prompt_field: str | None = field(
-        default=None,
-        metadata={"help": "with --chat: read prompt/answer pairs instead, the prompt from this field"},
-    )
-    answer_field: str = field(
-        default=DEFAULT_ANSWER_FIELD,
-        metadata={"help": "with --prompt-field: the field holding the answer (missing or empty: --respond writes it)"},
-    )
-    max_messages: int = field(
-        default=DEFAULT_MAX_MESSAGES,
-        metadata={
-            "help": "with --chat: skip (and list) conversations of more messages than this (every prefix of a "
-            "conversation is rendered to check that the template renders it as a prefix, a cost that grows with "
-            "the square of the messages)",
-            "range": COUNT,
-        },
-    )
-    chat_template: str | None = field(
-        default=None,
-        metadata={"help": "with --chat: a Jinja chat template file (default: the teacher's own, or its GGUF's)"},
-    )
-    respond: bool = field(
-        default=False,
-        metadata={
-            "help": "with --chat: the teacher writes the last assistant turn of every conversation (those that end "
-            "with a user message always get one), kept beside the store as OUTPUT.answers.jsonl, which is dumped"
-        },
-    )
-    respond_tokens: int = field(
-        default=256, metadata={"help": "the most tokens of an answer --respond writes", "range": COUNT}
-    )
-    respond_temperature: float = field(
-        default=0.0, metadata={"help": "--respond sampling temperature (0: greedy)", "range": NON_NEGATIVE}
-    )
-    respond_seed: int = field(
-        default=0,
-        metadata={
-            "help": "--respond sampling seed (a batch draws from it plus its first conversation's number)",
-            "range": NON_NEGATIVE,
-        },
-    )
-    respond_batch: int = field(
-        default=16,
-        metadata={
-            "help": "--respond: the conversations the teacher answers at once (a stopped run resumes from its last whole batch)",
-            "range": COUNT,
-        },
-    )
+    chat: ChatSettings = field(default_factory=ChatSettings)
+    answers: RespondSettings = field(default_factory=RespondSettings)  # --respond-tokens … --respond-batch
 
     def __post_init__(self) -> None:
         if problem := range_problem(type(self), flat_values(self)):  # a library caller gets the parser's checks too
             raise UserError(problem)
+
+    @classmethod
+    def of(cls, corpus: CorpusSpec, **settings) -> DumpConfig:
+        """The config of ``corpus`` with the other settings by their flat names (the flags':
+        ``teacher``, ``max_length``, ``respond_seed`` …), each group built from its own."""
+        return from_flat(cls, flat_values(corpus) | settings)
+
+    @classmethod
+    def default(cls, name: str):
+        """The default of the setting of flat name ``name``."""
+        return next(leaf.field.default for leaf in leaves(cls) if leaf.name == name)

@@ -11,8 +11,6 @@ teacher on another device or dtype is told, in one line, that its rows may round
 
 from __future__ import annotations
 
-from pathlib import Path
-
 NUMERICS_FIELD = "teacher_numerics"
 
 
@@ -25,26 +23,23 @@ def teacher_numerics(device, dtype) -> dict:
     return numerics | ({"cpu_threads": torch.get_num_threads()} if device.type == "cpu" else {})
 
 
-def recorded_numerics(output: Path) -> dict | None:
-    """The numerics recorded in the store at ``output`` (``None``: no store, or one written before they were)."""
-    from logit_store.file_names import MANIFEST
-    from logit_store.manifest import read_manifest
-
-    if not (Path(output) / MANIFEST).is_file():
-        return None
-    recorded = read_manifest(Path(output)).get(NUMERICS_FIELD)
+def recorded_numerics(manifest: dict | None) -> dict | None:
+    """The numerics a store's ``manifest`` records (``None``: no store, or one written before they were)."""
+    recorded = None if manifest is None else manifest.get(NUMERICS_FIELD)
     return recorded if isinstance(recorded, dict) else None
 
 
-def match_recorded_numerics(output: Path, device, dtype, requested_threads: int | None) -> tuple[int | None, str | None]:
-    """Before the teacher's first forward: take the recorded CPU thread count when the user chose
-    none. Returns the count taken (or ``None``) and a note when the teacher still computes otherwise
+def match_recorded_numerics(
+    manifest: dict | None, device, dtype, requested_threads: int | None
+) -> tuple[int | None, str | None]:
+    """Before the teacher's first forward: take the CPU thread count the resumed store's ``manifest``
+    records when the user chose none. Returns the count taken (or ``None``) and a note when the teacher still computes otherwise
     than the store was written (or ``None``)."""
     import torch
 
     from common.threads import threads_chosen
 
-    recorded = recorded_numerics(output)
+    recorded = recorded_numerics(manifest)
     now = teacher_numerics(device, dtype)
     if recorded is None or now == recorded:
         return None, None

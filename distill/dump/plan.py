@@ -4,9 +4,9 @@ A worker's writers were each dealt their documents in corpus order (:mod:`distil
 a writer resumes after its stored documents and the skips among them, and passes over every
 document its skip list names, so what a run reads does not depend on where an earlier one stopped
 (:meth:`Skipper.remaining`). Each document left is encoded, or skipped and listed
-(:meth:`Skipper.encode`); encoded documents are cut into teacher windows (:mod:`distill.teacher.windows`)
-and gathered into groups of about ``group_tokens`` tokens (:func:`plan_groups`), which the teacher
-pass orders by length. A planned document is immutable: the values converted from its rows are
+(:meth:`Skipper.encode`); encoded documents are planned by the teacher's reader (their teacher
+windows and stream layout: :class:`distill.teacher.reader.TeacherReader`) and gathered into groups
+of about ``group_tokens`` tokens (:func:`plan_groups`), which the teacher pass orders by length. A planned document is immutable: the values converted from its rows are
 the conversion sink's.
 """
 
@@ -14,60 +14,14 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
-from bytestream.stream import StreamLayout
-from bytestream.stream_kind import StreamKind
 from common.errors import UserError
-from distill.conversion.converter import Converter
 from distill.dump import memory as dump_memory
-from distill.teacher.chat import ChatDocument
 from distill.teacher.encode import DocumentEncoder, UnencodableDocument
-from distill.teacher.windows import Window, plan_windows
+from distill.teacher.reader import PlannedDocument, TeacherReader
 from logit_store.file_names import SKIP_LIST
 from logit_store.skips import Skip, SkipList
-
-
-@dataclass(frozen=True, eq=False)
-class PlannedDocument:
-    """A document to run through the teacher: its ids, windows and stream layout."""
-
-    index: int  # its number among its writer's documents
-    key: str
-    data: bytes
-    token_ids: np.ndarray
-    windows: tuple[Window, ...]
-    writer_id: int
-    layout: StreamLayout
-    roles: np.ndarray | None = None  # a conversation's role per target (a chat store's)
-
-    @property
-    def text_bytes(self) -> int:
-        """Its text bytes: the document's own, or a conversation's rendered text in its stream."""
-        return len(self.data) if self.roles is None else self.layout.num_text_bytes()
-
-    @property
-    def rows(self) -> int:
-        """Its teacher rows: one per token and one after the last."""
-        return len(self.token_ids) + 1
-
-    def positions_of(self, first_row: int, rows: int) -> slice:
-        """Where rows ``first_row .. first_row + rows`` put their values among the document's."""
-        p0, p1 = np.searchsorted(self.layout.position_row, [first_row, first_row + rows])
-        return slice(int(self.layout.offsets[p0]), int(self.layout.offsets[p1]))
-
-
-@dataclass(frozen=True)
-class Grouping:
-    """How documents become teacher windows and groups."""
-
-    prefix_length: int  # the teacher's context prefix
-    max_length: int
-    stride: int
-    group_tokens: int
 
 
 class Skipper:
@@ -153,32 +107,28 @@ def plan_groups(
     documents: Iterable[tuple[int, str, bytes, int]],
     skipper: Skipper,
     encoder: DocumentEncoder,
-    converter: Converter,
-    grouping: Grouping,
-    stream: StreamKind = StreamKind.EOT,
+    reader: TeacherReader,
+    group_tokens: int,
 ) -> Iterator[tuple[PlannedDocument, ...]]:
-    """The encoded documents, each with its layout in ``stream``, in groups of at least
-    ``group_tokens`` tokens (the last may be smaller); a document longer than a group is named on
-    stderr with the memory it holds."""
+    """The encoded documents, each planned by the teacher's reader (its windows, its layout in the
+    store's stream), in groups of at least ``group_tokens`` tokens (the last may be smaller); a
+    document longer than a group is named on stderr with the memory it holds."""
     group: list[PlannedDocument] = []
     tokens = 0
     for index, key, data, writer in documents:
         encoded = skipper.encode(encoder, index, key, data, writer)
         if encoded is None:
             continue
-        chat = isinstance(encoded, ChatDocument)
-        ids = encoded.token_ids if chat else encoded
-        if len(ids) > grouping.group_tokens:
-            extra = dump_memory.long_document_bytes(len(ids), grouping.group_tokens, stream)
+        planned = reader.document(encoded, index=index, key=key, data=data, writer_id=writer)
+        ids = planned.token_ids
+        if len(ids) > group_tokens:
+            extra = dump_memory.long_document_bytes(len(ids), group_tokens, reader.stream)
             print(
                 f"dump memory: {key} has {len(ids):,} tokens, {extra / 1e9:.2f} GB more until written", file=sys.stderr
             )
-        windows = plan_windows(len(ids), grouping.prefix_length, grouping.max_length, grouping.stride)
-        layout = stream.layout(converter.trie, ids)
-        roles = encoded.target_roles(layout.symbols, stream) if chat else None
-        group.append(PlannedDocument(index, key, data, ids, tuple(windows), writer, layout, roles))
-        tokens += len(ids) + grouping.prefix_length
-        if tokens >= grouping.group_tokens:
+        group.append(planned)
+        tokens += len(ids) + reader.prefix_length
+        if tokens >= group_tokens:
             yield tuple(group)
             group, tokens = [], 0
     if group:

@@ -57,6 +57,7 @@ from common.errors import UserError
 from common.files import open_own
 from distill.corpus.conversations import ConversationFields, conversation_document
 from distill.corpus.spec import CorpusSpec, select_documents
+from distill.dump.config import RespondSettings
 from distill.teacher.chat import ChatEncoder, MalformedConversation, parse_conversation
 from distill.teacher.encode import UnencodableDocument
 
@@ -64,16 +65,6 @@ ANSWERS_SUFFIX = ".answers.jsonl"
 PARTIAL_SUFFIX = ".partial"
 CHECKS_SUFFIX = ".checks"
 CHECK_START = b'{"batch": '  # how a check line starts (an answer line starts with {"key")
-
-
-@dataclass(frozen=True)
-class RespondSettings:
-    """How the teacher writes the answers (recorded in the partial file: a resumed run must match)."""
-
-    max_tokens: int
-    temperature: float
-    seed: int
-    batch: int
 
 
 @dataclass(frozen=True)
@@ -434,12 +425,7 @@ def teacher_answers(teacher, prompts: list[list[int]], stops: list[int], setting
 
 
 def with_answers(config, chat: ChatEncoder, teacher, spec: CorpusSpec) -> CorpusSpec:
-    """The corpus a ``--respond`` dump reads: the answers file, written first if there is none that
-    matches this run (by one process: several jobs would each write it)."""
-    settings = RespondSettings(
-        max_tokens=config.respond_tokens,
-        temperature=config.respond_temperature,
-        seed=config.respond_seed,
-        batch=config.respond_batch,
-    )
-    return respond(chat, teacher, spec, config.output, settings, config.progress, may_write=config.job_count == 1)
+    """The corpus a ``--respond`` dump reads (``config``: its :class:`DumpConfig`): the answers file,
+    written first if there is none that matches this run (by one process: several jobs would each
+    write it)."""
+    return respond(chat, teacher, spec, config.output, config.answers, config.progress, may_write=config.job_count == 1)

@@ -11,7 +11,8 @@ and the orchestration of the stages, each a module with one owner of its state:
 
 - the plan (:mod:`distill.dump.plan`): which documents are left, encoded or skipped, cut into
   teacher windows and read in groups;
-- the teacher pass (:mod:`distill.dump.teacher_pass`): a group's windows batched by length through the
+- the teacher pass (:mod:`distill.dump.teacher_pass`): a group's windows read by the teacher's reader
+  (:mod:`distill.teacher.reader`, the one on-policy scoring reads with), batched by length through the
   trunk, then the LM head (in float32, permuted into the conversion's column order) in chunks of
   ``head_rows`` rows, so logits never pile up (:mod:`distill.dump.memory`); on CUDA each chunk is
   converted on the device right after the head;
@@ -37,13 +38,12 @@ from bytestream.stream_kind import StreamKind
 from common.devices import parse_device
 from common.errors import UserError
 from distill.conversion.converter import Converter
-from distill.corpus.conversations import ConversationFields
 from distill.corpus.shares import pieces_settings, share_fingerprints, writer_documents
 from distill.corpus.spec import CorpusCounts, CorpusSpec, check_source, corpus_fingerprint, corpus_listing
 from distill.dump import memory as dump_memory
 from distill.dump.config import DEFAULT_MAX_MESSAGES, DumpConfig
 from distill.dump.numerics import match_recorded_numerics, teacher_numerics
-from distill.dump.plan import Grouping, Skipper, plan_groups
+from distill.dump.plan import Skipper, plan_groups
 from distill.dump.respond import with_answers
 from distill.dump.settle import DumpPlan, settle
 from distill.dump.sharding import WriterLock
@@ -52,49 +52,49 @@ from distill.dump.summary import DumpSummary
 from distill.dump.teacher_pass import TeacherPass
 from distill.teacher.chat import ChatEncoder, chat_encoder, reserved_symbols
 from distill.teacher.encode import DocumentEncoder
-from distill.teacher.model import Teacher, load_teacher
+from distill.teacher.model import Teacher
+from distill.teacher.reader import TeacherReader
 from logit_store.file_names import SHARD, WRITER_LOCK
-from logit_store.ownership import check_store_files
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def store_settings(config: DumpConfig, teacher: Teacher, writers: int, chat: ChatEncoder | None = None) -> dict:
+def store_settings(plan: DumpPlan, teacher: Teacher, chat: ChatEncoder | None = None) -> dict:
     """What determines the store's values and which writer holds which document: recorded in
-    the manifest, compared on resume (a chat store's: the template that renders its conversations)."""
+    the manifest, compared on resume (a chat store's: the template that renders its conversations;
+    the reading, which on-policy training reads back: :meth:`distill.teacher.windows.Reading.of_manifest`)."""
+    config, writers = plan.config, plan.writers
     chat_settings = {} if chat is None else chat.settings()
     return (
         chat_settings
+        | plan.reading.settings()
         | {
-            "max_length": config.max_length,
-            "stride": config.stride,
             "context_prefix": teacher.context_prefix,
             "teacher_dtype": str(teacher.dtype).removeprefix("torch."),
             "end_of_text_ids": list(teacher.vocab.end_of_text_ids),
-            "corpus": {k: v for k, v in asdict(config.corpus).items() if k != "source"},
+            "corpus": stored_corpus(config.corpus),
             "writers": writers,
             "corpus_pieces": pieces_settings(),
         }
         | ({"max_document_bytes": config.max_document_bytes} if config.max_document_bytes is not None else {})
-        | ({"max_messages": config.max_messages} if chat and config.max_messages != DEFAULT_MAX_MESSAGES else {})
+        | (
+            {"max_messages": config.chat.max_messages}
+            if chat and config.chat.max_messages != DEFAULT_MAX_MESSAGES
+            else {}
+        )
     )
-
-
-def conversation_fields(config: DumpConfig) -> ConversationFields:
-    """Where a record's conversation is, by the dump's flags."""
-    return ConversationFields(config.messages_field, config.prompt_field, config.answer_field)
 
 
 def _validate(config: DumpConfig) -> None:
     """What no field's range can say (each range is checked when the config is built): the bounds one
     setting sets for another. A config may be parsed with them unmet, as a file of defaults is."""
-    if config.stride >= config.max_length - 1:
-        raise UserError(f"--stride must be in 0..{config.max_length - 2} (below --max-length minus the BOS)")
+    if config.windows.stride >= config.windows.max_length - 1:
+        raise UserError(f"--stride must be in 0..{config.windows.max_length - 2} (below --max-length minus the BOS)")
     if config.job_index >= config.job_count:
         raise UserError(f"--shard-index must be in 0..{config.job_count - 1}")
-    if config.batch_tokens < config.max_length:
+    if config.batching.batch_tokens < config.windows.max_length:
         raise UserError("--batch-tokens must be at least --max-length")
-    if not config.chat and (config.respond or config.chat_template is not None or config.prompt_field is not None):
+    if not config.chat.enabled and (
+        config.chat.respond or config.chat.chat_template is not None or config.chat.fields.prompt is not None
+    ):
         raise UserError("--respond, --chat-template and --prompt-field read conversations: add --chat")
 
 
@@ -103,44 +103,34 @@ def run_dump(config: DumpConfig) -> DumpSummary:
 
     _validate(config)
     check_source(config.corpus)
-    check_store_files(Path(config.output))  # before the teacher loads: a refusal is quick
-    if not config.chat:  # a chat dump's corpus is known once the teacher renders it
-        refuse_other_corpus(config)
     started = time.perf_counter()
-    state = PartialState(cpu=config.device == "cpu" or not torch.cuda.is_available())
-    device = parse_device(config.device, "--device", auto=state.device)
+    state = PartialState(cpu=config.teacher.device == "cpu" or not torch.cuda.is_available())
+    device = parse_device(config.teacher.device, "--device", auto=state.device)
     worker = config.job_index * state.num_processes + state.process_index
-    plan = settle(config, device, worker, config.job_count * state.num_processes)
-    stage(config, f"loading the teacher {config.teacher}")
-    teacher = load_teacher(
-        config.teacher,
-        tokenizer_source=config.tokenizer,
-        gguf_file=config.gguf_file,
-        device=device,
-        dtype=None if config.dtype == "auto" else DTYPES[config.dtype],
-        end_of_text=config.end_of_text,
-    )
+    plan = settle(config, device, worker, config.job_count * state.num_processes)  # the store's files checked
+    if not config.chat.enabled:  # a chat dump's corpus is known once the teacher renders it
+        refuse_other_corpus(plan)
+    stage(config, f"loading the teacher {config.teacher.source}")
+    teacher = config.teacher.load(device)
     return _dump_pass(plan, teacher, started)
 
 
-def refuse_other_corpus(config: DumpConfig) -> None:
+def refuse_other_corpus(plan: DumpPlan) -> None:
     """Refuse, before the teacher loads, a store of another corpus (its listing differs) that holds
     finished documents and was dumped with the same corpus selection, window and encoding (when one
     of those differs too, the store writer names every difference once the teacher is loaded; a
     store without finished documents it replaces)."""
-    from logit_store.file_names import MANIFEST
     from logit_store.integrity import shard_sequences
-    from logit_store.manifest import read_manifest
 
-    output = Path(config.output)
-    if not (output / MANIFEST).is_file():
+    config, manifest = plan.config, plan.manifest
+    if manifest is None:
         return
-    manifest, fingerprint = read_manifest(output), corpus_fingerprint(config.corpus)
+    output, fingerprint = Path(config.output), corpus_fingerprint(config.corpus)
     settings = manifest.get("settings") or {}
     same_run = (
-        settings.get("corpus") == {k: v for k, v in asdict(config.corpus).items() if k != "source"}
-        and (settings.get("max_length"), settings.get("stride")) == (config.max_length, config.stride)
-        and (manifest.get("encoding") or {}).get("name") == config.encoding
+        settings.get("corpus") == stored_corpus(config.corpus)
+        and all(settings.get(k) == v for k, v in plan.reading.settings().items())
+        and (manifest.get("encoding") or {}).get("name") == config.store.encoding
     )
     stored = manifest.get("corpus_hash")
     if same_run and stored is not None and stored != fingerprint and shard_sequences(output):
@@ -148,6 +138,11 @@ def refuse_other_corpus(config: DumpConfig) -> None:
             f"{output} holds a different store (corpus_hash differ): corpus_hash: store has {stored!r}, "
             f"this run has {fingerprint!r}; it holds finished documents: choose another --output, or move it away"
         )
+
+
+def stored_corpus(spec: CorpusSpec) -> dict:
+    """The corpus selection a store's settings record (its source is recorded by its hash)."""
+    return {k: v for k, v in asdict(spec).items() if k != "source"}
 
 
 def stage(config: DumpConfig, what: str) -> None:
@@ -173,22 +168,22 @@ def _dump_pass(plan: DumpPlan, teacher: Teacher, started: float | None) -> DumpS
     config, mine, worker, stream = plan.config, plan.mine, plan.worker, plan.stream
     spec = config.corpus
     started = time.perf_counter() if started is None else started
-    _match_numerics(config, teacher)
+    _match_numerics(plan, teacher)
     chat = None
-    if config.chat:
+    if config.chat.enabled:
         stage(config, "reading the teacher's chat template")
-        chat = chat_encoder(teacher.tokenizer, teacher.vocab, config.chat_template, config.max_messages)
+        chat = chat_encoder(teacher.tokenizer, teacher.vocab, config.chat.chat_template, config.chat.max_messages)
         teacher = replace(teacher, vocab=chat.vocab)
-        spec = replace(spec, text_field=conversation_fields(config))
-        if config.respond:
+        spec = replace(spec, text_field=config.chat.fields)
+        if config.chat.respond:
             spec = with_answers(config, chat, teacher, spec)
     stage(config, f"building the conversion tables ({teacher.vocab.size:,} tokens)")
     converter = Converter(teacher.vocab)
     stage(config, "ordering the output layer's rows for the conversion")
-    teacher = teacher.with_sorted_head(converter.sorted_columns)
-    budget = _check_memory(memory_terms(plan, teacher), teacher.device, config.group_tokens, stream)
+    reader = TeacherReader(teacher.with_sorted_head(converter.sorted_columns), converter, plan.reading)
+    teacher = reader.teacher
+    budget = _check_memory(memory_terms(plan, teacher), teacher.device, config.batching.group_tokens, stream)
     encoder = chat if chat is not None else DocumentEncoder(teacher.tokenizer, teacher.vocab)
-    check_store_files(Path(config.output))  # before the locks are created in it
     with ExitStack() as locks:
         for w in mine:
             locks.enter_context(WriterLock(Path(config.output), w))
@@ -206,7 +201,6 @@ def _dump_pass(plan: DumpPlan, teacher: Teacher, started: float | None) -> DumpS
         fingerprints = {label: digest for s in stores.values() for label, digest in (s.source_pieces or {}).items()}
         read = writer_documents(spec, plan.writers, mine, counts, fingerprints=fingerprints)  # checked as read
         documents = skipper.remaining(read, stored)
-        grouping = Grouping(len(teacher.context_prefix), config.max_length, config.stride, config.group_tokens)
         bar = tqdm(
             desc=f"dump[{worker}] teacher rows",
             unit="row",
@@ -218,16 +212,14 @@ def _dump_pass(plan: DumpPlan, teacher: Teacher, started: float | None) -> DumpS
         sink = ConversionSink(stores, converter, bar)
         try:
             teacher_pass = TeacherPass(
-                teacher,
-                converter,
+                reader,
                 sink,
-                batch_tokens=config.batch_tokens,
-                head_rows=config.head_rows,
+                batch_tokens=config.batching.batch_tokens,
+                head_rows=config.batching.head_rows,
                 on_device=plan.on_device,
                 bar=bar,
-                stream=stream,
             )
-            for group in plan_groups(documents, skipper, encoder, converter, grouping, stream):
+            for group in plan_groups(documents, skipper, encoder, reader, config.batching.group_tokens):
                 sink.send(DocumentsPlanned(group))
                 teacher_pass.run(group)
             written = sink.close()
@@ -263,10 +255,10 @@ def _dump_pass(plan: DumpPlan, teacher: Teacher, started: float | None) -> DumpS
     )
 
 
-def _match_numerics(config: DumpConfig, teacher: Teacher) -> None:
+def _match_numerics(plan: DumpPlan, teacher: Teacher) -> None:
     """Compute as the store being resumed was written, before the teacher's first forward
     (:mod:`distill.dump.numerics`)."""
-    threads, note = match_recorded_numerics(Path(config.output), teacher.device, teacher.dtype, config.threads)
+    threads, note = match_recorded_numerics(plan.manifest, teacher.device, teacher.dtype, plan.config.threads)
     if threads is not None:  # with or without --progress: how this run's rows are computed
         plural = "s" if threads != 1 else ""
         print(f"dump: resuming with {threads} torch thread{plural}, as the store was written", file=sys.stderr)
@@ -289,8 +281,8 @@ def _open_stores(
         teacher_hash=teacher.weights_hash,
         tokenizer_source=teacher.tokenizer_source,
         corpus_hash=corpus_fingerprint(spec),
-        settings=store_settings(config, teacher, plan.writers, chat),
-        encoding=config.encoding,
+        settings=store_settings(plan, teacher, chat),
+        encoding=config.store.encoding,
         stream=plan.stream,
         reserved_symbols=None if chat is None else reserved_symbols(chat),
         teacher_numerics=teacher_numerics(teacher.device, teacher.dtype),
@@ -303,8 +295,8 @@ def _open_stores(
             identity,
             source_pieces=source[w],
             writer_id=w,
-            docs_per_shard=config.docs_per_shard,
-            chunk_bytes=config.chunk_bytes,
+            docs_per_shard=config.store.docs_per_shard,
+            chunk_bytes=config.store.chunk_bytes,
             trie=converter.trie,
             encode_threads=plan.encode_threads,
         )
@@ -351,10 +343,10 @@ def memory_terms(plan: DumpPlan, teacher: Teacher, longest_document_tokens: int 
     config = plan.config
     return dump_memory.memory_terms(
         teacher,
-        batch_tokens=config.batch_tokens,
-        max_length=config.max_length,
-        head_rows=config.head_rows,
-        group_tokens=config.group_tokens,
+        batch_tokens=config.batching.batch_tokens,
+        max_length=config.windows.max_length,
+        head_rows=config.batching.head_rows,
+        group_tokens=config.batching.group_tokens,
         device_conversion=plan.on_device,
         writers=len(plan.mine),
         chunk_bytes=plan.chunk_bytes,

@@ -26,8 +26,8 @@ from common.errors import UserError
 from distill.conversion.converter import Converter, DocumentDistributions
 from distill.conversion.rows import ColumnOrder
 from distill.dump import memory as dump_memory
-from distill.dump.plan import PlannedDocument
 from distill.dump.summary import WrittenCounts
+from distill.teacher.reader import PlannedDocument, RowSpan
 from logit_store.writer import PendingDocument
 
 # messages carrying rows held by the sink's thread: the one it converts. The teacher computes the
@@ -44,16 +44,6 @@ class DocumentsPlanned:
     """A group's documents, in corpus order: they are written in this order once complete."""
 
     documents: tuple[PlannedDocument, ...]
-
-
-@dataclass(frozen=True)
-class RowSpan:
-    """Rows ``start..stop`` of a head chunk: the document's teacher rows from ``first_row`` on."""
-
-    document: PlannedDocument
-    first_row: int
-    start: int
-    stop: int
 
 
 @dataclass(frozen=True)

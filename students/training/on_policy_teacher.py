@@ -4,14 +4,15 @@ training process, reading each text exactly as ``dump`` reads a document.
 :func:`refuse_other_teacher` compares a ``--teacher`` with the teacher the store's manifest records
 (its weights, before anything loads; then its vocabulary, context prefix and end-of-text ids) and
 refuses another one in one line. :class:`ScoringTeacher` turns texts into the teacher's exact
-next-symbol distributions over the store's stream with the dump's own code: the teacher's encoder
-(:class:`distill.teacher.encode.DocumentEncoder`), the store's teacher windows
-(:func:`distill.teacher.windows.plan_windows` with its ``max_length`` and ``stride``), the dump's
-batches and head chunks (:mod:`distill.dump.teacher_pass`) and the conversion (Numba on the CPU,
-:mod:`distill.conversion.device` next to a GPU teacher). For a store of conversations the teacher
-reads with the store's reserved symbols kept (its vocabulary as ``dump --chat`` made it) and its
-chat template (recorded in the manifest), and a text comes in pieces: text read as ``dump --chat``
-reads the text between two specials, and specials as their ids.
+next-symbol distributions over the store's stream with the dump's own reader
+(:class:`distill.teacher.reader.TeacherReader`): the teacher's encoder
+(:class:`distill.teacher.encode.DocumentEncoder`), the reading the dump recorded in the store's
+manifest (its stream and teacher windows: :meth:`distill.teacher.windows.Reading.of_manifest`), the
+reader's batches and head chunks and the conversion (Numba on the CPU, the reader's device path
+next to a GPU teacher). For a store of conversations the teacher reads with the store's reserved
+symbols kept (its vocabulary as ``dump --chat`` made it) and its chat template (recorded in the
+manifest), and a text comes in pieces: text read as ``dump --chat`` reads the text between two
+specials, and specials as their ids.
 """
 
 from __future__ import annotations
@@ -26,15 +27,13 @@ import torch
 from bytestream.stream_kind import StreamKind
 from bytestream.vocab import split_gguf_path
 from common.errors import UserError
-from distill.conversion.converter import Converter, DocumentDistributions
-from distill.conversion.device import torch_conversion
-from distill.dump.plan import PlannedDocument
-from distill.dump.teacher_pass import head_chunks, window_batches
+from distill.conversion.converter import DocumentDistributions
 from distill.teacher.chat import ChatEncoder, ChatTemplate, special_texts
 from distill.teacher.encode import DocumentEncoder, UnencodableDocument
 from distill.teacher.identity import hub_revision, teacher_name, weights_hash
 from distill.teacher.model import Teacher, load_teacher
-from distill.teacher.windows import plan_windows
+from distill.teacher.reader import DocumentRows, TeacherReader
+from distill.teacher.windows import Reading
 from logit_store.manifest import read_manifest
 from logit_store.teachers import described, different_teachers
 
@@ -111,40 +110,42 @@ class ScoringTeacher:
     def __init__(
         self,
         teacher: Teacher,
-        stream: StreamKind,
-        max_length: int,
-        stride: int,
+        reading: Reading,
         on_device: bool | None = None,
         chat: ChatEncoder | None = None,
     ):
-        """``on_device``: convert with the torch path on the teacher's device (default: on a GPU; on the
-        CPU it is how the tests run that path, as ``dump --conversion torch`` does). ``chat``: the
-        chat encoder of a store of conversations (``teacher``'s vocabulary is then its)."""
-        self.converter = Converter(teacher.vocab)
-        self.teacher = teacher.with_sorted_head(self.converter.sorted_columns)
+        """``reading``: the store's (its stream and windows). ``on_device``: convert with the torch
+        path on the teacher's device (default: on a GPU; on the CPU it is how the tests run that path,
+        as ``dump --conversion torch`` does). ``chat``: the chat encoder of a store of conversations
+        (``teacher``'s vocabulary is then its)."""
+        self.reader = TeacherReader.of(teacher, reading)
+        self.converter, self.teacher = self.reader.converter, self.reader.teacher
         self.chat = chat
         self.encoder = chat.encoder if chat is not None else DocumentEncoder(teacher.tokenizer, teacher.vocab)
-        self.stream, self.max_length, self.stride = stream, max_length, stride
         self.on_device = self.teacher.device.type == "cuda" if on_device is None else on_device
         self.times = ScoreTimes()
         if self.on_device:
-            torch_conversion(self.converter, self.teacher.device, self.teacher.columns, stream is StreamKind.FUSED)
+            self.reader.prepare_device_conversion()
+
+    @property
+    def reading(self) -> Reading:
+        return self.reader.reading
+
+    @property
+    def stream(self) -> StreamKind:
+        return self.reader.stream
 
     @classmethod
     def load(cls, source: str, store: str, device: torch.device, on_device: bool | None = None) -> ScoringTeacher:
         """``source`` checked against ``store``'s teacher, loaded on ``device`` (bfloat16 on a GPU,
-        float32 on the CPU), reading with the store's windows and stream."""
-        from logit_store.manifest import manifest_stream
-
+        float32 on the CPU), reading as the store's manifest records its dump read."""
         manifest = refuse_other_teacher(source, store)
         teacher = load_teacher(source, device=device)
         chat = None
         if manifest.get("reserved_symbols"):
             teacher, chat = with_chat(teacher, manifest, store)
         refuse_other_reading(teacher, manifest, store)
-        settings = manifest.get("settings", {})
-        stream = manifest_stream(manifest)
-        return cls(teacher, stream, int(settings["max_length"]), int(settings["stride"]), on_device, chat)
+        return cls(teacher, Reading.of_manifest(manifest), on_device, chat)
 
     def encode(self, text: bytes) -> np.ndarray | None:
         """The teacher's ids of ``text`` as ``dump`` encodes a document; None when it cannot be
@@ -191,28 +192,20 @@ class ScoringTeacher:
         return sorted(set(range(256)) - present)
 
     def layout(self, token_ids: np.ndarray):
-        return self.stream.layout(self.converter.trie, token_ids)
+        return self.reader.layout(token_ids)
 
     def score(self, texts: list[bytes], token_ids: list[np.ndarray]) -> list[DocumentDistributions]:
         """The teacher's distributions at every stream position of each text (its ids given)."""
-        prefix = len(self.teacher.context_prefix)
         docs = tuple(
-            PlannedDocument(
-                i,
-                f"text-{i}",
-                text,
-                ids,
-                tuple(plan_windows(len(ids), prefix, self.max_length, self.stride)),
-                0,
-                self.layout(ids),
-            )
+            self.reader.document(ids, index=i, key=f"text-{i}", data=text)
             for i, (text, ids) in enumerate(zip(texts, token_ids, strict=True))
         )
         values = [np.empty(doc.layout.num_values, dtype=np.float64) for doc in docs]
         dropped = [np.empty(doc.rows, dtype=np.float64) for doc in docs]
-        for batch in window_batches(docs, prefix, BATCH_WINDOWS * self.max_length):
+        prefix = self.reader.prefix_length
+        for batch in self.reader.batches(docs, BATCH_WINDOWS * self.reading.max_length):
             self.times.tokens += sum(window.input_length(prefix) for _, window in batch)
-            chunks = head_chunks(self.teacher, batch, HEAD_ROWS)
+            chunks = self.reader.rows(batch, HEAD_ROWS)
             while True:
                 started = time.perf_counter()
                 chunk = next(chunks, None)
@@ -221,16 +214,16 @@ class ScoringTeacher:
                 if chunk is None:
                     break
                 started = time.perf_counter()
-                self._convert(*chunk, values, dropped)
+                self._convert(chunk, values, dropped)
                 self.times.conversion_seconds += time.perf_counter() - started
-                self.times.rows += len(chunk[0].tensor)
+                self.times.rows += len(chunk.logits.tensor)
         return [DocumentDistributions(doc.layout, values[i], dropped[i]) for i, doc in enumerate(docs)]
 
-    def _convert(self, logits, spans, values: list[np.ndarray], dropped: list[np.ndarray]) -> None:
+    def _convert(self, chunk: DocumentRows, values: list[np.ndarray], dropped: list[np.ndarray]) -> None:
         """One head chunk's rows into each document's values, as the dump's sink fills them."""
         if not self.on_device:
-            rows = logits.tensor.cpu().numpy()
-            for span in spans:
+            rows = chunk.logits.tensor.cpu().numpy()
+            for span in chunk.spans:
                 doc = span.document
                 self.converter.convert_rows_numba(
                     doc.layout,
@@ -239,15 +232,11 @@ class ScoringTeacher:
                     span.first_row,
                     values[doc.index],
                     dropped[doc.index],
-                    logits.columns,
+                    chunk.logits.columns,
                 )
             return
-        conversion = torch_conversion(
-            self.converter, self.teacher.device, logits.columns, self.stream is StreamKind.FUSED
-        )
-        for span in spans:
+        for span, got, mass in self.reader.convert_on_device(chunk):
             doc = span.document
-            got, mass = conversion.convert_rows(doc.layout, logits.tensor[span.start : span.stop], span.first_row)
             values[doc.index][doc.positions_of(span.first_row, len(mass))] = got
             dropped[doc.index][span.first_row : span.first_row + len(mass)] = mass
 
