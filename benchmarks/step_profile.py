@@ -229,7 +229,7 @@ def summary(rows: list[Profile]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("--threads", type=int, default=1, help="torch threads for the step")
     parser.add_argument("--sizes", type=int, default=2, help="how many of the serving benchmark's sizes (S, M, L)")
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8], help="batch sizes to profile")
