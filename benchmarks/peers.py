@@ -340,7 +340,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=1, help="threads of each server and of each batch-1 step")
     parser.add_argument("--clients", type=int, nargs="+", default=list(CLIENTS), help="concurrent clients")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of alternating loads (ours, llama-server)")
-    parser.add_argument("--answers", type=int, default=1, help="answers each client asks for, one after another")
+    parser.add_argument("--answers", type=int, default=4, help="answers each client asks for, one after another")
     parser.add_argument("--answer-bytes", type=int, default=256, help="max_tokens (bytes) of each answer")
     parser.add_argument("--step-bytes", type=int, default=128, help="bytes decoded when timing the batch-1 step")
     parser.add_argument("--repeats", type=int, default=3, help="timings of each batch-1 step; the shortest counts")
@@ -357,7 +357,8 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--llama-cpp-bin {args.llama_cpp_bin}: no llama-server in it")
     size = SMOKE_SIZES[0] if args.smoke else SIZES[0]
     if args.smoke:
-        args.clients, args.rounds, args.answer_bytes, args.step_bytes, args.repeats = [1, 2], 1, 16, 8, 1
+        args.clients, args.rounds, args.answers, args.answer_bytes, args.step_bytes = [1, 2], 1, 1, 16, 8
+        args.repeats = 1
         args.compiled_step, args.markdown = False, False
     load_before = os.getloadavg()[0]
     torch.set_num_threads(args.threads)
