@@ -394,7 +394,7 @@ def main(argv: list[str] | None = None) -> None:
 
     intro = (
         f"cpu ({os.cpu_count()} cores, load {load_before:.1f} before the run); flat {size.name} bytes student "
-        f"({count_parameters(model):,} parameters, random weights, f32 on both sides), {slots} slots, {args.threads} "
+        f"({count_parameters(model):,} parameters, random weights, f32 on both sides; the key/value cache f32 in ours, llama.cpp's default f16 in theirs, llama-bench having no f32 cache), {slots} slots, {args.threads} "
         f"thread(s) each, our step eager; {args.answer_bytes}-byte answers, {args.answers} per client a round; "
         f"{args.rounds} rounds alternating ours / llama-server (medians over rounds; each ratio the median of the "
         f"rounds' ratios); batch-1 step over {args.step_bytes} bytes, the shortest of {args.repeats}"
