@@ -12,7 +12,8 @@ loads them as ``benchmarks/serve.py`` does (its load reused): 1, 8 and 32 concur
 streaming answers of 256 bytes (``max_tokens`` counts bytes on both: the GGUF's tokens are bytes),
 bytes counted from the usage each server reports. The sides alternate, round after round (the one
 that goes first swaps each round), so that the ratios ours/llama-server are of runs a moment apart:
-the median of each round's ratio. Per side and count of clients: bytes/s in all and time to first
+the median of each round's ratio. A load in which a server drops a connection (``llama-server``
+did, now and then, at 32 clients) is run again and the count said in the table's line. Per side and count of clients: bytes/s in all and time to first
 byte (p50, p99; the median over rounds), and ours at 32 clients over ours at 1 beside what decode
 steps at the FLOPs-and-bytes bound would allow (the bound of ``benchmarks/serve.py``).
 
@@ -163,28 +164,20 @@ def stop(running: Running) -> None:
 # ------------------------------------------------------------------ load, alternating
 
 
-def load_rounds(args, servers: dict[str, Running], prompts: list[str]) -> dict[tuple[str, int], list[LoadRow]]:
+def load_rounds(
+    args, servers: dict[str, Running], prompts: list[str], dropped: dict[str, int]
+) -> dict[tuple[str, int], list[LoadRow]]:
     """(side, clients) -> a load row per round; in each round every count of clients loads each side,
-    one after the other, the side that goes first swapped each round."""
+    one after the other, the side that goes first swapped each round. A load in which the server
+    dropped a connection (the client's connection error) is run again, up to :data:`TRIES` times in
+    all, and counted in ``dropped``."""
     rows: dict[tuple[str, int], list[LoadRow]] = {}
     sides = list(servers)
     for round_ in range(args.rounds):
         order = sides if round_ % 2 == 0 else sides[::-1]
         for clients in args.clients:
             for side in order:
-                running = servers[side]
-                row = asyncio.run(
-                    load(
-                        running.url,
-                        side,
-                        clients,
-                        args.answers,
-                        args.answer_bytes,
-                        prompts,
-                        running.process.pid,
-                        REQUEST[side],
-                    )
-                )
+                row = load_once(args, servers[side], clients, prompts, dropped)
                 rows.setdefault((side, clients), []).append(row)
                 print(
                     f"round {round_ + 1} {side:>12} {clients:>2} clients: {row.total_bps:,.0f} B/s, "
@@ -192,6 +185,35 @@ def load_rounds(args, servers: dict[str, Running], prompts: list[str]) -> dict[t
                     flush=True,
                 )
     return rows
+
+
+TRIES = 3
+
+
+def load_once(args, running: Running, clients: int, prompts: list[str], dropped: dict[str, int]) -> LoadRow:
+    import openai
+
+    tries = 0
+    while True:
+        try:
+            return asyncio.run(
+                load(
+                    running.url,
+                    running.side,
+                    clients,
+                    args.answers,
+                    args.answer_bytes,
+                    prompts,
+                    running.process.pid,
+                    REQUEST[running.side],
+                )
+            )
+        except openai.APIConnectionError as error:
+            tries += 1
+            dropped[running.side] = dropped.get(running.side, 0) + 1
+            print(f"{running.side} dropped a connection at {clients} clients ({error.__cause__!r})", flush=True)
+            if tries == TRIES or running.process.poll() is not None:
+                raise
 
 
 @dataclass
@@ -377,6 +399,7 @@ def main(argv: list[str] | None = None) -> None:
         if binaries is not None:
             steps["llama-bench tg"] = llama_bench_ms(binaries, gguf, args.step_bytes, args.threads, args.repeats)
         servers: dict[str, Running] = {}
+        dropped: dict[str, int] = {}
         try:
             port = free_port()
             servers[OURS] = start_server(OURS, ours_command(folder, port, slots), port, args.threads, work / "ours.log")
@@ -384,7 +407,7 @@ def main(argv: list[str] | None = None) -> None:
                 port = free_port()
                 command = theirs_command(binaries, gguf, port, slots, args.threads, context)
                 servers[THEIRS] = start_server(THEIRS, command, port, args.threads, work / "theirs.log")
-            rows = load_rounds(args, servers, prompts)
+            rows = load_rounds(args, servers, prompts, dropped)
         finally:
             for running in servers.values():
                 stop(running)
@@ -398,6 +421,7 @@ def main(argv: list[str] | None = None) -> None:
         f"thread(s) each, our step eager; {args.answer_bytes}-byte answers, {args.answers} per client a round; "
         f"{args.rounds} rounds alternating ours / llama-server (medians over rounds; each ratio the median of the "
         f"rounds' ratios); batch-1 step over {args.step_bytes} bytes, the shortest of {args.repeats}"
+        + "".join(f"; {side} dropped a connection in {n} load(s), each run again" for side, n in dropped.items())
         + ("" if binaries else f"; {NOT_FOUND}")
     )
     lines = load_table(sides, ratio, clients) + [""] + step_table(steps)
