@@ -226,6 +226,7 @@ class Side:
     ttfb_p50: float
     ttfb_p99: float
     answers: int
+    client_cores: float
     server_cores: float
 
 
@@ -238,6 +239,7 @@ def medians(rows: dict[tuple[str, int], list[LoadRow]]) -> dict[tuple[str, int],
             statistics.median(r.ttfb_p50 for r in each),
             statistics.median(r.ttfb_p99 for r in each),
             sum(r.answers for r in each),
+            statistics.median(r.client_cores for r in each),
             statistics.median(r.server_cores for r in each),
         )
         for key, each in rows.items()
@@ -299,7 +301,7 @@ def llama_bench_ms(binaries: Path, gguf: Path, new: int, threads: int, repeats: 
 
 
 def load_table(sides: dict[tuple[str, int], Side], ratio: dict[int, float], clients: tuple[int, ...]) -> list[str]:
-    header = ["clients", "server", "answers", "B/s in all", "TTFB p50 s", "TTFB p99 s", "server CPU cores", "ours / llama-server B/s"]
+    header = ["clients", "server", "answers", "B/s in all", "TTFB p50 s", "TTFB p99 s", "CPU cores: clients / server", "ours / llama-server B/s"]
     body = []
     for n in clients:
         for side in (OURS, THEIRS):
@@ -308,7 +310,7 @@ def load_table(sides: dict[tuple[str, int], Side], ratio: dict[int, float], clie
             s = sides[(side, n)]
             mark = f"{ratio[n]:.2f}x" if side == OURS and n in ratio else ""
             body.append([str(n), side, str(s.answers), f"{s.bps:,.0f}", f"{s.ttfb_p50:.3f}", f"{s.ttfb_p99:.3f}",
-                         f"{s.server_cores:.2f}", mark])  # fmt: skip
+                         f"{s.client_cores:.2f} / {s.server_cores:.2f}", mark])  # fmt: skip
     return markdown_table(header, body).splitlines()
 
 

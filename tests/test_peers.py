@@ -7,8 +7,8 @@ from benchmarks.peers import NOT_FOUND, OURS, THEIRS, Side, summary
 
 
 def sides(ours: dict[int, float], theirs: dict[int, float]) -> dict[tuple[str, int], Side]:
-    rows = {(OURS, n): Side(OURS, n, bps, 0.1, 0.2, n, 1.0) for n, bps in ours.items()}
-    return rows | {(THEIRS, n): Side(THEIRS, n, bps, 0.1, 0.2, n, 1.0) for n, bps in theirs.items()}
+    rows = {(OURS, n): Side(OURS, n, bps, 0.1, 0.2, n, 0.5, 1.0) for n, bps in ours.items()}
+    return rows | {(THEIRS, n): Side(THEIRS, n, bps, 0.1, 0.2, n, 0.5, 1.0) for n, bps in theirs.items()}
 
 
 def test_each_goal_is_named_met_or_missed():
