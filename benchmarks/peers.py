@@ -301,7 +301,16 @@ def llama_bench_ms(binaries: Path, gguf: Path, new: int, threads: int, repeats: 
 
 
 def load_table(sides: dict[tuple[str, int], Side], ratio: dict[int, float], clients: tuple[int, ...]) -> list[str]:
-    header = ["clients", "server", "answers", "B/s in all", "TTFB p50 s", "TTFB p99 s", "CPU cores: clients / server", "ours / llama-server B/s"]
+    header = [
+        "clients",
+        "server",
+        "answers",
+        "B/s in all",
+        "TTFB p50 s",
+        "TTFB p99 s",
+        "CPU cores: clients / server",
+        "ours / llama-server B/s",
+    ]
     body = []
     for n in clients:
         for side in (OURS, THEIRS):
@@ -325,7 +334,9 @@ def summary(sides, ratio: dict[int, float], steps: dict[str, float], ceiling: fl
     if ratio:
         for n in (8, 32):
             if n in ratio:
-                parts.append(verdict(f"ours / llama-server bytes/s at {n} clients {ratio[n]:.2f}x (goal > 1x)", ratio[n] > 1))
+                parts.append(
+                    verdict(f"ours / llama-server bytes/s at {n} clients {ratio[n]:.2f}x (goal > 1x)", ratio[n] > 1)
+                )
         if 1 in ratio:
             parts.append(f"at 1 client {ratio[1]:.2f}x")
     else:
@@ -360,7 +371,11 @@ def summary(sides, ratio: dict[int, float], steps: dict[str, float], ceiling: fl
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
-    parser.add_argument("--llama-cpp-bin", default=None, help="folder of llama-server and llama-bench (default: $LLAMA_CPP_BIN, else the PATH's)")
+    parser.add_argument(
+        "--llama-cpp-bin",
+        default=None,
+        help="folder of llama-server and llama-bench (default: $LLAMA_CPP_BIN, else the PATH's)",
+    )
     parser.add_argument("--threads", type=int, default=1, help="threads of each server and of each batch-1 step")
     parser.add_argument("--clients", type=int, nargs="+", default=list(CLIENTS), help="concurrent clients")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of alternating loads (ours, llama-server)")
@@ -368,7 +383,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--answer-bytes", type=int, default=256, help="max_tokens (bytes) of each answer")
     parser.add_argument("--step-bytes", type=int, default=128, help="bytes decoded when timing the batch-1 step")
     parser.add_argument("--repeats", type=int, default=3, help="timings of each batch-1 step; the shortest counts")
-    parser.add_argument("--no-compiled-step", dest="compiled_step", action="store_false", help="time only the eager batch-1 step")
+    parser.add_argument(
+        "--no-compiled-step", dest="compiled_step", action="store_false", help="time only the eager batch-1 step"
+    )
     parser.add_argument("--markdown", action="store_true", help="also write the tables into docs/RESULTS.md")
     parser.add_argument("--smoke", action="store_true", help="toy size, few bytes, one round: seconds")
     args = parser.parse_args(argv)
