@@ -415,7 +415,7 @@ def main(argv: list[str] | None = None) -> None:
         steps = {"engine eager": engine_step_ms(model, False, args.step_bytes, args.repeats)}
         if args.compiled_step:
             steps["engine compiled"] = engine_step_ms(model, True, args.step_bytes, args.repeats)
-        if binaries is not None:
+        if binaries is not None and (binaries / "llama-bench").is_file():
             steps["llama-bench tg"] = llama_bench_ms(binaries, gguf, args.step_bytes, args.threads, args.repeats)
         servers: dict[str, Running] = {}
         dropped: dict[str, int] = {}
