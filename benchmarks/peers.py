@@ -24,7 +24,7 @@ byte). A line starting ``summary`` names each goal met or MISSED: ours ahead at 
 
 The llama.cpp binaries are found in ``--llama-cpp-bin DIR`` (default: the environment's
 ``LLAMA_CPP_BIN``, else ``llama-server`` on the PATH); without them only our side runs, and the
-summary says so (the README, "Serving", has the build commands).
+summary says so (the README's section on GGUF has the build commands).
 
     python -m benchmarks.peers --llama-cpp-bin /work/llama.cpp-build/vendor/llama.cpp/build/bin [--markdown]
     python -m benchmarks.peers --smoke
