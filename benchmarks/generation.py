@@ -34,6 +34,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, LogitsProcessor, LogitsP
 
 from benchmarks.results import write_section
 from bytestream.alphabet import NUM_BYTES, PAD
+from bytestream.stream_kind import StreamKind
 from bytestream.stream_tokenizer import ByteStreamTokenizer
 from common.errors import first_line
 from students.models.architectures import student_cost
@@ -223,7 +224,8 @@ def token_model(shape: dict, vocab: int) -> LlamaForCausalLM:
     return LlamaForCausalLM(config).eval()
 
 
-def flat_student(size: Shape) -> LlamaForCausalLM:
+def flat_student(size: Shape, stream: StreamKind = StreamKind.EOT) -> LlamaForCausalLM:
+    """The flat student of ``size`` over ``stream``'s alphabet (random weights, seed 0)."""
     config = student_config(
         "tiny",
         hidden_size=size.hidden,
@@ -231,6 +233,7 @@ def flat_student(size: Shape) -> LlamaForCausalLM:
         num_heads=size.heads,
         intermediate_size=size.hidden * 3,
         max_positions=4096,
+        stream=stream,
     )
     return build_student(config, seed=0).eval()
 

@@ -306,26 +306,41 @@ def wait_ready(url: str, limit_s: float = 3600) -> float:
     return time.perf_counter() - start
 
 
-async def one_client(client, prompt: str, answers: int, max_bytes: int, record: list) -> None:
+async def one_client(client, prompt: str, answers: int, max_bytes: int, record: list, request=None) -> None:
+    """``answers`` streamed answers one after another, each recorded as (time to first text, latency,
+    size). The size is the UTF-8 of the text received, or, where the server reports usage (``request``
+    asks for it: ``stream_options``), its completion tokens: a bytes student's bytes, which the text
+    received overcounts where they are not valid UTF-8 (each invalid one arrives as a 3-byte U+FFFD).
+    ``request``: more arguments of each ``completions.create``."""
     for _ in range(answers):
         start = time.perf_counter()
-        first, size = None, 0
+        first, size, used = None, 0, None
         stream = await client.completions.create(
-            model="student", prompt=prompt, max_tokens=max_bytes, temperature=1.0, stream=True
+            model="student", prompt=prompt, max_tokens=max_bytes, temperature=1.0, stream=True, **(request or {})
         )
         async for chunk in stream:
             text = chunk.choices[0].text if chunk.choices else ""
             if text and first is None:
                 first = time.perf_counter() - start
             size += len(text.encode())
-        record.append((first or float("nan"), time.perf_counter() - start, size))
+            if getattr(chunk, "usage", None) is not None:
+                used = chunk.usage.completion_tokens
+        record.append((first or float("nan"), time.perf_counter() - start, size if used is None else used))
 
 
 async def load(
-    url: str, step: str, clients: int, answers: int, max_bytes: int, prompts: list[str], server_pid=None
+    url: str,
+    step: str,
+    clients: int,
+    answers: int,
+    max_bytes: int,
+    prompts: list[str],
+    server_pid=None,
+    request=None,
 ) -> LoadRow:
     """``clients`` concurrent clients, each streaming ``answers`` answers one after another; what
-    they measured, and the CPU the clients' and (given its pid) the server's process used."""
+    they measured, and the CPU the clients' and (given its pid) the server's process used.
+    ``request``: more arguments of each request (:func:`one_client`)."""
     import httpx
     import openai
     import psutil
@@ -340,11 +355,14 @@ async def load(
         timeout=600,
         http_client=openai.DefaultAsyncHttpxClient(limits=limits),
     ) as client:
-        await one_client(client, prompts[0], 1, 8, [])  # warm: a connection, the first step
+        await one_client(client, prompts[0], 1, 8, [], request)  # warm: a connection, the first step
         record: list = []
         start, client_cpu, server_cpu = time.perf_counter(), time.process_time(), _cpu_seconds(server)
         await asyncio.gather(
-            *(one_client(client, prompts[i % len(prompts)], answers, max_bytes, record) for i in range(clients))
+            *(
+                one_client(client, prompts[i % len(prompts)], answers, max_bytes, record, request)
+                for i in range(clients)
+            )
         )
         wall = time.perf_counter() - start
         client_cpu, server_cpu = time.process_time() - client_cpu, _cpu_seconds(server) - server_cpu

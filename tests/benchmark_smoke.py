@@ -28,6 +28,7 @@ SMOKED_TRAINING = {
     "chat": "summary: chat student (loss on all, train's default; the default size)",
     "hub_store": "summary: Hub/disk positions/s after the first epoch",
     "bytes_student": "summary: plain-byte BPB bytes - fused self-flagged at equal training FLOPs",
+    "peers": " clients / 1 client bytes/s",
 }
 SMOKED_DUMPING = {
     "convert": "ratio numba(sorted columns)/floor",
