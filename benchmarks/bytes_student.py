@@ -322,9 +322,8 @@ def llama_cpp_speed(gguf: Path, streams: int, new_bytes: int) -> float:
     try:
         start = time.perf_counter()
         for _ in range(streams):
-            produced = 0
-            for _token in model.generate([BYTES_BOS], top_k=1, temp=0.0, repeat_penalty=1.0, reset=True):
-                produced += 1
+            tokens = model.generate([BYTES_BOS], top_k=1, temp=0.0, repeat_penalty=1.0, reset=True)
+            for produced, _token in enumerate(tokens, start=1):
                 if produced == new_bytes:
                     break
         return streams * new_bytes / (time.perf_counter() - start)
@@ -416,12 +415,14 @@ def report(rows: list[Row], teacher: dict[str, float], recipe: Recipe, amounts: 
     )
     summary = summary_line(rows, teacher, recipe, amounts)
     table = markdown_table(header, table_rows)
-    return [intro, table, summary], "\n\n".join([intro, table, summary])
+    return [intro, table, summary], f"{intro}\n\n{table}\n\n{summary}"
 
 
 def summary_line(rows: list[Row], teacher: dict[str, float], recipe: Recipe, amounts: dict[str, int]) -> str:
     def row(size: Size, stream: str, label: str) -> Row:
-        return next(r for r in rows if r.student.size == size and r.student.stream == stream and r.student.label == label)
+        return next(
+            r for r in rows if r.student.size == size and r.student.stream == stream and r.student.label == label
+        )
 
     parts, rule_met = [], {}
     for amount in amounts:
@@ -441,7 +442,9 @@ def summary_line(rows: list[Row], teacher: dict[str, float], recipe: Recipe, amo
         rise = {"teacher": teacher[variant] - teacher["clean"]}
         for stream in ("bytes", "fused"):
             rise[stream] = max(
-                r.scores[variant] - r.scores["clean"] for r in rows if r.student.stream == stream and r.student.label in amounts
+                r.scores[variant] - r.scores["clean"]
+                for r in rows
+                if r.student.stream == stream and r.student.label in amounts
             )
         robust.append(
             f"{variant} BPB increase bytes {rise['bytes']:+.3f}, fused {rise['fused']:+.3f}, teacher {rise['teacher']:+.3f} "

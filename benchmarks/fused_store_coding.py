@@ -81,7 +81,9 @@ def read(path: Path) -> Coded:
         parts["codes"].append(codes.astype(np.int64))
         parts["ctx"].append(contexts.astype(np.int64))
         targets = target_indices(layout)
-        parts["values"].append(store.encoding.decode(encoded.value_bytes, encoded.position_bytes, layout.offsets, targets))
+        parts["values"].append(
+            store.encoding.decode(encoded.value_bytes, encoded.position_bytes, layout.offsets, targets)
+        )
         parts["symbols"].append(layout.support.astype(np.int64))
         parts["pos"].append(np.repeat(np.arange(layout.num_positions), np.diff(layout.offsets)) + first_position)
         parts["depth"].append((groups.astype(np.int64) >> 1) // layout.alphabet_size)

@@ -28,8 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
-from logit_store import LogitStore
 from bytestream.stream_kind import StreamKind
+from logit_store import LogitStore
 from students.release.exported_folder import folder_stream, load_model
 from students.release.score import Document, ScoreOptions, score, score_documents
 
@@ -52,7 +52,7 @@ def documented_path_documents(folder: Path, store_path: Path) -> list[Document]:
         except UnicodeDecodeError:  # not text: the bytes themselves
             text = None
         if plain:
-            symbols = (tokenizer(text).input_ids if text is not None else [tokenizer.bos_token_id, *data])
+            symbols = tokenizer(text).input_ids if text is not None else [tokenizer.bos_token_id, *data]
             symbols = [*symbols, tokenizer.eos_token_id]
         elif text is not None:
             symbols = tokenizer(text).input_ids + [tokenizer.stream.eos]

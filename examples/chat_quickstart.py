@@ -50,7 +50,10 @@ def main() -> None:
     for name, stage in (("train", "dump train"), ("heldout", "dump held-out")):
         corpus, store = PROMPTS / f"{name}.jsonl", work / "store" / name
         run(stage, ["dump", *common, "--chat", "--respond", *flags(corpus=corpus, output=store)], timings)
-    stream = ["--stream", "fused"]  # the student its recorded figures are of (the README: a bytes one takes --stream bytes)
+    stream = [
+        "--stream",
+        "fused",
+    ]  # the student its recorded figures are of (the README: a bytes one takes --stream bytes)
     run("train", ["train", *training_flags(work, args.preset, args.steps), *stream], timings)
     card = flags(teacher="SmolLM2-135M-Instruct", data="75 everyday questions answered by the teacher")
     run("export", ["export", str(work / "student"), str(work / "model"), *card], timings)

@@ -96,7 +96,11 @@ class Encoding:
         raise NotImplementedError
 
     def decode(
-        self, value_bytes: np.ndarray, position_bytes: np.ndarray, offsets: np.ndarray, targets: np.ndarray | None = None
+        self,
+        value_bytes: np.ndarray,
+        position_bytes: np.ndarray,
+        offsets: np.ndarray,
+        targets: np.ndarray | None = None,
     ) -> np.ndarray:
         """Probabilities from stored bytes (``targets`` as for :meth:`encode`); ``ValueError`` for
         bytes no writer produces."""
@@ -280,7 +284,16 @@ class PowerEncoding(_CodeTableEncoding):
             return
         thresholds, bucket_code, first_bucket = self._code_search
         _encode_pow_searched(
-            values, offsets, self.gamma, self.levels, targets, codes, tails, target_tails, thresholds, bucket_code,
+            values,
+            offsets,
+            self.gamma,
+            self.levels,
+            targets,
+            codes,
+            tails,
+            target_tails,
+            thresholds,
+            bucket_code,
             first_bucket,
         )
 

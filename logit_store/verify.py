@@ -54,7 +54,9 @@ def _encoding_kl(store: LogitStore, positions: int) -> float | None:
     they finished; None where one did not (unfinished, or written before the records held it)."""
     if store.writer_states or not positions:
         return None
-    records = [read_completion(store.directory, w) for w in sorted({s.record.writer_id for s in store.shards if s.record})]
+    records = [
+        read_completion(store.directory, w) for w in sorted({s.record.writer_id for s in store.shards if s.record})
+    ]
     if not records or any(r is None or r.kl_bits is None for r in records):
         return None
     return sum(r.kl_bits for r in records) / positions

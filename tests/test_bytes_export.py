@@ -273,8 +273,12 @@ def test_lm_eval_runs_the_plain_folder_without_remote_code(built, tmp_path, monk
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     texts, prompts = TEXTS[1:], ["Grüße aus K", "def f(x): ret"]  # within the 64-symbol context
-    (tmp_path / "docs.jsonl").write_text("".join(json.dumps({"text": t, "prompt": p}) + "\n" for t, p in zip(texts, prompts)))
-    common = f"dataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {tmp_path / 'docs.jsonl'}\ntest_split: test\n"
+    (tmp_path / "docs.jsonl").write_text(
+        "".join(json.dumps({"text": t, "prompt": p}) + "\n" for t, p in zip(texts, prompts))
+    )
+    common = (
+        f"dataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {tmp_path / 'docs.jsonl'}\ntest_split: test\n"
+    )
     (tmp_path / "rolling.yaml").write_text(
         f"task: bytes_rolling\n{common}output_type: loglikelihood_rolling\n"
         'doc_to_text: ""\ndoc_to_target: "{{text}}"\n'
@@ -290,7 +294,13 @@ def test_lm_eval_runs_the_plain_folder_without_remote_code(built, tmp_path, monk
 
     def samples(task: str, model_args: str) -> list[dict]:
         results = lm_eval.simple_evaluate(
-            model="hf", model_args=model_args, tasks=[task], task_manager=tasks, batch_size=2, device="cpu", log_samples=True
+            model="hf",
+            model_args=model_args,
+            tasks=[task],
+            task_manager=tasks,
+            batch_size=2,
+            device="cpu",
+            log_samples=True,
         )
         return results["samples"][task]
 

@@ -381,7 +381,11 @@ def test_clients_that_leave_non_streamed_answers_free_their_slots_and_the_queue_
     deadline = time.monotonic() + 2
     while (engine.occupancy()["running"] or engine.occupancy()["waiting"]) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert engine.occupancy()["running"] == 0 and engine.occupancy()["waiting"] == 0 and engine.occupancy()["cancelled"] == 3
+    assert (
+        engine.occupancy()["running"] == 0
+        and engine.occupancy()["waiting"] == 0
+        and engine.occupancy()["cancelled"] == 3
+    )
     still_serving(endless)
 
 

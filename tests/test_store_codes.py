@@ -27,8 +27,10 @@ def test_searched_pow8_codes_and_target_tails_equal_the_power_codes():
         targets = rng.integers(offsets[:-1], offsets[1:])  # every position's target: most get code 0
         searched, tails = encoding.encode(values, offsets, targets)
         positions = len(offsets) - 1
-        codes, power_tails, target_tails = np.empty(len(values), np.uint8), np.empty(positions, np.uint8), np.zeros(
-            positions, np.uint8
+        codes, power_tails, target_tails = (
+            np.empty(len(values), np.uint8),
+            np.empty(positions, np.uint8),
+            np.zeros(positions, np.uint8),
         )
         _encode_pow(values, offsets, encoding.gamma, encoding.levels, targets, codes, power_tails, target_tails)
         assert np.array_equal(searched.reshape(-1), codes), name

@@ -121,7 +121,7 @@ def test_verify_reports_the_kl_the_writer_measured(tmp_path):
     assert measured == pytest.approx(total / positions, rel=1e-6) and measured > 0
 
 
-@pytest.mark.parametrize("kl_bits", ["-1", "\"x\"", "Infinity", "true"])
+@pytest.mark.parametrize("kl_bits", ["-1", '"x"', "Infinity", "true"])
 def test_a_completion_record_with_a_bad_kl_is_refused(tmp_path, capsys, kl_bits):
     """A ``kl_bits`` that is not a finite number ≥ 0: verify says so in one line, exit 2."""
     vocab = tiny_vocab()
@@ -145,7 +145,18 @@ def test_the_stored_likelihood_of_the_teachers_own_answers_is_the_exact_one(tmp_
     questions.write_text("".join(HELD_OUT.read_text(encoding="utf-8").splitlines(keepends=True)[:3]), encoding="utf-8")
     store = tmp_path / "store"
     args = ["dump", "--teacher", str(smollm2_gguf()), "--corpus", str(questions), "--output", str(store)]
-    args += ["--chat", "--respond", "--respond-tokens", "32", "--max-length", "512", "--stride", "128", "--progress", "false"]
+    args += [
+        "--chat",
+        "--respond",
+        "--respond-tokens",
+        "32",
+        "--max-length",
+        "512",
+        "--stride",
+        "128",
+        "--progress",
+        "false",
+    ]
     args += ["--encoding", encoding]
     assert main(args) == 0
     out = capsys.readouterr().out

@@ -130,7 +130,7 @@ class ChatSettings:
             "flag": "chat",
             "help": "read the corpus as conversations, rendered by the teacher's chat template: the specials it "
             "writes become reserved symbols of the stream and each position records who speaks "
-            "(docs/DESIGN.md, Conversations)"
+            "(docs/DESIGN.md, Conversations)",
         },
     )
     fields: ConversationFields = field(default_factory=ConversationFields)  # --messages-field … --answer-field

@@ -48,7 +48,9 @@ def match_recorded_numerics(
     if same_kind and isinstance(threads, int) and threads > 0 and not threads_chosen(requested_threads):
         torch.set_num_threads(threads)
         return threads, None
-    differ = ", ".join(f"{k} {recorded.get(k)} (now {now.get(k)})" for k in sorted(now) if recorded.get(k) != now.get(k))
+    differ = ", ".join(
+        f"{k} {recorded.get(k)} (now {now.get(k)})" for k in sorted(now) if recorded.get(k) != now.get(k)
+    )
     return None, (
         f"note: the store was written with the teacher's {differ}; the rows this run adds may round "
         "differently from an uninterrupted run's"

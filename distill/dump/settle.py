@@ -47,7 +47,9 @@ def settle(config: DumpConfig, device, worker: int = 0, workers: int = 1) -> Dum
     manifest = existing_manifest(config.output)
     stream = store_stream(config, manifest)
     writers = store_writers(config, workers, manifest)
-    on_device = config.batching.conversion == "torch" or (config.batching.conversion == "auto" and device.type == "cuda")
+    on_device = config.batching.conversion == "torch" or (
+        config.batching.conversion == "auto" and device.type == "cuda"
+    )
     return DumpPlan(
         config=replace(config, store=replace(config.store, stream=stream.value)),
         manifest=manifest,

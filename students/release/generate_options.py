@@ -31,6 +31,6 @@ class GenerateOptions:
         metadata={
             "help": "compile the decode step (static caches, torch.compile: C++ on the CPU, CUDA graphs on a GPU): "
             "the first steps wait for the compiler (again when the window slides past the context), later ones "
-            "run faster (docs/RESULTS.md, \"Generation\"); eager, with a warning, where it cannot compile"
+            'run faster (docs/RESULTS.md, "Generation"); eager, with a warning, where it cannot compile'
         },
     )
