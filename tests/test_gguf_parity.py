@@ -99,20 +99,38 @@ def hf_greedy(folder, prompt) -> list[int]:
     return out[0, len(ids) :].tolist()
 
 
+def without_weight_repacking():
+    """llama.cpp's model parameters with weight repacking off (its ``--no-repack``): on a CPU with
+    AMX, llama.cpp's AMX buffers take the q8_0 matrices and crash the process on a student this
+    narrow (README, "GGUF"); the plain CPU path reads the file as written."""
+    params = DEFAULT_MODEL_PARAMS()
+    params.use_extra_bufts = False
+    return params
+
+
+DEFAULT_MODEL_PARAMS = llama_cpp.llama_cpp.llama_model_default_params
+
+
 @contextmanager
 def llama(path):
-    """llama.cpp on a GGUF: every position's logits kept, an f32 cache, two threads, fixed seed."""
-    model = llama_cpp.Llama(
-        str(path),
-        n_ctx=512,
-        n_batch=512,
-        logits_all=True,
-        type_k=llama_cpp.GGML_TYPE_F32,
-        type_v=llama_cpp.GGML_TYPE_F32,
-        n_threads=2,
-        seed=0,
-        verbose=False,
-    )
+    """llama.cpp on a GGUF: every position's logits kept, an f32 cache, two threads, fixed seed,
+    no weight repacking."""
+    low_level = llama_cpp.llama_cpp
+    low_level.llama_model_default_params = without_weight_repacking  # what Llama() starts its parameters from
+    try:
+        model = llama_cpp.Llama(
+            str(path),
+            n_ctx=512,
+            n_batch=512,
+            logits_all=True,
+            type_k=llama_cpp.GGML_TYPE_F32,
+            type_v=llama_cpp.GGML_TYPE_F32,
+            n_threads=2,
+            seed=0,
+            verbose=False,
+        )
+    finally:
+        low_level.llama_model_default_params = DEFAULT_MODEL_PARAMS
     try:
         yield model
     finally:
