@@ -48,6 +48,7 @@ from benchmarks import fused, patched
 from benchmarks.fused import Student, flops_per_step, listed, train_student, verdict
 from benchmarks.patched import Recipe, Size, dump_store
 from benchmarks.results import markdown_table, write_section
+from bytestream.stream_kind import StreamKind
 
 RULE_BPB = 0.02  # the default-stream rule: bytes within this of fused self-flagged at equal FLOPs
 TYPO_RATE = 0.05
@@ -75,12 +76,12 @@ def smoke_recipe() -> Recipe:
 class Stores:
     """A fused train store and the held-out one; ``stream`` is what a student reads from them."""
 
-    stream: str
+    stream: StreamKind
     train: Path
     heldout: Path
     rates: object  # StreamRates of the training store
 
-    def read_as(self, stream: str) -> Stores:
+    def read_as(self, stream: StreamKind) -> Stores:
         return replace(self, stream=stream)
 
 
@@ -91,17 +92,17 @@ def dumped_stores(work: Path, recipe: Recipe, amounts: dict[str, int]) -> dict[s
     out = {}
     for amount, chapters in amounts.items():
         train = dump_store(work, f"train-fused-{chapters}", recipe.train[0], chapters, recipe.teacher, stream="fused")
-        out[amount] = Stores("fused", train, heldout, StreamRates(**rates_of_stores([train])))
+        out[amount] = Stores(StreamKind.FUSED, train, heldout, StreamRates(**rates_of_stores([train])))
     return out
 
 
 def students_of(size: Size, amount: str, stores: Stores, args) -> list[Student]:
     """The fused student, the bytes one at equal steps and the bytes one at equal training FLOPs."""
-    ratio = flops_per_step(size, stores, args) / flops_per_step(size, stores.read_as("bytes"), args)
+    ratio = flops_per_step(size, stores, args) / flops_per_step(size, stores.read_as(StreamKind.BYTES), args)
     return [
-        Student(size, "fused", args.steps, amount),
-        Student(size, "bytes", args.steps, amount),
-        Student(size, "bytes", max(round(args.steps * ratio), 1), f"{amount}-equal-flops"),
+        Student(size, StreamKind.FUSED, args.steps, amount),
+        Student(size, StreamKind.BYTES, args.steps, amount),
+        Student(size, StreamKind.BYTES, max(round(args.steps * ratio), 1), f"{amount}-equal-flops"),
     ]
 
 
@@ -283,13 +284,12 @@ def score_teacher(teacher, tokens, texts: dict[str, list[str]]) -> dict[str, flo
 # ------------------------------------------------------------------------------ speed
 
 
-def engine_speed(model, stream: str, batch: int, new_bytes: int) -> float:
+def engine_speed(model, stream: StreamKind, batch: int, new_bytes: int) -> float:
     """Our engine's decode bytes/s (eager step): ``batch`` greedy rows of ``new_bytes`` symbols after ``<bos>``."""
-    from bytestream.stream_kind import StreamKind
     from students.serving.engine import Engine
     from students.serving.requests import Request
 
-    kind = StreamKind(stream)
+    kind = stream
     engine = Engine(model, slots=batch, stop=frozenset())
     requests = [Request([kind.bos], b"", max_new_bytes=1 << 30, max_symbols=new_bytes) for _ in range(batch)]
     start = time.perf_counter()
@@ -347,12 +347,12 @@ def measure(work: Path, run: Path, student: Student, stores: Stores, texts, toke
 
     model = load_student(resolve_checkpoint(run)).to(args.device).eval()
     run_flops = student.steps * flops_per_step(student.size, stores.read_as(student.stream), args)
-    scores = score_student(model, student.stream, texts, tokens, args.device)
+    scores = score_student(model, student.stream.value, texts, tokens, args.device)
     speeds = {}
     if student.label in AMOUNTS_LABELS:  # speed once per size and stream: the weights do not change it
         for batch in (1, 8):
             speeds[f"engine b{batch}"] = engine_speed(model, student.stream, batch, args.new_bytes)
-        if student.stream == "bytes" and args.device == "cpu":
+        if student.stream is StreamKind.BYTES and args.device == "cpu":
             gguf = gguf_of(work, run, student.name)
             for batch in (1, 8):
                 speeds[f"llama.cpp b{batch}"] = llama_cpp_speed(gguf, batch, args.new_bytes)
@@ -374,7 +374,7 @@ def report(rows: list[Row], teacher: dict[str, float], recipe: Recipe, amounts: 
 
     table_rows = [
         [
-            f"{r.student.size.name}-{r.student.stream}",
+            f"{r.student.size.name}-{r.student.stream.value}",
             r.student.label,
             f"{r.student.steps}",
             f"{r.train_flops:.3g}",
@@ -421,7 +421,7 @@ def report(rows: list[Row], teacher: dict[str, float], recipe: Recipe, amounts: 
 def summary_line(rows: list[Row], teacher: dict[str, float], recipe: Recipe, amounts: dict[str, int]) -> str:
     def row(size: Size, stream: str, label: str) -> Row:
         return next(
-            r for r in rows if r.student.size == size and r.student.stream == stream and r.student.label == label
+            r for r in rows if r.student.size == size and r.student.stream.value == stream and r.student.label == label
         )
 
     parts, rule_met = [], {}
@@ -444,7 +444,7 @@ def summary_line(rows: list[Row], teacher: dict[str, float], recipe: Recipe, amo
             rise[stream] = max(
                 r.scores[variant] - r.scores["clean"]
                 for r in rows
-                if r.student.stream == stream and r.student.label in amounts
+                if r.student.stream.value == stream and r.student.label in amounts
             )
         robust.append(
             f"{variant} BPB increase bytes {rise['bytes']:+.3f}, fused {rise['fused']:+.3f}, teacher {rise['teacher']:+.3f} "
