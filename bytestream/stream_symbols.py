@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from bytestream.alphabet import FUSED_ENDS
+from bytestream.alphabet import FUSED_ENDS, NUM_BYTES
 
 if TYPE_CHECKING:
     from bytestream.stream_kind import StreamKind
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 def stream_symbols(spelled: list[bytes | int], stream: StreamKind, *, bos: bool = True, eos: bool = False) -> list[int]:
     """The ``stream`` of the tokens' bytes: ``[<bos>] bytes(t_1) <eot> … bytes(t_m) <eot> [<eos>]``,
     or in the fused stream each token's bytes with its last one flagged (a token with no bytes, the
-    dummy prefix space alone, is context and holds no symbol); a reserved special (an int ``i``,
+    dummy prefix space alone, is context and holds no symbol), or in the bytes stream the bytes alone; a reserved special (an int ``i``,
     as :meth:`TeacherTokens.streamed_tokens` gives it) is the one symbol ``alphabet_size + i``."""
     symbols = [stream.bos] if bos else []
     for spelling in spelled:
@@ -26,9 +26,11 @@ def stream_symbols(spelled: list[bytes | int], stream: StreamKind, *, bos: bool 
         elif stream.eot is not None:
             symbols.extend(spelling)
             symbols.append(stream.eot)
-        elif spelling:
+        elif stream.text_symbols > NUM_BYTES:  # the fused stream: the last byte flagged
             symbols.extend(spelling[:-1])
-            symbols.append(FUSED_ENDS + spelling[-1])
+            symbols.extend([FUSED_ENDS + spelling[-1]] if spelling else [])
+        else:  # the bytes stream: the bytes alone
+            symbols.extend(spelling)
     if eos:
         symbols.append(stream.eos)
     return symbols

@@ -12,9 +12,18 @@ import numpy as np
 import pytest
 
 from bytedistill.cli import main as cli_main
-from bytestream.alphabet import BYTES_ALPHABET_SIZE, BYTES_EOS, FUSED_BOS, FUSED_ENDS, NUM_BYTES
+from bytestream.alphabet import (
+    ALPHABET_SIZE,
+    BYTES_ALPHABET_SIZE,
+    BYTES_BOS,
+    BYTES_EOS,
+    FUSED_BOS,
+    FUSED_ENDS,
+    NUM_BYTES,
+)
 from bytestream.bytes_stream import bytes_rows, bytes_symbols
 from bytestream.stream_kind import StreamKind
+from bytestream.stream_symbols import stream_symbols
 from logit_store.reader import densify
 from students.training.checkpoints import latest_checkpoint
 from students.training.store_windows import PackedStreamDataset
@@ -98,6 +107,16 @@ def test_summed_rows_equal_brute_force_on_sentencepiece(family, name, families):
 def test_bytes_symbols_drop_the_flag_and_move_the_specials_down():
     fused = np.array([FUSED_BOS, ord("a"), FUSED_ENDS + ord("b"), FUSED_BOS + 1, FUSED_BOS + 3, FUSED_BOS + 4])
     assert bytes_symbols(fused).tolist() == [256, ord("a"), ord("b"), 257, 259, 260]
+
+
+def test_the_tokens_as_each_streams_symbols_are_the_fused_ones_turned_as_the_reader_turns_them():
+    spelled = [b"In", b" the", 1, b"", b" begi"]  # a reserved special (id 1) and a token with no bytes
+    fused = stream_symbols(spelled, StreamKind.FUSED, eos=True)
+    plain = stream_symbols(spelled, StreamKind.BYTES, eos=True)
+    assert plain == bytes_symbols(np.array(fused)).tolist()
+    assert plain == [BYTES_BOS, *b"In the", BYTES_ALPHABET_SIZE + 1, *b" begi", BYTES_EOS]
+    eot = stream_symbols(spelled, StreamKind.EOT)
+    assert [s for s in eot if s != StreamKind.EOT.eot] == [StreamKind.EOT.bos, *b"In the", ALPHABET_SIZE + 1, *b" begi"]
 
 
 @pytest.fixture(scope="module")
