@@ -50,7 +50,17 @@ import torch
 
 from benchmarks.generation import SIZES, SMOKE_SIZES, Shape, flat_student, matmul_rate, texts
 from benchmarks.results import markdown_table, write_section
-from benchmarks.serve import CLIENTS, GOAL_SCALING, LoadRow, best_of, bound_step_s, copy_rate, load, verdict
+from benchmarks.serve import (
+    CLIENTS,
+    GOAL_SCALING,
+    LoadRow,
+    best_of,
+    copy_rate,
+    load,
+    load_bound_bps,
+    verdict,
+    wait_ready,
+)
 from bytestream.stream_kind import StreamKind
 from students.models.cost import StreamRates
 
@@ -118,26 +128,17 @@ class Running:
 
 def start_server(side: str, command: list[str], port: int, threads: int, log: Path, limit_s: float = 300) -> Running:
     """``command`` in a process of its own (its output to ``log``), once its /health answers 200."""
-    import httpx
-
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH")]))
     with open(log, "wb") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
-    url, start = f"http://127.0.0.1:{port}", time.perf_counter()
-    while True:
-        if process.poll() is not None:
-            raise SystemExit(f"{side} exited ({process.returncode}) before serving: {log.read_text()[-2000:]}")
-        try:
-            if httpx.get(f"{url}/health", timeout=30).status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        if time.perf_counter() - start > limit_s:
-            process.kill()
-            raise SystemExit(f"{side} was not ready after {limit_s:.0f} s: {log.read_text()[-2000:]}")
-        time.sleep(0.25)
-    print(f"{side} ready after {time.perf_counter() - start:.1f} s on {url}", flush=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        ready_s = wait_ready(url, limit_s, exited=lambda: process.poll() is not None)
+    except (RuntimeError, TimeoutError) as error:
+        process.kill()
+        raise SystemExit(f"{side}: {error}: {log.read_text()[-2000:]}") from None
+    print(f"{side} ready after {ready_s:.1f} s on {url}", flush=True)
     return Running(side, url, process)
 
 
@@ -253,14 +254,6 @@ def ratios(rows: dict[tuple[str, int], list[LoadRow]], clients: tuple[int, ...])
         for n in clients
         if (THEIRS, n) in rows
     }
-
-
-def bound_bps(args, model, clients: int, prompts: list[str]) -> float:
-    """Bytes/s of decode steps over ``clients`` rows at the FLOPs-and-bytes bound, each row at the
-    mean context the answers reach (``<bos>``, its prompt and half its answer)."""
-    asked = [prompts[i % len(prompts)] for i in range(clients)]
-    context = 1 + statistics.mean(len(p.encode()) for p in asked) + args.answer_bytes / 2
-    return clients / bound_step_s(model, BYTES_RATES, clients, context, args.rate, args.bandwidth)
 
 
 # ------------------------------------------------------------------ the step at batch 1
@@ -404,6 +397,7 @@ def main(argv: list[str] | None = None) -> None:
     load_before = os.getloadavg()[0]
     torch.set_num_threads(args.threads)
     args.rate, args.bandwidth = matmul_rate("cpu", args.smoke), copy_rate("cpu", args.smoke)
+    args.rates = BYTES_RATES  # what the serving benchmark's bound reads
     clients = tuple(args.clients)
     model = bytes_student(size)
     prompts = [text[:200].decode("utf-8", errors="ignore") for text in texts(args.smoke)[:32]]
@@ -431,7 +425,7 @@ def main(argv: list[str] | None = None) -> None:
             for running in servers.values():
                 stop(running)
     sides, ratio = medians(rows), ratios(rows, clients)
-    ceiling = bound_bps(args, model, slots, prompts) / sides[(OURS, 1)].bps
+    ceiling = load_bound_bps(args, model, slots, prompts) / sides[(OURS, 1)].bps
     from students.models.llama import count_parameters
 
     intro = (

@@ -294,16 +294,24 @@ def run_server(size: Shape, tokenizer_json: str, slots: int, compile: bool, devi
     server.run()
 
 
-def wait_ready(url: str, limit_s: float = 3600) -> float:
-    """Seconds until the server's /health says ready (200; 503 while it compiles)."""
+def wait_ready(url: str, limit_s: float = 3600, exited=lambda: False) -> float:
+    """Seconds until the server's /health says ready (200; 503 while it compiles), a refused
+    connection waited out as a server not yet listening; ``exited`` says whether the server's
+    process has ended (it is then an error, as is ``limit_s`` passing)."""
     import httpx
 
     start = time.perf_counter()
-    while httpx.get(f"{url}/health", timeout=30).status_code != 200:
+    while True:
+        if exited():
+            raise RuntimeError("the server exited before it was ready")
+        try:
+            if httpx.get(f"{url}/health", timeout=30).status_code == 200:
+                return time.perf_counter() - start
+        except httpx.TransportError:
+            pass
         if time.perf_counter() - start > limit_s:
             raise TimeoutError(f"the server was not ready after {limit_s:.0f} s")
         time.sleep(0.5)
-    return time.perf_counter() - start
 
 
 async def one_client(client, prompt: str, answers: int, max_bytes: int, record: list, request=None) -> None:

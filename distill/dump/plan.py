@@ -6,8 +6,8 @@ document its skip list names, so what a run reads does not depend on where an ea
 (:meth:`Skipper.remaining`). Each document left is encoded, or skipped and listed
 (:meth:`Skipper.encode`); encoded documents are planned by the teacher's reader (their teacher
 windows and stream layout: :class:`distill.teacher.reader.TeacherReader`) and gathered into groups
-of about ``group_tokens`` tokens (:func:`plan_groups`), which the teacher pass orders by length. A planned document is immutable: the values converted from its rows are
-the conversion sink's.
+of about ``group_tokens`` tokens (:func:`plan_groups`), which the teacher pass orders by length. A
+planned document is immutable: the values converted from its rows are the conversion sink's.
 """
 
 from __future__ import annotations
