@@ -251,17 +251,17 @@ def teacher_tokens(teacher):
     return TeacherTokens(teacher.tokenizer.backend_tokenizer.to_str())
 
 
-def score_student(model, stream: str, texts: dict[str, list[str]], tokens, device: str) -> dict[str, float]:
+def score_student(model, stream: StreamKind, texts: dict[str, list[str]], tokens, device: str) -> dict[str, float]:
     """Plain-byte BPB per variant (``bytes`` own, fused self-flagged); a fused student's clean-text
     stream BPB and flag-summed BPB given the teacher's flags too."""
     scores = {}
     for variant, pieces in texts.items():
         plain = Bits()
         for data in (piece.encode("utf-8") for piece in pieces):
-            bits = bytes_bits if stream == "bytes" else fused_self_flag_bits
+            bits = bytes_bits if stream is StreamKind.BYTES else fused_self_flag_bits
             plain.add(bits(model, data, device), data)
         scores[variant] = plain.bpb
-    if stream == "fused":
+    if stream is StreamKind.FUSED:
         joint, summed = Bits(), Bits()
         for data in (piece.encode("utf-8") for piece in texts["clean"]):
             stream_bits, summed_bits = fused_teacher_flag_bits(model, tokens, data, device)
@@ -289,9 +289,8 @@ def engine_speed(model, stream: StreamKind, batch: int, new_bytes: int) -> float
     from students.serving.engine import Engine
     from students.serving.requests import Request
 
-    kind = stream
     engine = Engine(model, slots=batch, stop=frozenset())
-    requests = [Request([kind.bos], b"", max_new_bytes=1 << 30, max_symbols=new_bytes) for _ in range(batch)]
+    requests = [Request([stream.bos], b"", max_new_bytes=1 << 30, max_symbols=new_bytes) for _ in range(batch)]
     start = time.perf_counter()
     engine.run(requests)
     return batch * new_bytes / (time.perf_counter() - start)
@@ -347,7 +346,7 @@ def measure(work: Path, run: Path, student: Student, stores: Stores, texts, toke
 
     model = load_student(resolve_checkpoint(run)).to(args.device).eval()
     run_flops = student.steps * flops_per_step(student.size, stores.read_as(student.stream), args)
-    scores = score_student(model, student.stream.value, texts, tokens, args.device)
+    scores = score_student(model, student.stream, texts, tokens, args.device)
     speeds = {}
     if student.label in AMOUNTS_LABELS:  # speed once per size and stream: the weights do not change it
         for batch in (1, 8):
